@@ -1,0 +1,40 @@
+"""TokenRing as the ring dimension of yunchang USP and xDiT.
+
+Importing this package is cheap (no torch, no host library): the `.pth` bootstrap imports it in
+every interpreter. The public names below load their modules on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "token_ring_attn",
+    "setup_token_ring_group",
+    "install",
+    "uninstall",
+    "installed_patches",
+    "__version__",
+]
+
+_LAZY = {
+    "token_ring_attn": "tokenring_xdit.ring.attention",
+    "setup_token_ring_group": "tokenring_xdit.ring.comm",
+    "install": "tokenring_xdit.patches",
+    "uninstall": "tokenring_xdit.patches",
+    "installed_patches": "tokenring_xdit.patches",
+}
+
+if TYPE_CHECKING:
+    from .patches import install, installed_patches, uninstall
+    from .ring.attention import token_ring_attn
+    from .ring.comm import setup_token_ring_group
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'tokenring_xdit' has no attribute {name!r}")

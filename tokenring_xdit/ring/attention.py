@@ -1,0 +1,151 @@
+"""TokenRing forward: K/V stay, Q moves forward, partials go straight home.
+
+The schedule (who sends what to whom at step s) is drawn in `schedule.py`; this file is the loop
+that runs it. Per step both transfers are posted before the kernel and waited after it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .checks import check_inputs
+from .comm import COUNTERS, Lane, out_group_for
+from .kernels import BlockKernel, select_kernel
+from .layout import Layout, get_layout
+from .merge import PartialMerge
+from .schedule import chunk_bounds, final_return, steps
+
+__all__ = ["token_ring_attn", "default_final_chunks"]
+
+
+def default_final_chunks(q_len: int) -> int:
+    """Pieces of the last partial's return: enough to overlap, few enough to keep kernels big."""
+    return max(1, min(4, q_len // 1024))
+
+
+def token_ring_attn(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    group: dist.ProcessGroup | None = None,
+    layout: str | Layout = "bshd",
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    kernel: str | BlockKernel = "auto",
+    final_chunks: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact attention of the local queries against the K/V of every rank of `group`.
+
+    q: (b, s_q, h, d) or (b, h, s_q, d) per `layout`; k, v: the local K/V in the same layout,
+    whose length may differ from s_q (a KV cache) and from other ranks' lengths. Returns
+    out (layout and dtype of q) and lse (b, h, s_q) fp32. `kernel` is a name from
+    `kernels.KERNELS`, "auto", or a callable (q, k, v, scale, layout) -> (out, lse fp32).
+    """
+    layout = get_layout(layout)
+    group, rank, world_size = _ring_position(group)
+    chunks = final_chunks if final_chunks is not None else 0  # 0: by length, same rule everywhere
+    shapes = check_inputs(q, k, v, layout, causal, chunks, group, rank, world_size)
+    scale = softmax_scale if softmax_scale is not None else q.shape[3] ** -0.5
+    if not callable(kernel):
+        _, kernel = select_kernel(kernel, q.device, q.dtype, q.shape[3], v.shape[3])
+    if world_size == 1:  # nothing to exchange, and no self-sends
+        COUNTERS.kernel_calls += 1
+        out, lse = kernel(q, k, v, scale, layout)
+        return out.to(q.dtype), lse.float()
+    chunks = chunks or default_final_chunks(min(shapes.q_lens))
+    chunks = min(chunks, min(shapes.q_lens))  # equal piece count on every rank
+    return _ring_forward(q, k, v, scale, kernel, layout, group, rank, shapes.q_lens, chunks)
+
+
+def _ring_position(group: dist.ProcessGroup | None) -> tuple[dist.ProcessGroup | None, int, int]:
+    if not dist.is_initialized():
+        if group is not None:
+            raise ValueError("TokenRing: a group was given but torch.distributed is not initialized")
+        return None, 0, 1
+    group = group if group is not None else dist.group.WORLD
+    rank = dist.get_rank(group)
+    if rank < 0:
+        raise ValueError(
+            f"TokenRing: global rank {dist.get_rank()} is not a member of the given group "
+            f"(ranks {dist.get_process_group_ranks(group)}); pass this rank's own ring group"
+        )
+    return group, rank, dist.get_world_size(group)
+
+
+def _run_kernel(kernel: BlockKernel, q, k, v, scale, layout) -> tuple[torch.Tensor, torch.Tensor]:
+    COUNTERS.kernel_calls += 1
+    out, lse = kernel(q, k, v, scale, layout)
+    return out.contiguous(), lse.float().contiguous()  # P2P needs dense buffers
+
+
+def _ring_forward(q, k, v, scale, kernel, layout, group, rank, q_lens, chunks):
+    n = len(q_lens)
+    q_lane, out_lane = Lane(group), Lane(out_group_for(group))
+    b, _, h, d = layout.dims(q)
+    dv = v.shape[3]
+    held_q = q.contiguous()
+    # One receive buffer pair for our own partials, reused: each merge is ordered before the
+    # next receive is posted (same stream on CUDA, synchronous on gloo).
+    ret_out = layout.empty(b, q_lens[rank], h, dv, like=q)
+    ret_lse = torch.empty(b, h, q_lens[rank], dtype=torch.float32, device=q.device)
+    merge = prev = None
+    for st in steps(rank, n):
+        next_q = None
+        if st.q_send_to is not None:
+            next_q = layout.empty(b, q_lens[st.q_recv_owner], h, d, like=q)
+            q_lane.post([(held_q, st.q_send_to)], [(next_q, st.q_recv_from)], "q")
+        if st.ret_send_to is not None:
+            out_lane.post(
+                [(prev[0], st.ret_send_to), (prev[1], st.ret_send_to)],
+                [(ret_out, st.ret_recv_from), (ret_lse, st.ret_recv_from)],
+                "partial",
+            )
+        if st.step == n - 1:
+            return _last_step(held_q, k, v, scale, kernel, layout, rank, n, q_lens, chunks,
+                              q_lane, out_lane, merge, st.ret_send_to is not None,
+                              (ret_out, ret_lse), q.dtype)
+        block = _run_kernel(kernel, held_q, k, v, scale, layout)
+        q_lane.wait()
+        out_lane.wait()
+        if merge is None:
+            merge = PartialMerge(*block, layout)  # step 0: our own Q against our own K/V
+        elif st.ret_send_to is not None:
+            merge.update(ret_out, ret_lse)
+        prev = block if st.step > 0 else None
+        held_q = next_q
+    raise AssertionError("unreachable: the last step returns")
+
+
+def _last_step(held_q, k, v, scale, kernel, layout, rank, n, q_lens, chunks, q_lane, out_lane,
+               merge, has_return, ret, dtype):
+    """Compute the last partial in pieces and send each home as soon as it exists.
+
+    It goes to rank+1, the way Q went, so it uses the Q lane, idle now; the out lane still
+    carries the previous step's return, which is merged while the pieces are in flight.
+    """
+    send_to, recv_from = final_return(rank, n)
+    owner = (rank + 1) % n
+    sent_bounds = chunk_bounds(q_lens[owner], chunks)
+    recv_bounds = chunk_bounds(q_lens[rank], chunks)
+    b, _, h, _ = layout.dims(held_q)
+    dv = v.shape[3]
+    pieces = []
+    for (s0, s1), (r0, r1) in zip(sent_bounds, recv_bounds):
+        out_c, lse_c = _run_kernel(kernel, layout.seq_slice(held_q, slice(s0, s1)), k, v, scale,
+                                   layout)
+        recv_out = layout.empty(b, r1 - r0, h, dv, like=held_q)
+        recv_lse = torch.empty(b, h, r1 - r0, dtype=torch.float32, device=held_q.device)
+        works = q_lane.post(
+            [(out_c, send_to), (lse_c, send_to)], [(recv_out, recv_from), (recv_lse, recv_from)],
+            "partial",
+        )
+        pieces.append((works, slice(r0, r1), recv_out, recv_lse))
+    out_lane.wait()
+    if has_return:
+        merge.update(*ret)
+    for works, seq, recv_out, recv_lse in pieces:  # merge piece c while c+1.. still travel
+        q_lane.wait(works)
+        merge.update(recv_out, recv_lse, seq)
+    return merge.result(dtype)

@@ -1,0 +1,129 @@
+"""Input checks that fail on every rank of the ring instead of hanging one of them.
+
+Local problems are encoded as a code and exchanged with the ring's shapes in one small
+all-gather, so every rank raises the same error. The exchange runs once per new input signature
+(the ring lengths it returns are cached); TOKENRING_XDIT_VALIDATE=always repeats it every call,
+which also catches ranks whose inputs change out of step with each other.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .comm import COUNTERS
+from .layout import Layout
+
+VALIDATE_ENV = "TOKENRING_XDIT_VALIDATE"
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+_PROBLEMS = {
+    1: "q, k and v must be 4-d tensors in the {layout} layout",
+    2: "q, k and v must share one floating dtype (float32, float16, bfloat16 or float64)",
+    3: "k and v must match q in batch size and head count (GQA is not supported)",
+    4: "k and v must have the same sequence length",
+    5: "q and k must have the same head size",
+    6: "causal=True is not supported by TokenRing yet (non-causal DiT attention only); "
+    "use yunchang's 'zigzag' ring for causal attention",
+    7: "q, k and v must be on one device",
+    8: "TokenRing is forward-only: run it under torch.no_grad() or torch.inference_mode()",
+}
+_META_LEN = 14
+
+
+@dataclass(frozen=True)
+class RingShapes:
+    q_lens: tuple[int, ...]  # local query length of every ring rank
+    kv_lens: tuple[int, ...]
+
+
+def _local_problem(q, k, v, layout: Layout, causal: bool) -> int:
+    if any(x.dim() != 4 for x in (q, k, v)):
+        return 1
+    if q.dtype not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        return 2
+    if not q.device == k.device == v.device:
+        return 7
+    (b, _, h, d), (bk, sk, hk, dk), (bv, sv, hv, _) = (layout.dims(x) for x in (q, k, v))
+    if (bk, hk) != (b, h) or (bv, hv) != (b, h):
+        return 3
+    if sk != sv:
+        return 4
+    if dk != d:
+        return 5
+    if causal:
+        return 6
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+        return 8
+    return 0
+
+
+def _meta(q, k, v, layout: Layout, causal: bool, chunks: int, problem: int) -> list[int]:
+    if problem == 1:
+        return [problem] + [-1] * (_META_LEN - 1)
+    (b, s, h, d), kv_len, dv = layout.dims(q), k.shape[layout.seq_dim], v.shape[3]
+    dtype = _DTYPES.index(q.dtype) if q.dtype in _DTYPES else -1
+    return [problem, b, h, d, dv, s, kv_len, dtype, layout.seq_dim, int(causal), chunks,
+            q.device.type == "cuda", 0, 0]
+
+
+def _exchange(group: dist.ProcessGroup, meta: list[int], device: torch.device) -> list[list[int]]:
+    if dist.get_backend(group) == "gloo":
+        device = torch.device("cpu")
+    mine = torch.tensor(meta, dtype=torch.int64, device=device)
+    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(everyone, mine, group=group)
+    COUNTERS.handshakes += 1
+    return torch.stack(everyone).tolist()
+
+
+def _raise_for(metas: list[list[int]], rank: int, layout: Layout) -> None:
+    bad = [(r, m[0]) for r, m in enumerate(metas) if m[0]]
+    if bad:
+        lines = [f"rank {r}: {_PROBLEMS[c].format(layout=layout.name)}" for r, c in bad]
+        kind = NotImplementedError if all(c in (6, 8) for _, c in bad) else ValueError
+        raise kind("TokenRing input rejected on ring rank(s) {}:\n  {}".format(
+            [r for r, _ in bad], "\n  ".join(lines)))
+    names = ("batch size", "head count", "head size", "value head size")
+    for i, name in enumerate(names, start=1):
+        values = [m[i] for m in metas]
+        if len(set(values)) > 1:
+            raise ValueError(f"TokenRing: {name} differs across ring ranks: {values}")
+    for i, name in ((7, "dtype"), (8, "layout"), (9, "causal flag"), (10, "final_chunks"),
+                    (11, "device type")):
+        values = [m[i] for m in metas]
+        if len(set(values)) > 1:
+            raise ValueError(f"TokenRing: {name} differs across ring ranks: {values}")
+
+
+_CACHE: OrderedDict = OrderedDict()
+_CACHE_SIZE = 256
+
+
+def check_inputs(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Layout, causal: bool,
+    chunks: int, group: dist.ProcessGroup | None, rank: int, world_size: int,
+) -> RingShapes:
+    """Validate q/k/v on every ring rank at once and return every rank's local lengths."""
+    problem = _local_problem(q, k, v, layout, causal)
+    meta = _meta(q, k, v, layout, causal, chunks, problem)
+    if world_size == 1:
+        _raise_for([meta], 0, layout)
+        return RingShapes((meta[5],), (meta[6],))
+    key = (group.group_name, tuple(meta), q.device)
+    always = os.environ.get(VALIDATE_ENV, "").lower() == "always"
+    if not always and problem == 0 and key in _CACHE:
+        _CACHE.move_to_end(key)
+        return _CACHE[key]
+    metas = _exchange(group, meta, q.device)
+    _raise_for(metas, rank, layout)
+    shapes = RingShapes(tuple(m[5] for m in metas), tuple(m[6] for m in metas))
+    _CACHE[key] = shapes
+    if len(_CACHE) > _CACHE_SIZE:
+        _CACHE.popitem(last=False)
+    return shapes

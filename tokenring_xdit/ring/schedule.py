@@ -1,0 +1,83 @@
+"""TokenRing's communication schedule as pure functions of (rank, world_size, step).
+
+Note: who sends what to whom (N = 4 ring ranks, seen from rank r, indices mod N).
+P(j, r) is the partial (out, lse) of attention(Q_j, K_r, V_r); K/V never move.
+
+  step | kernel on r           | Q lane, posted before the kernel  | out lane, posted before the kernel
+  -----+-----------------------+-----------------------------------+------------------------------------
+   0   | P(r,   r)  (own Q)    | Q_r   -> r+1 ; Q_r-1 <- r-1        | -
+   1   | P(r-1, r)             | Q_r-1 -> r+1 ; Q_r-2 <- r-1        | -        (P(r, r) stays home)
+   2   | P(r-2, r)             | Q_r-2 -> r+1 ; Q_r-3 <- r-1        | P(r-1, r) -> r-1 ; P(r, r+1) <- r+1
+   3   | P(r-3, r) in chunks   | chunk c of P(r-3, r) -> r-3 = r+1  | P(r-2, r) -> r-2 ; P(r, r+2) <- r+2
+       |                       | chunk c of P(r, r+3) <- r+3 = r-1  |
+                                 (the Q lane is idle at the last step, and the last return goes
+                                  the same way Q went, so it reuses that communicator)
+
+Each partial returns to its owner one step late, so the transfer hides behind the next kernel;
+the last one has no next kernel, so it is cut into chunks that leave as soon as each is computed.
+Totals per forward: N kernels, N-1 Q transfers, N-1 partial returns, no self-sends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Step:
+    """What rank `rank` does at `step` (all ranks are ring-group ranks)."""
+
+    step: int
+    q_owner: int  # owner of the Q this rank runs the kernel on at this step
+    q_send_to: int | None  # Q lane: forward the held Q for the next step
+    q_recv_from: int | None
+    q_recv_owner: int | None  # whose Q arrives (its length sizes the receive buffer)
+    ret_send_to: int | None  # out lane: the previous step's partial goes home
+    ret_recv_from: int | None  # who computed the partial of our own Q that arrives now
+
+
+def steps(rank: int, world_size: int) -> list[Step]:
+    """The whole forward for one rank. The last step's return is `final_return`."""
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in a ring of {world_size}")
+    n = world_size
+    plan = []
+    for s in range(n):
+        more_q = s + 1 < n
+        # The partial computed at step s-1 belongs to rank-(s-1); step 0's is our own.
+        returns = s >= 2
+        plan.append(
+            Step(
+                step=s,
+                q_owner=(rank - s) % n,
+                q_send_to=(rank + 1) % n if more_q else None,
+                q_recv_from=(rank - 1) % n if more_q else None,
+                q_recv_owner=(rank - s - 1) % n if more_q else None,
+                ret_send_to=(rank - (s - 1)) % n if returns else None,
+                ret_recv_from=(rank + (s - 1)) % n if returns else None,
+            )
+        )
+    return plan
+
+
+def final_return(rank: int, world_size: int) -> tuple[int, int] | None:
+    """(send_to, recv_from) for the last step's partial, or None when N = 1."""
+    n = world_size
+    if n == 1:
+        return None
+    return (rank - (n - 1)) % n, (rank + (n - 1)) % n
+
+
+def chunk_bounds(length: int, chunks: int) -> list[tuple[int, int]]:
+    """Split [0, length) into at most `chunks` near-equal, non-empty pieces.
+
+    Sender and receiver call this with the same length (the Q owner's), so pieces match.
+    """
+    chunks = max(1, min(chunks, length))
+    base, extra = divmod(length, chunks)
+    bounds, start = [], 0
+    for c in range(chunks):
+        end = start + base + (1 if c < extra else 0)
+        bounds.append((start, end))
+        start = end
+    return bounds
