@@ -4,11 +4,6 @@ Importing this package is cheap (no torch, no host library): the `.pth` bootstra
 every interpreter. The public names below load their modules on first use.
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import TYPE_CHECKING
-
 __version__ = "0.1.0"
 
 __all__ = [
@@ -28,13 +23,11 @@ _LAZY = {
     "installed_patches": "tokenring_xdit.patches",
 }
 
-if TYPE_CHECKING:
-    from .patches import install, installed_patches, uninstall
-    from .ring.attention import token_ring_attn
-    from .ring.comm import setup_token_ring_group
-
 
 def __getattr__(name: str):
+    # No typing/importlib at module level: this file runs at every interpreter start-up.
     if name in _LAZY:
+        import importlib
+
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'tokenring_xdit' has no attribute {name!r}")

@@ -1,0 +1,98 @@
+"""The patch table: every place tokenring_xdit changes a host library, in one list.
+
+`patches/README.md` (top level) is generated from this table (`tokenring-xdit patches
+--markdown`) and a test keeps the two equal, so the audit cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PatchPoint:
+    id: str
+    host: str  # distribution whose code is changed
+    trigger: str  # module whose import applies the patch (entry-point name)
+    target: str  # module:symbol that changes
+    kind: str  # "registry entry" (insert into a host dict) or "wrapper" (reversible wrapt wrapper)
+    versions: str  # host versions the patch is checked against; others are refused
+    change: str  # what it changes, and why
+
+
+YUNCHANG_VERSIONS = ">=0.6.4,<0.7"
+
+PATCH_TABLE: tuple[PatchPoint, ...] = (
+    PatchPoint(
+        "yunchang.ring_impl",
+        "yunchang",
+        "yunchang",
+        "yunchang.hybrid.utils:RING_IMPL_DICT['token_ring']",
+        "registry entry",
+        YUNCHANG_VERSIONS,
+        "adds TokenRing as ring_impl_type='token_ring' for LongContextAttention (same dict object "
+        "as yunchang.hybrid.attn_layer imports); yunchang's own rings are untouched",
+    ),
+    PatchPoint(
+        "yunchang.ring_impl_qkvpacked",
+        "yunchang",
+        "yunchang",
+        "yunchang.hybrid.utils:RING_IMPL_QKVPACKED_DICT['token_ring']",
+        "registry entry",
+        YUNCHANG_VERSIONS,
+        "adds the QKV-packed TokenRing for LongContextAttentionQKVPacked",
+    ),
+    PatchPoint(
+        "yunchang.extract_local",
+        "yunchang",
+        "yunchang",
+        "yunchang.comm.extract_local:EXTRACT_FUNC_DICT['token_ring']",
+        "registry entry",
+        YUNCHANG_VERSIONS,
+        "TokenRing shards the sequence contiguously, like 'basic' (maps to basic_extract_local)",
+    ),
+    PatchPoint(
+        "yunchang.set_seq_parallel_pg",
+        "yunchang",
+        "yunchang",
+        "yunchang.globals:set_seq_parallel_pg (and its alias yunchang:set_seq_parallel_pg)",
+        "wrapper",
+        YUNCHANG_VERSIONS,
+        "after yunchang builds the ulysses/ring groups, creates TokenRing's return "
+        "communicator for every ring group, collectively, in the same order on all ranks",
+    ),
+    PatchPoint(
+        "yunchang.ring_impl_type_check",
+        "yunchang",
+        "yunchang",
+        "yunchang.hybrid.attn_layer:LongContextAttention.__init__ and "
+        "LongContextAttentionQKVPacked.__init__",
+        "wrapper",
+        YUNCHANG_VERSIONS,
+        "an unknown ring_impl_type raises a ValueError (also a KeyError) that lists the "
+        "valid names, instead of a bare KeyError",
+    ),
+)
+
+
+def to_markdown() -> str:
+    """The audit document for patches/README.md."""
+    lines = [
+        "# Patch points",
+        "",
+        "Every change tokenring_xdit makes to a host library, generated from",
+        "`tokenring_xdit/patches/table.py` by `tokenring-xdit patches --markdown`",
+        "(a test fails when this file and the table differ). All patches of a host are applied",
+        "together when its trigger module is imported (or by `tokenring_xdit.install()`), only",
+        "for the host versions listed, and `tokenring_xdit.uninstall()` reverts every one.",
+        "Set `TOKENRING_XDIT_AUTOPATCH=0` to keep them from being applied automatically.",
+        "",
+        "| id | host | trigger | target | kind | versions | change |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for p in PATCH_TABLE:
+        lines.append(
+            f"| `{p.id}` | {p.host} | `{p.trigger}` | `{p.target}` | {p.kind} | "
+            f"`{p.versions}` | {p.change} |"
+        )
+    return "\n".join(lines) + "\n"

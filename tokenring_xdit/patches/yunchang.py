@@ -1,0 +1,101 @@
+"""yunchang patch set: ring_impl_type="token_ring" and TokenRing's extra communicators.
+
+Applied once `yunchang` has finished importing (so every submodule and alias exists), all or
+nothing; the points are listed in table.py.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from types import ModuleType
+
+from .base import PatchSet
+from .table import YUNCHANG_VERSIONS
+
+RING_IMPL_NAME = "token_ring"
+PATCHES = PatchSet("yunchang", YUNCHANG_VERSIONS)
+
+
+class UnknownRingImplError(ValueError, KeyError):
+    """An unknown ring_impl_type (a KeyError too, as yunchang's own lookup raised)."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0])
+
+
+def _setup_after(wrapped, instance, args, kwargs):
+    """set_seq_parallel_pg, then TokenRing's return communicators for the new ring groups."""
+    result = wrapped(*args, **kwargs)
+    from yunchang.globals import PROCESS_GROUP
+
+    from ..ring.comm import setup_token_ring_group
+
+    setup_token_ring_group(PROCESS_GROUP.RING_PG)
+    return result
+
+
+def _ring_impl_check(registry: dict):
+    def check(wrapped, instance, args, kwargs):
+        bound = inspect.signature(wrapped).bind(*args, **kwargs)
+        name = bound.arguments.get("ring_impl_type", "basic")
+        if name not in registry:
+            raise UnknownRingImplError(
+                f"unknown ring_impl_type {name!r}; valid values: {', '.join(sorted(registry))}"
+            )
+        return wrapped(*args, **kwargs)
+
+    return check
+
+
+def _build(patches: PatchSet) -> None:
+    import yunchang
+    import yunchang.comm.extract_local as extract_local
+    import yunchang.globals as ygl
+    import yunchang.hybrid.attn_layer as attn_layer
+    import yunchang.hybrid.utils as hybrid_utils
+
+    from ..yunchang_ring import token_ring_flash_attn_func, token_ring_flash_attn_qkvpacked_func
+
+    patches.registry_entry(
+        "yunchang.ring_impl", hybrid_utils.RING_IMPL_DICT, RING_IMPL_NAME,
+        token_ring_flash_attn_func,
+    )
+    patches.registry_entry(
+        "yunchang.ring_impl_qkvpacked", hybrid_utils.RING_IMPL_QKVPACKED_DICT, RING_IMPL_NAME,
+        token_ring_flash_attn_qkvpacked_func,
+    )
+    patches.registry_entry(
+        "yunchang.extract_local", extract_local.EXTRACT_FUNC_DICT, RING_IMPL_NAME,
+        extract_local.basic_extract_local,
+    )
+    original = ygl.set_seq_parallel_pg
+    wrapped = patches.wrapper("yunchang.set_seq_parallel_pg", ygl, "set_seq_parallel_pg",
+                              _setup_after)
+    patches.rebind("yunchang.set_seq_parallel_pg", yunchang, "set_seq_parallel_pg", original,
+                   wrapped)
+    patches.wrapper("yunchang.ring_impl_type_check", attn_layer, "LongContextAttention.__init__",
+                    _ring_impl_check(hybrid_utils.RING_IMPL_DICT))
+    patches.wrapper("yunchang.ring_impl_type_check", attn_layer,
+                    "LongContextAttentionQKVPacked.__init__",
+                    _ring_impl_check(hybrid_utils.RING_IMPL_QKVPACKED_DICT))
+
+
+def apply() -> bool:
+    """Patch yunchang (already imported); False if it already was."""
+    return PATCHES.apply(_build)
+
+
+def revert() -> None:
+    PATCHES.revert()
+
+
+def on_import(module: ModuleType) -> None:
+    """Post-import hook (entry point `yunchang`)."""
+    from . import apply_from_hook
+
+    apply_from_hook("yunchang", module)
+
+
+def is_imported() -> bool:
+    return "yunchang" in sys.modules

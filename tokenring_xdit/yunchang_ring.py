@@ -1,0 +1,133 @@
+"""TokenRing behind yunchang's ring-function contract (that of `ring_flash_attn_func`).
+
+Tensors are (b, s_local, h_local, d); yunchang's `attn_type` picks the per-block kernel, mapped to
+one that returns a real lse (yunchang's own TORCH_MATH/TORCH_CUDNN kernels return zeros there, and
+its torch kernels round lse to the input dtype).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+import torch.distributed as dist
+from yunchang.kernels import AttnType, select_flash_attn_impl
+
+from .ring.attention import token_ring_attn
+from .ring.kernels import BlockKernel, has_flash_attn
+from .ring.layout import BHSD, Layout
+
+__all__ = ["token_ring_flash_attn_func", "token_ring_flash_attn_qkvpacked_func", "kernel_for"]
+
+log = logging.getLogger("tokenring_xdit")
+
+_OWN_KERNELS = {
+    AttnType.TORCH_FLASH: "torch_flash",
+    AttnType.TORCH_EFFICIENT: "torch_efficient",
+    AttnType.TORCH_CUDNN: "cudnn",
+}
+_UNUSABLE = {
+    AttnType.SPARSE_SAGE: "returns no lse",
+    AttnType.NPU: "uses a different calling convention",
+}
+
+
+def _from_yunchang(fn) -> BlockKernel:
+    """Adapt a yunchang fwd-only kernel (b, s, h, d) -> (out, lse) to our block-kernel contract."""
+
+    def kernel(q, k, v, scale, layout: Layout):
+        flip = layout is BHSD
+        qs, ks, vs = (x.transpose(1, 2) if flip else x for x in (q, k, v))
+        out, lse = fn(qs, ks, vs, dropout_p=0.0, softmax_scale=scale, causal=False,
+                      window_size=(-1, -1), softcap=0.0, alibi_slopes=None, return_softmax=False)
+        b, s, h, _ = qs.shape
+        return (out.transpose(1, 2) if flip else out), lse.float().reshape(b, h, s)
+
+    return kernel
+
+
+@functools.lru_cache(maxsize=64)
+def _kernel_for(attn_type, attn_processor, device_type: str) -> str | BlockKernel:
+    if attn_type in _UNUSABLE:
+        raise NotImplementedError(
+            f"TokenRing cannot use yunchang attn_type {attn_type}: it {_UNUSABLE[attn_type]}"
+        )
+    if attn_type is AttnType.FA and not has_flash_attn():
+        log.info("tokenring_xdit: flash-attn is not installed; AttnType.FA runs the best "
+                 "available kernel with lse instead (cuDNN / torch SDPA / CPU flash)")
+        return "auto"
+    if attn_type is AttnType.FA:
+        return "flash_attn"
+    if attn_type is AttnType.TORCH_MATH:  # yunchang's returns lse = 0; use an exact one
+        return "cpu_flash" if device_type == "cpu" else "math"
+    if attn_type in _OWN_KERNELS:
+        return _OWN_KERNELS[attn_type]
+    return _from_yunchang(select_flash_attn_impl(attn_type, "fwd-only", attn_processor))
+
+
+def kernel_for(attn_type, attn_processor, device: torch.device) -> str | BlockKernel:
+    """The block kernel (name or callable) that serves yunchang's `attn_type` on `device`."""
+    return _kernel_for(attn_type, attn_processor, device.type)
+
+
+def _reject_unsupported(dropout_p, window_size, softcap, alibi_slopes) -> None:
+    unsupported = []
+    if dropout_p:
+        unsupported.append(f"dropout_p={dropout_p}")
+    if tuple(window_size) != (-1, -1):
+        unsupported.append(f"window_size={tuple(window_size)}")
+    if softcap:
+        unsupported.append(f"softcap={softcap}")
+    if alibi_slopes is not None:
+        unsupported.append("alibi_slopes")
+    if unsupported:
+        raise NotImplementedError(
+            f"TokenRing supports plain softmax attention only; got {', '.join(unsupported)}"
+        )
+
+
+def token_ring_flash_attn_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    group: dist.ProcessGroup | None = None,
+    attn_type: AttnType = AttnType.FA,
+    attn_processor: torch.nn.Module | None = None,
+):
+    """yunchang ring function: out (b, s, h, d), or (out, lse (b, h, s) fp32, None)."""
+    _reject_unsupported(dropout_p, window_size, softcap, alibi_slopes)
+    out, lse = token_ring_attn(
+        q, k, v, group=group, layout="bshd", softmax_scale=softmax_scale, causal=causal,
+        kernel=kernel_for(attn_type, attn_processor, q.device),
+    )
+    return (out, lse, None) if return_attn_probs else out
+
+
+def token_ring_flash_attn_qkvpacked_func(
+    qkv: torch.Tensor,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    group: dist.ProcessGroup | None = None,
+    attn_type: AttnType = AttnType.FA,
+    attn_processor: torch.nn.Module | None = None,
+):
+    """Packed variant: qkv (b, s, 3, h, d)."""
+    return token_ring_flash_attn_func(
+        qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale, causal, window_size,
+        softcap, alibi_slopes, deterministic, return_attn_probs, group, attn_type, attn_processor,
+    )
