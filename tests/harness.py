@@ -13,9 +13,10 @@ import queue
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 
 @dataclass
@@ -31,7 +32,7 @@ class RankResult:
         return self.error_type is None
 
 
-def _worker(fn, rank, world_size, init_file, args, env, results, pg_timeout):
+def _worker(fn, rank, world_size, init_file, args, env, results, pg_timeout, backend):
     os.environ.update(env)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
@@ -39,8 +40,13 @@ def _worker(fn, rank, world_size, init_file, args, env, results, pg_timeout):
 
     torch.set_num_threads(1)
     try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
         dist.init_process_group(
-            "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size,
+            backend,
+            init_method=f"file://{init_file}",
+            rank=rank,
+            world_size=world_size,
             timeout=timedelta(seconds=pg_timeout),
         )
         value = fn(rank, world_size, *args)
@@ -53,10 +59,15 @@ def _worker(fn, rank, world_size, init_file, args, env, results, pg_timeout):
 
 
 def run_ranks(
-    fn: Callable, world_size: int, *args: Any, timeout: float = 180.0,
+    fn: Callable,
+    world_size: int,
+    *args: Any,
+    timeout: float = 180.0,
     env: dict[str, str] | None = None,
+    backend: str = "gloo",
 ) -> list[RankResult]:
-    """Run fn(rank, world_size, *args) on `world_size` gloo ranks; results in rank order."""
+    """Run fn(rank, world_size, *args) on `world_size` ranks (gloo; "nccl": one GPU each);
+    results in rank order."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
@@ -64,7 +75,17 @@ def run_ranks(
         procs = [
             ctx.Process(
                 target=_worker,
-                args=(fn, r, world_size, init_file, args, dict(env or {}), results, timeout),
+                args=(
+                    fn,
+                    r,
+                    world_size,
+                    init_file,
+                    args,
+                    dict(env or {}),
+                    results,
+                    timeout,
+                    backend,
+                ),
                 daemon=True,
             )
             for r in range(world_size)

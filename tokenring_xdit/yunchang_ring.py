@@ -39,8 +39,18 @@ def _from_yunchang(fn) -> BlockKernel:
     def kernel(q, k, v, scale, layout: Layout):
         flip = layout is BHSD
         qs, ks, vs = (x.transpose(1, 2) if flip else x for x in (q, k, v))
-        out, lse = fn(qs, ks, vs, dropout_p=0.0, softmax_scale=scale, causal=False,
-                      window_size=(-1, -1), softcap=0.0, alibi_slopes=None, return_softmax=False)
+        out, lse = fn(
+            qs,
+            ks,
+            vs,
+            dropout_p=0.0,
+            softmax_scale=scale,
+            causal=False,
+            window_size=(-1, -1),
+            softcap=0.0,
+            alibi_slopes=None,
+            return_softmax=False,
+        )
         b, s, h, _ = qs.shape
         return (out.transpose(1, 2) if flip else out), lse.float().reshape(b, h, s)
 
@@ -54,8 +64,10 @@ def _kernel_for(attn_type, attn_processor, device_type: str) -> str | BlockKerne
             f"TokenRing cannot use yunchang attn_type {attn_type}: it {_UNUSABLE[attn_type]}"
         )
     if attn_type is AttnType.FA and not has_flash_attn():
-        log.info("tokenring_xdit: flash-attn is not installed; AttnType.FA runs the best "
-                 "available kernel with lse instead (cuDNN / torch SDPA / CPU flash)")
+        log.info(
+            "tokenring_xdit: flash-attn is not installed; AttnType.FA runs the best "
+            "available kernel with lse instead (cuDNN / torch SDPA / CPU flash)"
+        )
         return "auto"
     if attn_type is AttnType.FA:
         return "flash_attn"
@@ -106,7 +118,13 @@ def token_ring_flash_attn_func(
     """yunchang ring function: out (b, s, h, d), or (out, lse (b, h, s) fp32, None)."""
     _reject_unsupported(dropout_p, window_size, softcap, alibi_slopes)
     out, lse = token_ring_attn(
-        q, k, v, group=group, layout="bshd", softmax_scale=softmax_scale, causal=causal,
+        q,
+        k,
+        v,
+        group=group,
+        layout="bshd",
+        softmax_scale=softmax_scale,
+        causal=causal,
         kernel=kernel_for(attn_type, attn_processor, q.device),
     )
     return (out, lse, None) if return_attn_probs else out
@@ -128,6 +146,18 @@ def token_ring_flash_attn_qkvpacked_func(
 ):
     """Packed variant: qkv (b, s, 3, h, d)."""
     return token_ring_flash_attn_func(
-        qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale, causal, window_size,
-        softcap, alibi_slopes, deterministic, return_attn_probs, group, attn_type, attn_processor,
+        qkv[:, :, 0],
+        qkv[:, :, 1],
+        qkv[:, :, 2],
+        dropout_p,
+        softmax_scale,
+        causal,
+        window_size,
+        softcap,
+        alibi_slopes,
+        deterministic,
+        return_attn_probs,
+        group,
+        attn_type,
+        attn_processor,
     )

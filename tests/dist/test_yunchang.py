@@ -58,8 +58,9 @@ def _hybrid_worker(rank, world_size, ulysses, ring, use_low):
             ("token_ring/processor", "token_ring", None, _cpu_processor),
             ("basic/processor", "basic", None, _cpu_processor),
         ]:
-            layer = LongContextAttention(ring_impl_type=impl, attn_type=attn_type,
-                                         attn_processor=proc)
+            layer = LongContextAttention(
+                ring_impl_type=impl, attn_type=attn_type, attn_processor=proc
+            )
             COUNTERS.reset()
             outs[name] = layer(shard(q), shard(k), shard(v))
             errors[name] = (outs[name].double() - local_ref).abs().max().item()
@@ -68,8 +69,9 @@ def _hybrid_worker(rank, world_size, ulysses, ring, use_low):
         errors["token_ring vs basic"] = (
             (outs["token_ring/TORCH_MATH"] - outs["basic/processor"]).abs().max().item()
         )
-        packed = LongContextAttentionQKVPacked(ring_impl_type="token_ring",
-                                               attn_type=AttnType.TORCH_MATH)
+        packed = LongContextAttentionQKVPacked(
+            ring_impl_type="token_ring", attn_type=AttnType.TORCH_MATH
+        )
         qkv = torch.stack([shard(q), shard(k), shard(v)], dim=2)
         errors["token_ring/qkvpacked"] = (packed(qkv).double() - local_ref).abs().max().item()
         assert yunchang.RING_IMPL_QKVPACKED_DICT["token_ring"] is not None

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import importlib.metadata
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 from tests.patches.test_yunchang_patches import ALL_IDS
 from tokenring_xdit import _bootstrap
@@ -16,7 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_audit_file_is_generated_from_the_table():
     audit = (ROOT / "patches" / "README.md").read_text()
-    assert audit == to_markdown(), "regenerate: tokenring-xdit patches --markdown > patches/README.md"
+    assert audit == to_markdown(), (
+        "regenerate: tokenring-xdit patches --markdown > patches/README.md"
+    )
 
 
 def test_every_patch_point_is_in_the_table_and_applied():
@@ -31,5 +34,9 @@ def test_entry_points_hooks_and_triggers_agree():
     ]
     assert declared == {trigger: hook for trigger, (_, hook) in HOOKS.items()}
     assert set(_bootstrap.TRIGGERS) == set(declared)
-    installed = {ep.name: ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
-    assert installed == declared, "reinstall the package (pip install -e .) after editing entry points"
+    installed = {
+        ep.name: ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+    }
+    assert installed == declared, (
+        "reinstall the package (pip install -e .) after editing entry points"
+    )

@@ -20,6 +20,7 @@ ALL_IDS = [
     "yunchang.extract_local",
     "yunchang.set_seq_parallel_pg",
     "yunchang.ring_impl_type_check",
+    "yunchang.update_npu_out",
 ]
 
 # A fingerprint of every symbol the yunchang patch set may touch: object identities and keys.
@@ -46,7 +47,10 @@ def run_py(code: str, **env: str) -> dict:
     full_env = {**os.environ, **env}
     proc = subprocess.run(
         [sys.executable, "-c", SNAPSHOT + textwrap.dedent(code)],
-        capture_output=True, text=True, env=full_env, timeout=120,
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=120,
     )
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -180,5 +184,10 @@ def test_python_startup_does_not_import_torch_or_hosts():
         """,
         TOKENRING_XDIT_AUTOPATCH="1",
     )
-    assert got == {"torch": False, "wrapt": False, "yunchang": False,
-                   "tokenring_xdit._bootstrap": True, "importlib.metadata": False}
+    assert got == {
+        "torch": False,
+        "wrapt": False,
+        "yunchang": False,
+        "tokenring_xdit._bootstrap": True,
+        "importlib.metadata": False,
+    }

@@ -27,7 +27,10 @@ ENTRY_POINT_GROUP = "tokenring_xdit.post_import_hooks"
 STRICT_ENV = "TOKENRING_XDIT_STRICT"
 
 # trigger module -> (patch-set module, hook as "module:function" so wrapt loads it lazily)
-HOOKS = {"yunchang": ("tokenring_xdit.patches.yunchang", "tokenring_xdit.patches.yunchang:on_import")}
+HOOKS = {
+    host: (f"tokenring_xdit.patches.{host}", f"tokenring_xdit.patches.{host}:on_import")
+    for host in ("yunchang", "xfuser")  # yunchang first: xfuser's patches build on it
+}
 
 _state = {"enabled": True, "armed": set()}
 

@@ -73,6 +73,19 @@ class PatchSet:
         mapping[key] = value
         self._done(patch_id, lambda: mapping.pop(key, None))
 
+    def list_entry(self, patch_id: str, items: list, value: Any) -> None:
+        if value in items:
+            raise RuntimeError(f"{patch_id}: {value!r} is already listed")
+        items.append(value)
+        self._done(patch_id, lambda: items.remove(value))
+
+    def missing_symbol(self, patch_id: str, owner: Any, name: str, value: Any) -> None:
+        """Add owner.name only where the host lacks it (a name a newer host release has)."""
+        if hasattr(owner, name):
+            return
+        setattr(owner, name, value)
+        self._done(patch_id, lambda: delattr(owner, name))
+
     def wrapper(self, patch_id: str, owner: Any, name: str, wrapper: Callable) -> Any:
         """Wrap owner.name with a wrapt FunctionWrapper; returns the wrapper (the handle)."""
         handle = wrapt.wrap_function_wrapper(owner, name, wrapper)

@@ -15,12 +15,13 @@ class PatchPoint:
     host: str  # distribution whose code is changed
     trigger: str  # module whose import applies the patch (entry-point name)
     target: str  # module:symbol that changes
-    kind: str  # "registry entry" (insert into a host dict) or "wrapper" (reversible wrapt wrapper)
+    kind: str  # "registry entry", "missing symbol" or "wrapper" (a reversible wrapt wrapper)
     versions: str  # host versions the patch is checked against; others are refused
     change: str  # what it changes, and why
 
 
 YUNCHANG_VERSIONS = ">=0.6.4,<0.7"
+XFUSER_VERSIONS = ">=0.7.0,<0.8"
 
 PATCH_TABLE: tuple[PatchPoint, ...] = (
     PatchPoint(
@@ -71,6 +72,67 @@ PATCH_TABLE: tuple[PatchPoint, ...] = (
         YUNCHANG_VERSIONS,
         "an unknown ring_impl_type raises a ValueError (also a KeyError) that lists the "
         "valid names, instead of a bare KeyError",
+    ),
+    PatchPoint(
+        "yunchang.update_npu_out",
+        "yunchang",
+        "yunchang",
+        "yunchang.ring.utils:update_npu_out (added only where missing)",
+        "missing symbol",
+        YUNCHANG_VERSIONS,
+        "xfuser 0.7.0's long_ctx_attention.ring imports this name, which only yunchang's git "
+        "main has, so xFuserLongContextAttention fails to build on CUDA; the added function "
+        "raises a clear NotImplementedError if an NPU ring ever calls it",
+    ),
+    PatchPoint(
+        "xfuser.usp_ring_attn",
+        "xfuser",
+        "xfuser",
+        "xfuser.model_executor.layers.usp:ring_attn",
+        "wrapper",
+        XFUSER_VERSIONS,
+        "the ring step of USP (PixArt, Flux, SD3, ... in xfuser 0.7): runs TokenRing on "
+        "PROCESS_GROUP.RING_PG with xDiT's selected kernel when TokenRing is selected, xDiT's "
+        "own ring otherwise; says once on rank 0 which ring runs",
+    ),
+    PatchPoint(
+        "xfuser.ring_impl_flag",
+        "xfuser",
+        "xfuser",
+        "xfuser.config.args:xFuserArgs.add_cli_args and xFuserArgs.add_runner_args",
+        "wrapper",
+        XFUSER_VERSIONS,
+        "adds --ring_impl_type {default,token_ring} to the parsers xDiT's scripts and the "
+        "xdit runner build",
+    ),
+    PatchPoint(
+        "xfuser.ring_impl_flag_read",
+        "xfuser",
+        "xfuser",
+        "xfuser.config.args:xFuserArgs.from_cli_args and xFuserArgs.from_runner_args",
+        "wrapper",
+        XFUSER_VERSIONS,
+        "reads --ring_impl_type in each worker (from_cli_args drops unknown fields)",
+    ),
+    PatchPoint(
+        "xfuser.long_ctx_kv_cache",
+        "xfuser",
+        "xfuser",
+        "xfuser.core.long_ctx_attention.hybrid.attn_layer:"
+        "xFuserLongContextAttention.ring_impl_type_supported_kv_cache",
+        "registry entry",
+        XFUSER_VERSIONS,
+        "allows ring_impl_type='token_ring' with use_kv_cache=True (PipeFusion)",
+    ),
+    PatchPoint(
+        "xfuser.long_ctx_ring_fn",
+        "xfuser",
+        "xfuser",
+        "xfuser.core.long_ctx_attention.hybrid.attn_layer:xFuserLongContextAttention.__init__",
+        "wrapper",
+        XFUSER_VERSIONS,
+        "when TokenRing is selected (ring_impl_type='token_ring' or the xDiT selection), the "
+        "layer's ring function becomes TokenRing with KV cache and joint tensors",
     ),
 )
 

@@ -48,37 +48,62 @@ def _ring_impl_check(registry: dict):
     return check
 
 
+def _update_npu_out(*args, **kwargs):
+    raise NotImplementedError(
+        "update_npu_out (xDiT's NPU ring merge) is not part of yunchang 0.6.4; tokenring_xdit "
+        "only provides the name so xFuserLongContextAttention imports. Use a yunchang release "
+        "that ships it for NPU rings."
+    )
+
+
 def _build(patches: PatchSet) -> None:
     import yunchang
     import yunchang.comm.extract_local as extract_local
     import yunchang.globals as ygl
     import yunchang.hybrid.attn_layer as attn_layer
     import yunchang.hybrid.utils as hybrid_utils
+    import yunchang.ring.utils as ring_utils
 
     from ..yunchang_ring import token_ring_flash_attn_func, token_ring_flash_attn_qkvpacked_func
 
     patches.registry_entry(
-        "yunchang.ring_impl", hybrid_utils.RING_IMPL_DICT, RING_IMPL_NAME,
+        "yunchang.ring_impl",
+        hybrid_utils.RING_IMPL_DICT,
+        RING_IMPL_NAME,
         token_ring_flash_attn_func,
     )
     patches.registry_entry(
-        "yunchang.ring_impl_qkvpacked", hybrid_utils.RING_IMPL_QKVPACKED_DICT, RING_IMPL_NAME,
+        "yunchang.ring_impl_qkvpacked",
+        hybrid_utils.RING_IMPL_QKVPACKED_DICT,
+        RING_IMPL_NAME,
         token_ring_flash_attn_qkvpacked_func,
     )
     patches.registry_entry(
-        "yunchang.extract_local", extract_local.EXTRACT_FUNC_DICT, RING_IMPL_NAME,
+        "yunchang.extract_local",
+        extract_local.EXTRACT_FUNC_DICT,
+        RING_IMPL_NAME,
         extract_local.basic_extract_local,
     )
     original = ygl.set_seq_parallel_pg
-    wrapped = patches.wrapper("yunchang.set_seq_parallel_pg", ygl, "set_seq_parallel_pg",
-                              _setup_after)
-    patches.rebind("yunchang.set_seq_parallel_pg", yunchang, "set_seq_parallel_pg", original,
-                   wrapped)
-    patches.wrapper("yunchang.ring_impl_type_check", attn_layer, "LongContextAttention.__init__",
-                    _ring_impl_check(hybrid_utils.RING_IMPL_DICT))
-    patches.wrapper("yunchang.ring_impl_type_check", attn_layer,
-                    "LongContextAttentionQKVPacked.__init__",
-                    _ring_impl_check(hybrid_utils.RING_IMPL_QKVPACKED_DICT))
+    wrapped = patches.wrapper(
+        "yunchang.set_seq_parallel_pg", ygl, "set_seq_parallel_pg", _setup_after
+    )
+    patches.rebind(
+        "yunchang.set_seq_parallel_pg", yunchang, "set_seq_parallel_pg", original, wrapped
+    )
+    patches.wrapper(
+        "yunchang.ring_impl_type_check",
+        attn_layer,
+        "LongContextAttention.__init__",
+        _ring_impl_check(hybrid_utils.RING_IMPL_DICT),
+    )
+    patches.wrapper(
+        "yunchang.ring_impl_type_check",
+        attn_layer,
+        "LongContextAttentionQKVPacked.__init__",
+        _ring_impl_check(hybrid_utils.RING_IMPL_QKVPACKED_DICT),
+    )
+    patches.missing_symbol("yunchang.update_npu_out", ring_utils, "update_npu_out", _update_npu_out)
 
 
 def apply() -> bool:

@@ -35,6 +35,8 @@ def token_ring_attn(
     causal: bool = False,
     kernel: str | BlockKernel = "auto",
     final_chunks: int | None = None,
+    joint_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+    joint_strategy: str = "rear",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact attention of the local queries against the K/V of every rank of `group`.
 
@@ -42,27 +44,43 @@ def token_ring_attn(
     whose length may differ from s_q (a KV cache) and from other ranks' lengths. Returns
     out (layout and dtype of q) and lse (b, h, s_q) fp32. `kernel` is a name from
     `kernels.KERNELS`, "auto", or a callable (q, k, v, scale, layout) -> (out, lse fp32).
+    `joint_kv` is extra K/V (xDiT's joint text tokens) that this rank's own queries attend
+    exactly once, joined before ("front") or after ("rear") the local K/V in the step-0 block.
     """
     layout = get_layout(layout)
     group, rank, world_size = _ring_position(group)
+    if joint_strategy not in ("front", "rear"):
+        raise ValueError(f"joint_strategy must be 'front' or 'rear', got {joint_strategy!r}")
     chunks = final_chunks if final_chunks is not None else 0  # 0: by length, same rule everywhere
-    shapes = check_inputs(q, k, v, layout, causal, chunks, group, rank, world_size)
+    shapes = check_inputs(q, k, v, layout, causal, chunks, group, rank, world_size, joint_kv)
     scale = softmax_scale if softmax_scale is not None else q.shape[3] ** -0.5
     if not callable(kernel):
         _, kernel = select_kernel(kernel, q.device, q.dtype, q.shape[3], v.shape[3])
+    own_kv = _join(k, v, joint_kv, joint_strategy, layout)
     if world_size == 1:  # nothing to exchange, and no self-sends
         COUNTERS.kernel_calls += 1
-        out, lse = kernel(q, k, v, scale, layout)
+        out, lse = kernel(q, *own_kv, scale, layout)
         return out.to(q.dtype), lse.float()
     chunks = chunks or default_final_chunks(min(shapes.q_lens))
     chunks = min(chunks, min(shapes.q_lens))  # equal piece count on every rank
-    return _ring_forward(q, k, v, scale, kernel, layout, group, rank, shapes.q_lens, chunks)
+    return _ring_forward(q, k, v, own_kv, scale, kernel, layout, group, rank, shapes.q_lens, chunks)
+
+
+def _join(k, v, joint_kv, strategy: str, layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
+    """K/V for the step-0 block: the local K/V plus the joint K/V, which only our own queries
+    meet (each query's owner runs step 0 on it once, so every query sees the joint K/V once)."""
+    if joint_kv is None:
+        return k, v
+    parts = [(k, v), joint_kv] if strategy == "rear" else [joint_kv, (k, v)]
+    return tuple(torch.cat([p[i] for p in parts], dim=layout.seq_dim) for i in (0, 1))
 
 
 def _ring_position(group: dist.ProcessGroup | None) -> tuple[dist.ProcessGroup | None, int, int]:
     if not dist.is_initialized():
         if group is not None:
-            raise ValueError("TokenRing: a group was given but torch.distributed is not initialized")
+            raise ValueError(
+                "TokenRing: a group was given but torch.distributed is not initialized"
+            )
         return None, 0, 1
     group = group if group is not None else dist.group.WORLD
     rank = dist.get_rank(group)
@@ -80,7 +98,7 @@ def _run_kernel(kernel: BlockKernel, q, k, v, scale, layout) -> tuple[torch.Tens
     return out.contiguous(), lse.float().contiguous()  # P2P needs dense buffers
 
 
-def _ring_forward(q, k, v, scale, kernel, layout, group, rank, q_lens, chunks):
+def _ring_forward(q, k, v, own_kv, scale, kernel, layout, group, rank, q_lens, chunks):
     n = len(q_lens)
     q_lane, out_lane = Lane(group), Lane(out_group_for(group))
     b, _, h, d = layout.dims(q)
@@ -103,10 +121,26 @@ def _ring_forward(q, k, v, scale, kernel, layout, group, rank, q_lens, chunks):
                 "partial",
             )
         if st.step == n - 1:
-            return _last_step(held_q, k, v, scale, kernel, layout, rank, n, q_lens, chunks,
-                              q_lane, out_lane, merge, st.ret_send_to is not None,
-                              (ret_out, ret_lse), q.dtype)
-        block = _run_kernel(kernel, held_q, k, v, scale, layout)
+            return _last_step(
+                held_q,
+                k,
+                v,
+                scale,
+                kernel,
+                layout,
+                rank,
+                n,
+                q_lens,
+                chunks,
+                q_lane,
+                out_lane,
+                merge,
+                st.ret_send_to is not None,
+                (ret_out, ret_lse),
+                q.dtype,
+            )
+        block_kv = own_kv if st.step == 0 else (k, v)
+        block = _run_kernel(kernel, held_q, *block_kv, scale, layout)
         q_lane.wait()
         out_lane.wait()
         if merge is None:
@@ -118,8 +152,24 @@ def _ring_forward(q, k, v, scale, kernel, layout, group, rank, q_lens, chunks):
     raise AssertionError("unreachable: the last step returns")
 
 
-def _last_step(held_q, k, v, scale, kernel, layout, rank, n, q_lens, chunks, q_lane, out_lane,
-               merge, has_return, ret, dtype):
+def _last_step(
+    held_q,
+    k,
+    v,
+    scale,
+    kernel,
+    layout,
+    rank,
+    n,
+    q_lens,
+    chunks,
+    q_lane,
+    out_lane,
+    merge,
+    has_return,
+    ret,
+    dtype,
+):
     """Compute the last partial in pieces and send each home as soon as it exists.
 
     It goes to rank+1, the way Q went, so it uses the Q lane, idle now; the out lane still
@@ -132,13 +182,15 @@ def _last_step(held_q, k, v, scale, kernel, layout, rank, n, q_lens, chunks, q_l
     b, _, h, _ = layout.dims(held_q)
     dv = v.shape[3]
     pieces = []
-    for (s0, s1), (r0, r1) in zip(sent_bounds, recv_bounds):
-        out_c, lse_c = _run_kernel(kernel, layout.seq_slice(held_q, slice(s0, s1)), k, v, scale,
-                                   layout)
+    for (s0, s1), (r0, r1) in zip(sent_bounds, recv_bounds, strict=True):
+        out_c, lse_c = _run_kernel(
+            kernel, layout.seq_slice(held_q, slice(s0, s1)), k, v, scale, layout
+        )
         recv_out = layout.empty(b, r1 - r0, h, dv, like=held_q)
         recv_lse = torch.empty(b, h, r1 - r0, dtype=torch.float32, device=held_q.device)
         works = q_lane.post(
-            [(out_c, send_to), (lse_c, send_to)], [(recv_out, recv_from), (recv_lse, recv_from)],
+            [(out_c, send_to), (lse_c, send_to)],
+            [(recv_out, recv_from), (recv_lse, recv_from)],
             "partial",
         )
         pieces.append((works, slice(r0, r1), recv_out, recv_lse))

@@ -32,6 +32,8 @@ _PROBLEMS = {
     "use yunchang's 'zigzag' ring for causal attention",
     7: "q, k and v must be on one device",
     8: "TokenRing is forward-only: run it under torch.no_grad() or torch.inference_mode()",
+    9: "joint K/V must be a (key, value) pair of 4-d tensors matching k/v in batch size, "
+    "head count, head sizes, dtype and device",
 }
 _META_LEN = 14
 
@@ -42,7 +44,27 @@ class RingShapes:
     kv_lens: tuple[int, ...]
 
 
-def _local_problem(q, k, v, layout: Layout, causal: bool) -> int:
+def _joint_problem(k, v, joint_kv, layout: Layout) -> bool:
+    try:
+        jk, jv = joint_kv
+        (b, _, h, d), (jb, sk, jh, jd) = layout.dims(k), layout.dims(jk)
+        (_, _, _, dv), (vb, sv, vh, jdv) = layout.dims(v), layout.dims(jv)
+    except (TypeError, ValueError, IndexError, AttributeError):
+        return True
+    return (
+        jk.dim() != 4
+        or jv.dim() != 4
+        or (jb, jh, jd) != (b, h, d)
+        or (vb, vh, jdv) != (b, h, dv)
+        or sk != sv
+        or jk.dtype != k.dtype
+        or jv.dtype != k.dtype
+        or jk.device != k.device
+        or jv.device != k.device
+    )
+
+
+def _local_problem(q, k, v, layout: Layout, causal: bool, joint_kv=None) -> int:
     if any(x.dim() != 4 for x in (q, k, v)):
         return 1
     if q.dtype not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
@@ -60,6 +82,8 @@ def _local_problem(q, k, v, layout: Layout, causal: bool) -> int:
         return 6
     if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
         return 8
+    if joint_kv is not None and _joint_problem(k, v, joint_kv, layout):
+        return 9
     return 0
 
 
@@ -68,8 +92,22 @@ def _meta(q, k, v, layout: Layout, causal: bool, chunks: int, problem: int) -> l
         return [problem] + [-1] * (_META_LEN - 1)
     (b, s, h, d), kv_len, dv = layout.dims(q), k.shape[layout.seq_dim], v.shape[3]
     dtype = _DTYPES.index(q.dtype) if q.dtype in _DTYPES else -1
-    return [problem, b, h, d, dv, s, kv_len, dtype, layout.seq_dim, int(causal), chunks,
-            q.device.type == "cuda", 0, 0]
+    return [
+        problem,
+        b,
+        h,
+        d,
+        dv,
+        s,
+        kv_len,
+        dtype,
+        layout.seq_dim,
+        int(causal),
+        chunks,
+        q.device.type == "cuda",
+        0,
+        0,
+    ]
 
 
 def _exchange(group: dist.ProcessGroup, meta: list[int], device: torch.device) -> list[list[int]]:
@@ -87,15 +125,23 @@ def _raise_for(metas: list[list[int]], rank: int, layout: Layout) -> None:
     if bad:
         lines = [f"rank {r}: {_PROBLEMS[c].format(layout=layout.name)}" for r, c in bad]
         kind = NotImplementedError if all(c in (6, 8) for _, c in bad) else ValueError
-        raise kind("TokenRing input rejected on ring rank(s) {}:\n  {}".format(
-            [r for r, _ in bad], "\n  ".join(lines)))
+        raise kind(
+            "TokenRing input rejected on ring rank(s) {}:\n  {}".format(
+                [r for r, _ in bad], "\n  ".join(lines)
+            )
+        )
     names = ("batch size", "head count", "head size", "value head size")
     for i, name in enumerate(names, start=1):
         values = [m[i] for m in metas]
         if len(set(values)) > 1:
             raise ValueError(f"TokenRing: {name} differs across ring ranks: {values}")
-    for i, name in ((7, "dtype"), (8, "layout"), (9, "causal flag"), (10, "final_chunks"),
-                    (11, "device type")):
+    for i, name in (
+        (7, "dtype"),
+        (8, "layout"),
+        (9, "causal flag"),
+        (10, "final_chunks"),
+        (11, "device type"),
+    ):
         values = [m[i] for m in metas]
         if len(set(values)) > 1:
             raise ValueError(f"TokenRing: {name} differs across ring ranks: {values}")
@@ -106,11 +152,19 @@ _CACHE_SIZE = 256
 
 
 def check_inputs(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Layout, causal: bool,
-    chunks: int, group: dist.ProcessGroup | None, rank: int, world_size: int,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layout: Layout,
+    causal: bool,
+    chunks: int,
+    group: dist.ProcessGroup | None,
+    rank: int,
+    world_size: int,
+    joint_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> RingShapes:
     """Validate q/k/v on every ring rank at once and return every rank's local lengths."""
-    problem = _local_problem(q, k, v, layout, causal)
+    problem = _local_problem(q, k, v, layout, causal, joint_kv)
     meta = _meta(q, k, v, layout, causal, chunks, problem)
     if world_size == 1:
         _raise_for([meta], 0, layout)

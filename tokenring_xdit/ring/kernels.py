@@ -96,13 +96,17 @@ def has_flash_attn() -> bool:
     return importlib.util.find_spec("flash_attn") is not None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _first_working(device: str, dtype: torch.dtype, d_qk: int, d_v: int) -> str:
     order = _CPU_ORDER if device == "cpu" else _CUDA_ORDER
     for name in order:
         if name == "flash_attn" and not has_flash_attn():
             continue
-        if device != "cpu" and dtype not in _HALF and name in ("flash_attn", "cudnn", "torch_flash"):
+        if (
+            device != "cpu"
+            and dtype not in _HALF
+            and name in ("flash_attn", "cudnn", "torch_flash")
+        ):
             continue
         if _probe(KERNELS[name], device, dtype, d_qk, d_v):
             return name
@@ -138,4 +142,6 @@ def select_kernel(
     try:
         return name, KERNELS[name]
     except KeyError:
-        raise ValueError(f"unknown kernel {name!r}; use 'auto' or one of {sorted(KERNELS)}") from None
+        raise ValueError(
+            f"unknown kernel {name!r}; use 'auto' or one of {sorted(KERNELS)}"
+        ) from None

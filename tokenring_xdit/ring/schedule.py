@@ -2,16 +2,18 @@
 
 Note: who sends what to whom (N = 4 ring ranks, seen from rank r, indices mod N).
 P(j, r) is the partial (out, lse) of attention(Q_j, K_r, V_r); K/V never move.
+Both lanes are posted before the step's kernel and waited after it.
 
-  step | kernel on r           | Q lane, posted before the kernel  | out lane, posted before the kernel
-  -----+-----------------------+-----------------------------------+------------------------------------
-   0   | P(r,   r)  (own Q)    | Q_r   -> r+1 ; Q_r-1 <- r-1        | -
-   1   | P(r-1, r)             | Q_r-1 -> r+1 ; Q_r-2 <- r-1        | -        (P(r, r) stays home)
-   2   | P(r-2, r)             | Q_r-2 -> r+1 ; Q_r-3 <- r-1        | P(r-1, r) -> r-1 ; P(r, r+1) <- r+1
-   3   | P(r-3, r) in chunks   | chunk c of P(r-3, r) -> r-3 = r+1  | P(r-2, r) -> r-2 ; P(r, r+2) <- r+2
-       |                       | chunk c of P(r, r+3) <- r+3 = r-1  |
-                                 (the Q lane is idle at the last step, and the last return goes
-                                  the same way Q went, so it reuses that communicator)
+  step | kernel on r         | Q lane                         | out lane
+  -----+---------------------+--------------------------------+------------------------------
+   0   | P(r,   r) (own Q)   | Q_r   -> r+1 ; Q_r-1 <- r-1    | -
+   1   | P(r-1, r)           | Q_r-1 -> r+1 ; Q_r-2 <- r-1    | -   (P(r, r) stays home)
+   2   | P(r-2, r)           | Q_r-2 -> r+1 ; Q_r-3 <- r-1    | P(r-1, r) -> r-1
+       |                     |                                | P(r, r+1) <- r+1
+   3   | P(r-3, r) in chunks | piece c of P(r-3, r) -> r+1    | P(r-2, r) -> r-2
+       |                     | piece c of P(r, r+3) <- r-1    | P(r, r+2) <- r+2
+  (At the last step the Q lane is idle and the last partial goes home the way Q went,
+   r -> r+1 = r-3, so its pieces reuse that communicator.)
 
 Each partial returns to its owner one step late, so the transfer hides behind the next kernel;
 the last one has no next kernel, so it is cut into chunks that leave as soon as each is computed.

@@ -1,0 +1,106 @@
+"""GPU checks (marker `gpu`, run on the GPU machine; CI deselects them with -m "not gpu").
+
+python -m pytest -m gpu tests/gpu -q
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.harness import run_ranks, values
+
+pytestmark = pytest.mark.gpu
+
+BF16_TOL = 2e-2
+
+
+@pytest.mark.parametrize("name", ["cudnn", "torch_flash", "torch_efficient", "math"])
+@pytest.mark.parametrize("d", [64, 72, 128])
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_cuda_kernels_match_math(name, d, layout):
+    from tokenring_xdit.ring.kernels import KERNELS, math
+    from tokenring_xdit.ring.layout import get_layout
+
+    lay = get_layout(layout)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    shape = (2, 300, 4, d) if layout == "bshd" else (2, 4, 300, d)
+    kv_shape = (2, 515, 4, d) if layout == "bshd" else (2, 4, 515, d)
+    q = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k, v = (
+        torch.randn(kv_shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2)
+    )
+    out, lse = KERNELS[name](q, k, v, d**-0.5, lay)
+    ref_out, ref_lse = math(q, k, v, d**-0.5, lay)
+    assert lse.dtype == torch.float32 and lse.shape == ref_lse.shape
+    assert out.shape == q.shape[:3] + (d,)
+    lse_err = (lse - ref_lse).abs().max().item()
+    out_err = (out.float() - ref_out.float()).abs().max().item()
+    assert lse_err < 1e-2 and out_err < BF16_TOL, (lse_err, out_err)
+
+
+def test_auto_kernel_is_cudnn_for_bf16_without_flash_attn():
+    from tokenring_xdit.ring.kernels import has_flash_attn, select_kernel
+
+    name, _ = select_kernel("auto", torch.device("cuda"), torch.bfloat16, 72, 72)
+    assert name == ("flash_attn" if has_flash_attn() else "cudnn")
+    name, _ = select_kernel("auto", torch.device("cuda"), torch.float32, 72, 72)
+    assert name == "torch_efficient"
+
+
+def _ring_worker(rank, world_size):
+    import torch.distributed as dist
+
+    from tokenring_xdit.ring import COUNTERS, setup_token_ring_group, token_ring_attn
+    from tokenring_xdit.ring.kernels import math
+    from tokenring_xdit.ring.layout import get_layout
+
+    setup_token_ring_group(dist.group.WORLD)
+    errs = {}
+    for layout in ("bshd", "bhsd"):
+        for dtype, kernel in ((torch.bfloat16, "auto"), (torch.float32, "auto")):
+            for chunks in (None, 1, 3):
+                lay = get_layout(layout)
+                gen = torch.Generator(device="cuda").manual_seed(7)
+                lens = [1000 + 24 * r for r in range(world_size)]  # uneven local lengths
+                kv_lens = [1500 + 8 * r for r in range(world_size)]
+                h, d = 16, 72
+
+                def make(n, layout=layout, dtype=dtype, gen=gen, h=h, d=d):
+                    shape = (2, n, h, d) if layout == "bshd" else (2, h, n, d)
+                    return torch.randn(shape, device="cuda", dtype=dtype, generator=gen)
+
+                q, k, v = make(sum(lens)), make(sum(kv_lens)), make(sum(kv_lens))
+                sd = lay.seq_dim
+                ql, kl, vl = (
+                    x.split(ls, dim=sd)[rank] for x, ls in ((q, lens), (k, kv_lens), (v, kv_lens))
+                )
+                COUNTERS.reset()
+                with torch.no_grad():
+                    out, lse = token_ring_attn(
+                        ql,
+                        kl,
+                        vl,
+                        group=dist.group.WORLD,
+                        layout=layout,
+                        kernel=kernel,
+                        final_chunks=chunks,
+                    )
+                ref, ref_lse = math(q.double(), k.double(), v.double(), d**-0.5, lay)
+                ref = ref.split(lens, dim=sd)[rank]
+                ref_lse = ref_lse.split(lens, dim=2)[rank]
+                key = f"{layout}/{dtype}/{chunks}"
+                errs[key] = (
+                    (out.double() - ref).abs().max().item(),
+                    (lse.double() - ref_lse).abs().max().item(),
+                )
+                torch.cuda.synchronize()
+    return errs
+
+
+def test_token_ring_nccl_matches_exact():
+    n = torch.cuda.device_count()
+    for rank, errs in enumerate(values(run_ranks(_ring_worker, n, backend="nccl", timeout=300))):
+        for key, (out_err, lse_err) in errs.items():
+            tol = BF16_TOL if "bfloat16" in key else 1e-4
+            assert out_err <= tol and lse_err <= max(tol, 1e-3), (rank, key, out_err, lse_err)

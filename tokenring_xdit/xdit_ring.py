@@ -1,0 +1,139 @@
+"""TokenRing behind xDiT's two ring entry points.
+
+- `usp_ring_attn`: drop-in for `xfuser.model_executor.layers.usp.ring_attn` (the path PixArt,
+  Flux, SD3, ... take in xfuser 0.7): (b, h, s, d), group PROCESS_GROUP.RING_PG, the per-block
+  kernel is the `attention_function` xDiT selected (cuDNN, FA2/3, SDPA flash/efficient, ...).
+- `long_ctx_ring_attn`: the ring function of `xFuserLongContextAttention`: (b, s, h, d), with the
+  PipeFusion KV cache (`attn_layer`) and joint tensors.
+
+Joint (text) K/V: xDiT's decorator concatenates them into the block of ring call 0 ("front") or
+the last ring call ("rear"), counting calls per rank. TokenRing handles them itself instead (the
+decorator never sees them): each rank's own queries meet the joint K/V in their step-0 block, so
+every query attends them exactly once, whatever the chunking of the last step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .ring.attention import token_ring_attn
+from .ring.kernels import BlockKernel
+
+__all__ = ["usp_ring_attn", "long_ctx_ring_attn"]
+
+
+def _xdit_kernel(attention_function, attention_kwargs) -> BlockKernel:
+    """Wrap xDiT's selected backend (b, h, s, d) -> (out, lse) into a block kernel."""
+
+    def kernel(q, k, v, scale, layout):
+        # xDiT's backends use the default scale; TokenRing passes that same default here.
+        out, lse = attention_function(
+            q,
+            k,
+            v,
+            dropout_p=0.0,
+            is_causal=False,
+            joint_attn_kwargs=None,
+            attention_kwargs=attention_kwargs,
+        )
+        if lse is None:
+            raise NotImplementedError(
+                "this xDiT attention backend returns no lse, so it cannot serve a ring; choose "
+                "one that does (--attention_backend cudnn / flash / sdpa_flash / sdpa_efficient)"
+            )
+        b, h, s, _ = q.shape
+        return out, lse.float().reshape(b, h, -1)[:, :, :s]
+
+    return kernel
+
+
+def usp_ring_attn(
+    attention_function,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    joint_attn_kwargs: dict | None = None,
+    attention_kwargs: dict | None = None,
+) -> torch.Tensor:
+    """xfuser 0.7 `usp.ring_attn` contract: (b, h, s, d) in, out (b, h, s, d)."""
+    from yunchang.globals import PROCESS_GROUP  # the singleton xDiT's USP uses
+
+    if dropout_p:
+        raise NotImplementedError("TokenRing is for inference: dropout_p must be 0")
+    joint_kv, strategy = None, "rear"
+    if joint_attn_kwargs is not None:
+        strategy = joint_attn_kwargs.get("joint_strategy") or "rear"
+        joint_kv = (joint_attn_kwargs["joint_key"], joint_attn_kwargs["joint_value"])
+        # leave the counter where xDiT's decorator would after a full ring
+        joint_attn_kwargs["step"] = joint_attn_kwargs.get("total_steps", 1)
+    out, _ = token_ring_attn(
+        query,
+        key,
+        value,
+        group=PROCESS_GROUP.RING_PG,
+        layout="bhsd",
+        causal=is_causal,
+        kernel=_xdit_kernel(attention_function, attention_kwargs),
+        joint_kv=joint_kv,
+        joint_strategy=strategy,
+    )
+    return out
+
+
+def long_ctx_ring_attn(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    alibi_slopes: torch.Tensor | None = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    group=None,
+    attn_type=None,
+    attn_processor=None,
+    attn_layer=None,
+    joint_tensor_key: torch.Tensor | None = None,
+    joint_tensor_value: torch.Tensor | None = None,
+    joint_strategy: str = "none",
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
+):
+    """`xdit_ring_flash_attn_func` contract: (b, s, h, d); KV cache, joint tensors."""
+    from .yunchang_ring import _reject_unsupported, kernel_for
+
+    _reject_unsupported(dropout_p, window_size, 0.0, alibi_slopes)
+    if any(x is not None for x in (q_descale, k_descale, v_descale)):
+        raise NotImplementedError("TokenRing does not take FP8 descale factors")
+    if attn_layer is not None:  # PipeFusion: K/V grow to the cached sequence, Q stays small
+        from xfuser.core.cache_manager.cache_manager import get_cache_manager
+
+        k, v = get_cache_manager().update_and_get_kv_cache(
+            new_kv=[k, v], layer=attn_layer, slice_dim=1, layer_type="attn"
+        )
+        k, v = k.contiguous(), v.contiguous()
+    joint_kv = None
+    if joint_tensor_key is not None or joint_tensor_value is not None:
+        if joint_tensor_key is None or joint_tensor_value is None:
+            raise ValueError("joint_tensor_key and joint_tensor_value go together")
+        if joint_strategy not in ("front", "rear"):
+            raise ValueError(f"joint_strategy must be 'front' or 'rear', got {joint_strategy!r}")
+        joint_kv = (joint_tensor_key, joint_tensor_value)
+    out, lse = token_ring_attn(
+        q,
+        k,
+        v,
+        group=group,
+        layout="bshd",
+        softmax_scale=softmax_scale,
+        causal=causal,
+        kernel=kernel_for(attn_type, attn_processor, q.device),
+        joint_kv=joint_kv,
+        joint_strategy=joint_strategy if joint_kv is not None else "rear",
+    )
+    return (out, lse, None) if return_attn_probs else out
