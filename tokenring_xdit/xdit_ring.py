@@ -68,6 +68,8 @@ def usp_ring_attn(
         joint_kv = (joint_attn_kwargs["joint_key"], joint_attn_kwargs["joint_value"])
         # leave the counter where xDiT's decorator would after a full ring
         joint_attn_kwargs["step"] = joint_attn_kwargs.get("total_steps", 1)
+    # A CUDA graph may bake in the backend, never per-call attention_kwargs tensors.
+    backend = getattr(attention_function, "__wrapped__", attention_function)
     out, _ = token_ring_attn(
         query,
         key,
@@ -76,6 +78,7 @@ def usp_ring_attn(
         layout="bhsd",
         causal=is_causal,
         kernel=_xdit_kernel(attention_function, attention_kwargs),
+        kernel_key=None if attention_kwargs else ("xdit", backend),
         joint_kv=joint_kv,
         joint_strategy=strategy,
     )
@@ -133,6 +136,7 @@ def long_ctx_ring_attn(
         softmax_scale=softmax_scale,
         causal=causal,
         kernel=kernel_for(attn_type, attn_processor, q.device),
+        kernel_key=(attn_type, attn_processor),
         joint_kv=joint_kv,
         joint_strategy=joint_strategy if joint_kv is not None else "rear",
     )

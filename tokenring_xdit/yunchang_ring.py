@@ -126,6 +126,7 @@ def token_ring_flash_attn_func(
         softmax_scale=softmax_scale,
         causal=causal,
         kernel=kernel_for(attn_type, attn_processor, q.device),
+        kernel_key=(attn_type, attn_processor),
     )
     return (out, lse, None) if return_attn_probs else out
 

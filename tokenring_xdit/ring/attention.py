@@ -6,11 +6,14 @@ that runs it. Per step both transfers are posted before the kernel and waited af
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 import torch
 import torch.distributed as dist
 
 from .checks import check_inputs
 from .comm import COUNTERS, Lane, out_group_for
+from .graphs import graphs_wanted, run_graphed
 from .kernels import BlockKernel, select_kernel
 from .layout import Layout, get_layout
 from .merge import PartialMerge
@@ -37,6 +40,8 @@ def token_ring_attn(
     final_chunks: int | None = None,
     joint_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
     joint_strategy: str = "rear",
+    cuda_graph: bool | None = None,
+    kernel_key: Hashable | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact attention of the local queries against the K/V of every rank of `group`.
 
@@ -46,6 +51,9 @@ def token_ring_attn(
     `kernels.KERNELS`, "auto", or a callable (q, k, v, scale, layout) -> (out, lse fp32).
     `joint_kv` is extra K/V (xDiT's joint text tokens) that this rank's own queries attend
     exactly once, joined before ("front") or after ("rear") the local K/V in the step-0 block.
+    On CUDA the ring runs as a CUDA graph per input signature (`cuda_graph`, default from
+    TOKENRING_XDIT_CUDA_GRAPHS, on); a callable `kernel` is graphed only with a `kernel_key` that
+    names it stably across calls.
     """
     layout = get_layout(layout)
     group, rank, world_size = _ring_position(group)
@@ -55,15 +63,37 @@ def token_ring_attn(
     shapes = check_inputs(q, k, v, layout, causal, chunks, group, rank, world_size, joint_kv)
     scale = softmax_scale if softmax_scale is not None else q.shape[3] ** -0.5
     if not callable(kernel):
-        _, kernel = select_kernel(kernel, q.device, q.dtype, q.shape[3], v.shape[3])
-    own_kv = _join(k, v, joint_kv, joint_strategy, layout)
+        kernel_key, (_, kernel) = (
+            kernel,
+            select_kernel(kernel, q.device, q.dtype, q.shape[3], v.shape[3]),
+        )
     if world_size == 1:  # nothing to exchange, and no self-sends
         COUNTERS.kernel_calls += 1
-        out, lse = kernel(q, *own_kv, scale, layout)
+        out, lse = kernel(q, *_join(k, v, joint_kv, joint_strategy, layout), scale, layout)
         return out.to(q.dtype), lse.float()
     chunks = chunks or default_final_chunks(min(shapes.q_lens))
     chunks = min(chunks, min(shapes.q_lens))  # equal piece count on every rank
-    return _ring_forward(q, k, v, own_kv, scale, kernel, layout, group, rank, shapes.q_lens, chunks)
+    inputs = (q, k, v) + (tuple(joint_kv) if joint_kv is not None else ())
+
+    def run(xs):
+        own_kv = _join(xs[1], xs[2], xs[3:] or None, joint_strategy, layout)
+        return _ring_forward(
+            *xs[:3], own_kv, scale, kernel, layout, group, rank, shapes.q_lens, chunks
+        )
+
+    if kernel_key is None or not graphs_wanted(cuda_graph, q.device):
+        return run(inputs)
+    key = (
+        group.group_name,
+        rank,
+        kernel_key,
+        layout.name,
+        scale,
+        chunks,
+        joint_strategy,
+        tuple((x.shape, x.stride(), x.dtype) for x in inputs),
+    )
+    return run_graphed(key, inputs, run, group)
 
 
 def _join(k, v, joint_kv, strategy: str, layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
