@@ -84,7 +84,7 @@ def token_ring_attn(
     if kernel_key is None or not graphs_wanted(cuda_graph, q.device):
         return run(inputs)
     key = (
-        group.group_name,
+        group,
         rank,
         kernel_key,
         layout.name,

@@ -169,7 +169,7 @@ def check_inputs(
     if world_size == 1:
         _raise_for([meta], 0, layout)
         return RingShapes((meta[5],), (meta[6],))
-    key = (group.group_name, tuple(meta), q.device)
+    key = (group, tuple(meta), q.device)
     always = os.environ.get(VALIDATE_ENV, "").lower() == "always"
     if not always and problem == 0 and key in _CACHE:
         _CACHE.move_to_end(key)

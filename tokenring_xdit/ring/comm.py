@@ -7,6 +7,7 @@ made collectively, on all ranks, in the same order, never inside a forward.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -30,12 +31,9 @@ class TrafficCounters:
 
 COUNTERS = TrafficCounters()
 
-# ring group -> communicator for returned partials (keyed by the group's unique name)
-_OUT_GROUPS: dict[str, dist.ProcessGroup] = {}
-
-
-def _key(group: dist.ProcessGroup) -> str:
-    return group.group_name
+# ring group -> communicator for returned partials; weak keys, so a destroyed group's entry
+# cannot be found again by a new group that reuses its name
+_OUT_GROUPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def setup_token_ring_group(group: dist.ProcessGroup | None) -> None:
@@ -47,19 +45,19 @@ def setup_token_ring_group(group: dist.ProcessGroup | None) -> None:
     """
     mine = None
     if group is not None and dist.get_world_size(group) > 1:
-        mine = (tuple(dist.get_process_group_ranks(group)), _key(group) in _OUT_GROUPS)
+        mine = (tuple(dist.get_process_group_ranks(group)), group in _OUT_GROUPS)
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
     todo = sorted({ranks for item in gathered if item for ranks, ready in [item] if not ready})
     for ranks in todo:  # same order on every rank: new_group is collective over the world
         out_group = dist.new_group(list(ranks))
         if mine is not None and ranks == mine[0] and not mine[1]:
-            _OUT_GROUPS[_key(group)] = out_group
+            _OUT_GROUPS[group] = out_group
 
 
 def out_group_for(group: dist.ProcessGroup) -> dist.ProcessGroup:
     try:
-        return _OUT_GROUPS[_key(group)]
+        return _OUT_GROUPS[group]
     except KeyError:
         raise ValueError(
             "TokenRing has no return communicator for this ring group: create the group through "
@@ -72,6 +70,18 @@ def out_group_for(group: dist.ProcessGroup) -> dist.ProcessGroup:
 def forget_token_ring_groups() -> None:
     """Drop the registry (after dist.destroy_process_group the groups are dead anyway)."""
     _OUT_GROUPS.clear()
+    _GLOBAL_RANKS.clear()
+
+
+_GLOBAL_RANKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _global_ranks(group: dist.ProcessGroup) -> tuple[int, ...]:
+    """Group rank -> global rank, looked up once per group (it is on every P2P op's path)."""
+    ranks = _GLOBAL_RANKS.get(group)
+    if ranks is None:
+        ranks = _GLOBAL_RANKS[group] = tuple(dist.get_process_group_ranks(group))
+    return ranks
 
 
 class Lane:
@@ -79,7 +89,7 @@ class Lane:
 
     def __init__(self, group: dist.ProcessGroup):
         self.group = group
-        self._global = [dist.get_global_rank(group, r) for r in range(dist.get_world_size(group))]
+        self._global = _global_ranks(group)
         self._works: list = []
 
     def post(

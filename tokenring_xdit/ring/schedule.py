@@ -22,6 +22,7 @@ Totals per forward: N kernels, N-1 Q transfers, N-1 partial returns, no self-sen
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 
@@ -38,7 +39,8 @@ class Step:
     ret_recv_from: int | None  # who computed the partial of our own Q that arrives now
 
 
-def steps(rank: int, world_size: int) -> list[Step]:
+@functools.cache
+def steps(rank: int, world_size: int) -> tuple[Step, ...]:
     """The whole forward for one rank. The last step's return is `final_return`."""
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not in a ring of {world_size}")
@@ -59,7 +61,7 @@ def steps(rank: int, world_size: int) -> list[Step]:
                 ret_recv_from=(rank + (s - 1)) % n if returns else None,
             )
         )
-    return plan
+    return tuple(plan)
 
 
 def final_return(rank: int, world_size: int) -> tuple[int, int] | None:
