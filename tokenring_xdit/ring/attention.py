@@ -14,7 +14,7 @@ import torch.distributed as dist
 from .checks import check_inputs
 from .comm import COUNTERS, Lane, out_group_for
 from .graphs import graphs_wanted, run_graphed
-from .kernels import BlockKernel, select_kernel
+from .kernels import BlockKernel, run_block, select_kernel
 from .layout import Layout, get_layout
 from .merge import PartialMerge
 from .schedule import chunk_bounds, final_return, steps
@@ -69,7 +69,9 @@ def token_ring_attn(
         )
     if world_size == 1:  # nothing to exchange, and no self-sends
         COUNTERS.kernel_calls += 1
-        out, lse = kernel(q, *_join(k, v, joint_kv, joint_strategy, layout), scale, layout)
+        out, lse = run_block(
+            kernel, q, *_join(k, v, joint_kv, joint_strategy, layout), scale, layout
+        )
         return out.to(q.dtype), lse.float()
     chunks = chunks or default_final_chunks(min(shapes.q_lens))
     chunks = min(chunks, min(shapes.q_lens))  # equal piece count on every rank
@@ -124,7 +126,7 @@ def _ring_position(group: dist.ProcessGroup | None) -> tuple[dist.ProcessGroup |
 
 def _run_kernel(kernel: BlockKernel, q, k, v, scale, layout) -> tuple[torch.Tensor, torch.Tensor]:
     COUNTERS.kernel_calls += 1
-    out, lse = kernel(q, k, v, scale, layout)
+    out, lse = run_block(kernel, q, k, v, scale, layout)
     return out.contiguous(), lse.float().contiguous()  # P2P needs dense buffers
 
 

@@ -3,7 +3,8 @@
 Local problems are encoded as a code and exchanged with the ring's shapes in one small
 all-gather, so every rank raises the same error. The exchange runs once per new input signature
 (the ring lengths it returns are cached); TOKENRING_XDIT_VALIDATE=always repeats it every call,
-which also catches ranks whose inputs change out of step with each other.
+which also catches ranks whose inputs change out of step with each other (one rank's query
+length changing while the others' stay the same needs it: the others must size their buffers).
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def _local_problem(q, k, v, layout: Layout, causal: bool, joint_kv=None) -> int:
     return 0
 
 
-def _meta(q, k, v, layout: Layout, causal: bool, chunks: int, problem: int) -> list[int]:
+def _meta(q, k, v, layout: Layout, causal: bool, chunks: int, problem: int, joint_kv) -> list[int]:
     if problem == 1:
         return [problem] + [-1] * (_META_LEN - 1)
     (b, s, h, d), kv_len, dv = layout.dims(q), k.shape[layout.seq_dim], v.shape[3]
@@ -105,7 +106,7 @@ def _meta(q, k, v, layout: Layout, causal: bool, chunks: int, problem: int) -> l
         int(causal),
         chunks,
         q.device.type == "cuda",
-        0,
+        -1 if joint_kv is None or problem else joint_kv[0].shape[layout.seq_dim],
         0,
     ]
 
@@ -165,11 +166,13 @@ def check_inputs(
 ) -> RingShapes:
     """Validate q/k/v on every ring rank at once and return every rank's local lengths."""
     problem = _local_problem(q, k, v, layout, causal, joint_kv)
-    meta = _meta(q, k, v, layout, causal, chunks, problem)
+    meta = _meta(q, k, v, layout, causal, chunks, problem, joint_kv)
     if world_size == 1:
         _raise_for([meta], 0, layout)
         return RingShapes((meta[5],), (meta[6],))
-    key = (group, tuple(meta), q.device)
+    # Our K/V length is nobody else's business (K/V never move), so a KV cache growing on one
+    # rank must not send that rank alone into the exchange: leave it out of the key.
+    key = (group, tuple(meta[:6] + meta[7:]), q.device)
     always = os.environ.get(VALIDATE_ENV, "").lower() == "always"
     if not always and problem == 0 and key in _CACHE:
         _CACHE.move_to_end(key)

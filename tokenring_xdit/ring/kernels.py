@@ -29,7 +29,27 @@ def _lse_bhsd(lse: torch.Tensor, q_bhsd: torch.Tensor) -> torch.Tensor:
     return lse.reshape(b, h, -1)[:, :, :s].float()
 
 
+def empty_block(q, k, v, layout: Layout) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The partial of an empty query or key block (no kernel takes those; torch's CPU flash
+    kernel even dies of SIGFPE): zeros and lse = -inf, which the merge weighs as nothing."""
+    s_q, s_k = q.shape[layout.seq_dim], k.shape[layout.seq_dim]
+    if s_q and s_k:
+        return None
+    b, _, h, _ = layout.dims(q)
+    out = layout.empty(b, s_q, h, v.shape[3], like=q).zero_()
+    return out, torch.full((b, h, s_q), float("-inf"), dtype=torch.float32, device=q.device)
+
+
+def run_block(kernel: BlockKernel, q, k, v, scale: float, layout: Layout):
+    """kernel(q, k, v, scale, layout), except for empty blocks."""
+    empty = empty_block(q, k, v, layout)
+    return empty if empty is not None else kernel(q, k, v, scale, layout)
+
+
 def cpu_flash(q, k, v, scale, layout):
+    empty = empty_block(q, k, v, layout)
+    if empty is not None:
+        return empty
     qb, kb, vb = (layout.to_bhsd(x) for x in (q, k, v))
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         qb, kb, vb, 0.0, False, scale=scale

@@ -1,0 +1,171 @@
+"""Bad input fails on EVERY rank of the ring with a clear error, instead of hanging one of them.
+
+Each scenario is its own launch (a failed ring call can leave gloo traffic behind that would
+poison the next one), with a short deadline: a hang fails the test as a TimeoutError.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.harness import run_ranks
+
+LAUNCH_TIMEOUT = 60  # seconds; also the gloo timeout of the launch
+
+
+def _qkv(torch, *, b=1, s=16, kv=24, h=2, d=64, dtype=None, layout="bshd", seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    dtype = dtype or torch.float32
+    shape_q = (b, s, h, d) if layout == "bshd" else (b, h, s, d)
+    shape_kv = (b, kv, h, d) if layout == "bshd" else (b, h, kv, d)
+    q = torch.randn(shape_q, generator=gen).to(dtype)
+    k = torch.randn(shape_kv, generator=gen).to(dtype)
+    v = torch.randn(shape_kv, generator=gen).to(dtype)
+    return q, k, v
+
+
+def _scenario(rank, n, name):
+    """Run one bad call on every rank; whatever it raises comes back as the RankResult's error."""
+    import torch
+    import torch.distributed as dist
+
+    from tokenring_xdit.ring import setup_token_ring_group, token_ring_attn
+
+    world = dist.group.WORLD
+    if name == "not_member":
+        ring = dist.new_group([0, 1])  # collective: every rank creates it
+        setup_token_ring_group(ring if rank < 2 else None)
+        q, k, v = _qkv(torch, seed=rank)
+        with torch.no_grad():
+            out, _ = token_ring_attn(q, k, v, group=ring)  # rank 2 is not in `ring`
+        # ranks 0 and 1: a ring smaller than the world still computes exact attention
+        qs, ks, vs = zip(*(_qkv(torch, seed=r) for r in range(2)), strict=True)
+        gq, gk, gv = (torch.cat(x, dim=1).transpose(1, 2).double() for x in (qs, ks, vs))
+        ref = torch.nn.functional.scaled_dot_product_attention(gq, gk, gv).transpose(1, 2)
+        return (out.double() - ref[:, 16 * rank : 16 * (rank + 1)]).abs().max().item()
+    if name == "no_out_group":
+        setup_token_ring_group(world)
+        fresh = dist.new_group(list(range(n)))  # never passed to setup_token_ring_group
+        q, k, v = _qkv(torch)
+        with torch.no_grad():
+            return token_ring_attn(q, k, v, group=fresh)
+
+    setup_token_ring_group(world)
+    kwargs: dict = {}
+    if name == "head_count":
+        q, k, v = _qkv(torch, h=3 if rank == 1 else 2)
+    elif name == "head_size":
+        q, k, v = _qkv(torch, d=72 if rank == 1 else 64)
+    elif name == "dtype":
+        q, k, v = _qkv(torch, dtype=torch.bfloat16 if rank == 1 else torch.float32)
+    elif name == "batch":
+        q, k, v = _qkv(torch, b=2 if rank == 0 else 1)
+    elif name == "layout":
+        q, k, v = _qkv(torch, layout="bhsd" if rank == 1 else "bshd")
+        kwargs["layout"] = "bhsd" if rank == 1 else "bshd"
+    elif name == "final_chunks":
+        q, k, v = _qkv(torch)
+        kwargs["final_chunks"] = 2 if rank == 1 else 1
+    elif name == "causal_all":
+        q, k, v = _qkv(torch)
+        kwargs["causal"] = True
+    elif name == "causal_one":
+        q, k, v = _qkv(torch)
+        kwargs["causal"] = rank == 0
+    elif name == "q_3d_rank0":
+        q, k, v = _qkv(torch)
+        if rank == 0:
+            q = q[:, :, 0]  # (b, s, d)
+    elif name == "kv_len_rank1":
+        q, k, v = _qkv(torch)
+        if rank == 1:
+            v = v[:, :-1]
+    elif name == "requires_grad_all":
+        q, k, v = (x.requires_grad_() for x in _qkv(torch))
+        return token_ring_attn(q, k, v, **kwargs)  # grad mode on
+    elif name == "requires_grad_rank1":
+        q, k, v = _qkv(torch)
+        q.requires_grad_(rank == 1)
+        return token_ring_attn(q, k, v, **kwargs)
+    elif name == "validate_always_changes":
+        # first call consistent, second call: rank 1's inputs change out of step with rank 0's
+        q, k, v = _qkv(torch)
+        with torch.no_grad():
+            out, _ = token_ring_attn(q, k, v)
+        assert out.shape == q.shape
+        if rank == 1:
+            q, k, v = _qkv(torch, h=4)
+    else:
+        raise AssertionError(f"unknown scenario {name}")
+    with torch.no_grad():
+        return token_ring_attn(q, k, v, **kwargs)
+
+
+def _launch(name, n=2, env=None):
+    return run_ranks(_scenario, n, name, timeout=LAUNCH_TIMEOUT, env=env)
+
+
+def _assert_all_raise(results, error_type, *needles):
+    for r in results:
+        assert r.error_type == error_type, (
+            f"rank {r.rank}: expected {error_type}, got {r.error_type}: {r.error}\n{r.trace}"
+        )
+        for needle in needles:
+            assert needle in r.error, f"rank {r.rank}: {needle!r} not in error: {r.error}"
+    # every rank reports the same problem
+    assert len({r.error for r in results}) == 1, [r.error for r in results]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize(
+    "name,needles",
+    [
+        ("head_count", ["head count differs across ring ranks", "[2, 3]"]),
+        ("head_size", ["head size differs across ring ranks", "[64, 72]"]),
+        ("dtype", ["dtype differs across ring ranks"]),
+        ("batch", ["batch size differs across ring ranks", "[2, 1]"]),
+        ("layout", ["layout differs across ring ranks"]),
+        ("final_chunks", ["final_chunks differs across ring ranks"]),
+        ("q_3d_rank0", ["rank(s) [0]", "4-d tensors"]),
+        ("kv_len_rank1", ["rank(s) [1]", "same sequence length"]),
+    ],
+)
+def test_inconsistent_or_invalid_inputs_raise_value_error_everywhere(name, needles):
+    _assert_all_raise(_launch(name), "ValueError", *needles)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize(
+    "name,needles",
+    [
+        ("causal_all", ["rank(s) [0, 1]", "causal=True is not supported"]),
+        ("causal_one", ["rank(s) [0]", "causal=True is not supported"]),
+        ("requires_grad_all", ["rank(s) [0, 1]", "forward-only"]),
+        ("requires_grad_rank1", ["rank(s) [1]", "forward-only"]),
+    ],
+)
+def test_unsupported_modes_raise_not_implemented_everywhere(name, needles):
+    _assert_all_raise(_launch(name), "NotImplementedError", *needles)
+
+
+@pytest.mark.timeout(90)
+def test_group_without_return_communicator():
+    results = _launch("no_out_group")
+    _assert_all_raise(results, "ValueError", "no return communicator", "setup_token_ring_group")
+
+
+@pytest.mark.timeout(90)
+def test_rank_outside_the_group():
+    results = _launch("not_member", n=3)
+    r2 = results[2]
+    assert r2.error_type == "ValueError", (r2.error_type, r2.error, r2.trace)
+    assert "not a member" in r2.error and "[0, 1]" in r2.error, r2.error
+    for r in results[:2]:
+        assert r.ok, f"rank {r.rank} of the ring [0, 1] failed: {r.error_type}: {r.error}"
+        assert r.value <= 1e-5, f"rank {r.rank}: ring of 2 inside a world of 3, max err {r.value}"
+
+
+@pytest.mark.timeout(90)
+def test_validate_always_catches_inputs_changing_out_of_step():
+    results = _launch("validate_always_changes", env={"TOKENRING_XDIT_VALIDATE": "always"})
+    _assert_all_raise(results, "ValueError", "head count differs across ring ranks", "[2, 4]")
