@@ -6,7 +6,8 @@ Launch on the GPU machine (ring degree = number of GPUs):
       --out $OUT/sweep_p2p_off.json
 Methods (bf16, (b, h, s, d), non-causal, cuDNN per block where the method takes a kernel):
   single        one GPU, full sequence; ideal = single / N
-  token_ring    tokenring_xdit.token_ring_attn
+  token_ring    tokenring_xdit.token_ring_attn (replayed as a CUDA graph, the default)
+  token_ring_eager  the same without CUDA graphs
   torch_ag      torch's templated ring, all-gather rotation (xDiT 0.7's default ring_attn)
   torch_a2a     the same with all-to-all rotation
   yunchang_p2p  yunchang ring_flash_attn_func (P2P K/V ring, torch flash kernel; its only CUDA
@@ -71,9 +72,12 @@ def methods(group, q, k, v, heads, world_size):
 
     qs, ks, vs = (x.transpose(1, 2).contiguous() for x in (q, k, v))  # yunchang wants bshd
     out = {
-        "token_ring": lambda: token_ring_attn(q, k, v, group=group, layout="bhsd", kernel="cudnn")[
-            0
-        ],
+        "token_ring": lambda: token_ring_attn(
+            q, k, v, group=group, layout="bhsd", kernel="cudnn", cuda_graph=True
+        )[0],
+        "token_ring_eager": lambda: token_ring_attn(
+            q, k, v, group=group, layout="bhsd", kernel="cudnn", cuda_graph=False
+        )[0],
         "torch_ag": torch_ring("allgather"),
         "torch_a2a": torch_ring("alltoall"),
         "yunchang_p2p": lambda: ring_flash_attn_func(
