@@ -76,7 +76,7 @@ def run_demo(rank: int, world_size: int, report: Callable[..., None], cfg: DemoC
         calls = {
             "single": lambda: (lambda: kernel_fn(q, k, v, cfg.head_size**-0.5, BSHD), kernel, 1),
             "tokenring": lambda: (
-                lambda: token_ring_attn(q_loc, k_loc, v_loc, layout="bshd", kernel=kernel_fn),
+                lambda: token_ring_attn(q_loc, k_loc, v_loc, layout="bshd", kernel=kernel),
                 kernel,
                 world_size,
             ),
