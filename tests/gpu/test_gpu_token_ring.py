@@ -135,3 +135,41 @@ def test_cuda_graph_replay_equals_eager():
     ):
         assert graphs == (1 if n > 1 else 0), (rank, graphs)
         assert worst == 0.0, (rank, worst)  # same kernels, same order: bitwise equal
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+@pytest.mark.parametrize("d", [72, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fused_merge_equals_torch_merge(layout, d, dtype):
+    from tokenring_xdit.ring import fused_merge
+    from tokenring_xdit.ring.layout import get_layout
+    from tokenring_xdit.ring.merge import PartialMerge
+
+    assert fused_merge.available()
+    lay = get_layout(layout)
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    shape = (2, 333, 5, d) if layout == "bshd" else (2, 5, 333, d)
+    blocks = [torch.randn(shape, device="cuda", dtype=dtype, generator=gen) for _ in range(3)]
+    lses = [4 * torch.randn(2, 5, 333, device="cuda", generator=gen) for _ in range(3)]
+    results = []
+    for fused in (True, False):
+        merge = PartialMerge(blocks[0], lses[0], lay, dtype, updates=2)
+        merge._fused = fused
+        merge.update(blocks[1], lses[1])
+        merge.update(
+            blocks[2][:, :100] if layout == "bshd" else blocks[2][:, :, :100],
+            lses[2][:, :, :100],
+            slice(0, 100),
+            last=True,
+        )
+        merge.update(
+            blocks[2][:, 100:] if layout == "bshd" else blocks[2][:, :, 100:],
+            lses[2][:, :, 100:],
+            slice(100, 333),
+            last=True,
+        )
+        results.append(merge.result())
+    (fo, fl), (to, tl) = results
+    assert (fl - tl).abs().max().item() < 1e-5
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert (fo.float() - to.float()).abs().max().item() < tol

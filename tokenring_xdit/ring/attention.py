@@ -176,7 +176,8 @@ def _ring_forward(q, k, v, own_kv, scale, kernel, layout, group, rank, q_lens, c
         q_lane.wait()
         out_lane.wait()
         if merge is None:
-            merge = PartialMerge(*block, layout)  # step 0: our own Q against our own K/V
+            # step 0: our own Q against our own K/V; n-1 partials of it are still to come
+            merge = PartialMerge(*block, layout, q.dtype, updates=n - 1)
         elif st.ret_send_to is not None:
             merge.update(ret_out, ret_lse)
         prev = block if st.step > 0 else None
@@ -231,5 +232,5 @@ def _last_step(
         merge.update(*ret)
     for works, seq, recv_out, recv_lse in pieces:  # merge piece c while c+1.. still travel
         q_lane.wait(works)
-        merge.update(recv_out, recv_lse, seq)
+        merge.update(recv_out, recv_lse, seq, last=True)
     return merge.result(dtype)

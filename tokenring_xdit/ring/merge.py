@@ -4,38 +4,72 @@ from __future__ import annotations
 
 import torch
 
+from . import fused_merge
 from .layout import Layout
 
 
 class PartialMerge:
     """Accumulates (out, lse) partials of the same queries against disjoint key blocks.
 
-    out is kept in fp32 in the caller's layout, lse as (b, h, s) fp32. With
-    new_lse = logaddexp(lse, block_lse) the block's weight is exp(block_lse - new_lse), which
-    equals sigmoid(block_lse - lse): the numerically stable form of
-        out <- out - sigmoid(block_lse - lse) * (out - block_out)
-        lse <- lse - logsigmoid(lse - block_lse)
-    (ring-flash-attention PR #34 derives it). Both updates are in place.
+    The math is always fp32: new_lse = logaddexp(lse, block_lse) and each side weighs
+    exp(its_lse - new_lse) (= sigmoid(block_lse - lse) for the block: the stable form of
+    ring-flash-attention PR #34). Storage follows the work left: with more than one merge to
+    come the running out is an fp32 accumulator; the last merge of each query (`last=True`)
+    writes the caller's dtype directly, so a 2-rank ring never materialises fp32 at all.
+    On CUDA each merge is one Triton pass (fused_merge); elsewhere a few torch ops.
     """
 
-    def __init__(self, block_out: torch.Tensor, block_lse: torch.Tensor, layout: Layout):
+    def __init__(
+        self,
+        block_out: torch.Tensor,
+        block_lse: torch.Tensor,
+        layout: Layout,
+        out_dtype: torch.dtype | None = None,
+        updates: int | None = None,
+    ):
         self.layout = layout
-        self.out = block_out.to(torch.float32, copy=True)
+        self.dtype = out_dtype or block_out.dtype
+        many = updates is None or updates > 1
+        self.out = block_out.to(torch.float32, copy=True) if many else block_out
         self.lse = block_lse.to(torch.float32, copy=True)
+        self.final: torch.Tensor | None = None
+        self._fused = block_out.is_cuda and fused_merge.available()
 
     def update(
-        self, block_out: torch.Tensor, block_lse: torch.Tensor, seq: slice | None = None
+        self,
+        block_out: torch.Tensor,
+        block_lse: torch.Tensor,
+        seq: slice | None = None,
+        last: bool = False,
     ) -> None:
-        """Merge one partial; `seq` selects the query positions it covers (a final chunk)."""
+        """Merge one partial; `seq` selects the query positions it covers (a final piece);
+        `last` marks the last merge for those positions (writes the final dtype)."""
         out, lse = self.out, self.lse
         if seq is not None:
-            out = self.layout.seq_slice(out, seq)
-            lse = lse[:, :, seq]
-        new_lse = torch.logaddexp(lse, block_lse)
-        weight = torch.exp(block_lse - new_lse)
-        out.lerp_(block_out.to(torch.float32), self.layout.lse_to_out(weight))
-        lse.copy_(new_lse)
+            out, lse = self.layout.seq_slice(out, seq), lse[:, :, seq]
+        if last:
+            if self.final is None:
+                self.final = torch.empty_like(self.out, dtype=self.dtype)
+            dst = self.final if seq is None else self.layout.seq_slice(self.final, seq)
+        else:
+            if self.out.dtype != torch.float32:
+                raise RuntimeError("PartialMerge: more merges than announced by `updates`")
+            dst = out
+        self._merge(dst, lse, out, lse, block_out, block_lse)
 
-    def result(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """(out in `dtype`, lse fp32 (b, h, s))."""
-        return self.out.to(dtype), self.lse
+    def _merge(self, dst, dst_lse, a, lse_a, b, lse_b) -> None:
+        if self._fused:
+            to = self.layout.to_bhsd
+            fused_merge.merge2_bhsd(to(dst), dst_lse, to(a), lse_a, to(b), lse_b)
+            return
+        new_lse = torch.logaddexp(lse_a, lse_b)
+        weight_a = self.layout.lse_to_out(torch.exp(lse_a - new_lse))
+        weight_b = self.layout.lse_to_out(torch.exp(lse_b - new_lse))
+        dst.copy_(a.float() * weight_a + b.float() * weight_b)
+        dst_lse.copy_(new_lse)
+
+    def result(self, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(out in `dtype` (default: the announced one), lse fp32 (b, h, s))."""
+        dtype = dtype or self.dtype
+        out = self.final if self.final is not None else self.out
+        return out.to(dtype), self.lse
