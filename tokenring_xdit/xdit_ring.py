@@ -62,6 +62,12 @@ def usp_ring_attn(
 
     if dropout_p:
         raise NotImplementedError("TokenRing is for inference: dropout_p must be 0")
+    if attention_kwargs and attention_kwargs.get("ulysses_extra_inputs"):
+        # per-query extra tensors would follow our queries around the ring; not supported yet
+        raise NotImplementedError(
+            "TokenRing does not carry a backend's per-query extra inputs "
+            f"({attention_kwargs['ulysses_extra_inputs']}); use xDiT's own ring for it"
+        )
     joint_kv, strategy = None, "rear"
     if joint_attn_kwargs is not None:
         strategy = joint_attn_kwargs.get("joint_strategy") or "rear"

@@ -83,6 +83,12 @@ def _long_ctx_init(wrapped, instance, args, kwargs):
 
 
 def _build(patches: PatchSet) -> None:
+    from . import yunchang as yunchang_patches
+
+    # TokenRing under xDiT needs the yunchang set (the ring registration and the return
+    # communicators made in set_seq_parallel_pg): without it, patch nothing of xfuser either.
+    if not yunchang_patches.PATCHES.active:
+        yunchang_patches.apply()  # raises (e.g. UnsupportedHostVersion) when it cannot
     import xfuser.config.args as args_module
     import xfuser.core.long_ctx_attention.hybrid.attn_layer as long_ctx
     import xfuser.model_executor.layers.usp as usp
