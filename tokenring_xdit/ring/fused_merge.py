@@ -10,8 +10,11 @@ five kernels and two fp32 temporaries. Any (b, h, s, d) strides: both layouts ar
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
+
+FUSED_MERGE_ENV = "TOKENRING_XDIT_FUSED_MERGE"
 
 
 @functools.cache
@@ -93,6 +96,11 @@ def available() -> bool:
     except Exception:  # no triton, or no GPU backend for it
         return False
     return True
+
+
+def enabled() -> bool:
+    """Use the Triton merge (TOKENRING_XDIT_FUSED_MERGE=0 falls back to torch ops)."""
+    return os.environ.get(FUSED_MERGE_ENV, "1") != "0" and available()
 
 
 def merge2_bhsd(

@@ -33,7 +33,7 @@ class PartialMerge:
         self.out = block_out.to(torch.float32, copy=True) if many else block_out
         self.lse = block_lse.to(torch.float32, copy=True)
         self.final: torch.Tensor | None = None
-        self._fused = block_out.is_cuda and fused_merge.available()
+        self._fused = block_out.is_cuda and fused_merge.enabled()
 
     def update(
         self,
