@@ -1,8 +1,9 @@
 """`tokenring-xdit`: argument parsing and subcommands only.
 
-With no subcommand it runs `demo`: TokenRing vs yunchang's ring vs exact attention on local ranks
-(CPU processes over gloo, or one GPU per rank over NCCL). Importing this module is cheap: torch,
-rich and the demo load inside the subcommand that needs them.
+With no subcommand it runs `compare`: one image made by plain diffusers, by xDiT with its own ring
+and by xDiT with TokenRing, compared pixel by pixel (CPU processes over gloo, or one GPU per rank
+over NCCL). `demo` times the attention alone. Importing this module is cheap: torch, rich and the
+workers load inside the subcommand that needs them.
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ SUBCOMMANDS: list[tuple[str, str, Callable[[argparse.ArgumentParser], None], Cal
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tokenring-xdit",
-        description="TokenRing attention for yunchang/xDiT. Without a subcommand: `demo`.",
+        description="TokenRing attention for yunchang/xDiT. Without a subcommand: `compare`.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -146,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     names = {name for name, *_ in SUBCOMMANDS}
     if not argv or (argv[0] not in names and argv[0] not in ("-h", "--help", "--version")):
-        argv = [SUBCOMMANDS[0][0], *argv]  # `tokenring-xdit --tokens 512` = `... demo --tokens 512`
+        argv = [SUBCOMMANDS[0][0], *argv]  # `tokenring-xdit --steps 4` = `... compare --steps 4`
     args = build_parser().parse_args(argv)
     return args.run(args)
 
@@ -362,6 +363,33 @@ SUBCOMMANDS.append(
         _add_patches_args,
         _run_patches,
     )
+)
+
+# ------------------------------------------------------------------------------------- compare
+
+
+def _add_compare_args(parser: argparse.ArgumentParser) -> None:
+    from .compare import add_arguments  # a cheap module: its heavy imports are inside functions
+
+    add_arguments(parser)
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    from .compare import run_cli
+
+    return run_cli(args)
+
+
+# The first entry is the default subcommand.
+SUBCOMMANDS.insert(
+    0,
+    (
+        "compare",
+        "one image three ways (diffusers in 1 process, xDiT's ring, xDiT + TokenRing): "
+        "images, difference maps, PSNR/SSIM report (random-weight PixArt or Flux)",
+        _add_compare_args,
+        _run_compare,
+    ),
 )
 
 

@@ -80,12 +80,14 @@ def _worker(fn, rank, nproc, device, init_file, args, events, pg_timeout_s):
         import torch
         import torch.distributed as dist
 
+        # No device_id: an eagerly bound NCCL world breaks new_group() for xDiT's ulysses /
+        # PipeFusion groups (xfuser 0.7.0 parallel_state warns about it).
         if device == "cuda":
             torch.cuda.set_device(rank)
-            backend, device_id = "nccl", torch.device("cuda", rank)
+            backend = "nccl"
         else:
             torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or threads_per_rank(nproc)))
-            backend, device_id = "gloo", None
+            backend = "gloo"
         report(description="connecting")
         dist.init_process_group(
             backend,
@@ -93,7 +95,6 @@ def _worker(fn, rank, nproc, device, init_file, args, events, pg_timeout_s):
             rank=rank,
             world_size=nproc,
             timeout=timedelta(seconds=pg_timeout_s),
-            device_id=device_id,
         )
     except BaseException as exc:
         events.put(("error", rank, _failure(rank, exc)))

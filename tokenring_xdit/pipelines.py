@@ -8,6 +8,7 @@ every pipeline is called with `prompt_embeds`.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -63,6 +64,19 @@ class Built:
     width: int
 
 
+@contextlib.contextmanager
+def _building(device, dtype):
+    """Construct modules on `device` directly in `dtype` (a full Flux built in fp32 first would
+    need ~70 GB at its peak)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
 def _seeded(seed: int) -> torch.Generator:
     torch.manual_seed(seed)  # module init draws from the global generator
     return torch.Generator().manual_seed(seed)
@@ -87,7 +101,7 @@ def pixart(
 
     gen = _seeded(seed)
     cfg = PIXART_TINY if size == "tiny" else PIXART_FULL
-    with torch.device(device):
+    with _building(device, dtype):
         transformer = PixArtTransformer2DModel(**cfg).to(dtype)
         vae = AutoencoderKL(latent_channels=4, **(VAE_TINY if size == "tiny" else VAE_FULL))
     vae = vae.to(dtype)
@@ -138,7 +152,7 @@ def flux(
     cfg = FLUX_TINY if size == "tiny" else FLUX_FULL
     latent = cfg.get("in_channels", 64) // 4
     vae_cfg = VAE_TINY if size == "tiny" else VAE_FULL
-    with torch.device(device):
+    with _building(device, dtype):
         transformer = FluxTransformer2DModel(**cfg).to(dtype)
         vae = AutoencoderKL(
             latent_channels=latent,

@@ -24,9 +24,36 @@ def test_version(capsys):
     assert code == 0 and out.strip() == f"tokenring-xdit {__version__}"
 
 
-def test_help_lists_demo(capsys):
+def test_help_lists_subcommands(capsys):
     code, out, _ = _exit_code(["--help"], capsys)
-    assert code == 0 and "demo" in out
+    assert code == 0 and "compare" in out and "demo" in out and "patches" in out
+    assert "Without a subcommand: `compare`" in out
+
+
+def test_compare_is_the_default_subcommand():
+    assert cli.SUBCOMMANDS[0][0] == "compare"
+    assert [name for name, *_ in cli.SUBCOMMANDS] == ["compare", "demo", "patches"]
+
+
+def test_compare_help_lists_options(capsys):
+    code, out, _ = _exit_code(["compare", "--help"], capsys)
+    assert code == 0
+    for flag in (
+        "--model",
+        "--size",
+        "--nproc",
+        "--ulysses-degree",
+        "--ring-degree",
+        "--steps",
+        "--height",
+        "--width",
+        "--seed",
+        "--out",
+        "--device",
+        "--psnr-min",
+        "--max-diff",
+    ):
+        assert flag in out
 
 
 def test_demo_help_lists_options(capsys):
@@ -73,15 +100,33 @@ def test_defaults():
     assert args.methods == ("single", "tokenring", "yunchang") and args.json is None
 
 
-@pytest.mark.parametrize("argv", [[], ["--tokens", "512"], ["--no-progress"]])
-def test_no_subcommand_runs_demo(argv, monkeypatch):
+def _record_runs(monkeypatch) -> list:
     seen = []
     subcommands = [
         (n, h, add, lambda args: seen.append(args) or 0) for n, h, add, _ in cli.SUBCOMMANDS
     ]
     monkeypatch.setattr(cli, "SUBCOMMANDS", subcommands)
+    return seen
+
+
+@pytest.mark.parametrize("argv", [[], ["--steps", "4"], ["--no-progress"], ["--model", "flux"]])
+def test_no_subcommand_runs_compare(argv, monkeypatch):
+    seen = _record_runs(monkeypatch)
     assert cli.main(argv) == 0
-    assert len(seen) == 1 and seen[0].command == "demo"
+    assert len(seen) == 1 and seen[0].command == "compare"
+
+
+@pytest.mark.parametrize("argv", [["demo"], ["demo", "--tokens", "512"], ["patches"]])
+def test_named_subcommands_still_run(argv, monkeypatch):
+    seen = _record_runs(monkeypatch)
+    assert cli.main(argv) == 0
+    assert len(seen) == 1 and seen[0].command == argv[0]
+
+
+def test_demo_options_need_the_demo_subcommand(capsys):
+    """Bare options go to the default subcommand, now compare, which has no --tokens."""
+    code, _, err = _exit_code(["--tokens", "512"], capsys)
+    assert code == 2 and "--tokens" in err
 
 
 def test_methods_deduplicated():

@@ -1,0 +1,212 @@
+"""`tokenring-xdit compare` without starting ranks: settings, thresholds, the files it writes
+and its exit codes, with a stand-in launcher that returns what the workers would."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from tokenring_xdit import cli, compare
+
+
+def _args(argv):
+    return cli.build_parser().parse_args(["compare", *argv])
+
+
+def _resolve(argv, gpus=0):
+    return compare.resolve(_args(argv), gpus=gpus)
+
+
+def test_default_is_tiny_pixart_on_two_cpu_ranks():
+    cfg = _resolve([])
+    assert (cfg.model, cfg.size, cfg.device, cfg.dtype) == ("pixart", "tiny", "cpu", "float32")
+    assert (cfg.nproc, cfg.ulysses, cfg.ring) == (2, 1, 2)
+    assert (cfg.height, cfg.width, cfg.steps, cfg.text_len) == (128, 128, 8, 16)
+    assert cfg.qk_gain == compare.DEFAULT_QK_GAIN and cfg.guidance == 4.5
+    t = compare.thresholds_for(_args([]), cfg.dtype)
+    assert (t.psnr_min, t.max_diff, t.latent_rtol) == (60.0, 1 / 255, 1e-4)
+
+
+def test_gpu_defaults():
+    cfg = _resolve(["--size", "full", "--model", "flux"], gpus=2)
+    assert (cfg.device, cfg.dtype, cfg.nproc, cfg.ring) == ("cuda", "bfloat16", 2, 2)
+    assert (cfg.height, cfg.width, cfg.steps, cfg.text_len, cfg.guidance) == (
+        1024,
+        1024,
+        20,
+        512,
+        3.5,
+    )
+    t = compare.thresholds_for(_args(["--psnr-min", "40"]), cfg.dtype)
+    assert (t.psnr_min, t.max_diff, t.latent_rtol) == (40.0, math.inf, math.inf)
+
+
+def test_ulysses_times_ring():
+    cfg = _resolve(["--ulysses-degree", "2", "--ring-degree", "2"])
+    assert (cfg.nproc, cfg.ulysses, cfg.ring) == (4, 2, 2)
+    assert _resolve(["--nproc", "4", "--ulysses-degree", "2"]).ring == 2
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--nproc", "2", "--ulysses-degree", "2"], "no ring to compare"),
+        (["--nproc", "3", "--ring-degree", "2"], "must equal --nproc"),
+        (["--height", "132"], "multiple of 8"),
+        (["--width", "100"], "multiple of 8"),
+        (["--ring-degree", "4", "--height", "136"], "multiple of 16"),
+        (["--model", "flux", "--text-len", "15"], "multiple of ulysses x ring"),
+        (["--device", "cuda"], "one GPU per rank"),
+        (["--dtype", "bfloat16"], "float32"),
+        (["--warmup-steps", "-1"], "--warmup-steps"),
+    ],
+)
+def test_bad_combinations(argv, message):
+    with pytest.raises(ValueError, match=message):
+        _resolve(argv)
+
+
+@pytest.mark.parametrize("argv", [["--qk-gain", "0"], ["--nproc", "0"], ["--model", "sd3"]])
+def test_bad_values_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["compare", *argv])
+    assert info.value.code == 2
+
+
+def test_usage_error_exits_2_before_launching(monkeypatch, capsys):
+    monkeypatch.setattr("tokenring_xdit.launch.launch", _no_launch)
+    assert cli.main(["compare", "--height", "130"]) == compare.EXIT_USAGE
+    assert "multiple of 8" in capsys.readouterr().err
+
+
+def _no_launch(*args, **kwargs):
+    raise AssertionError("ranks started")
+
+
+def _image(seed: int = 0, size: int = 16):
+    return np.random.default_rng(seed).uniform(0.1, 0.9, (size, size, 3)).astype(np.float32)
+
+
+def _fake_launcher(image_noise=None, wrong_path=False):
+    """Returns, per rank, what single_worker / xdit_worker return: the image on the last rank,
+    latents split by rows, step times, ring-call counts."""
+    latents = np.random.default_rng(1).normal(size=(1, 4, 8, 8)).astype(np.float32)
+
+    def launcher(worker, nproc, args, *, device, timeout, env, on_progress):
+        impl = args[1] if len(args) > 1 else None
+        on_progress(nproc - 1, dict(description="denoising", total=3, completed=3))
+        image = _image()
+        if impl == "token_ring" and image_noise is not None:
+            image = image + image_noise
+        parts = np.split(latents, nproc, axis=-2)
+        values = []
+        for rank in range(nproc):
+            calls = {}
+            if impl is not None:
+                token = impl == "token_ring"
+                calls = {"token_ring": 4 * token, "xdit_ring": 4 * (not token)}
+                if wrong_path and token:
+                    calls = {"token_ring": 0, "xdit_ring": 4}
+            value = dict(
+                rank=rank,
+                ranks=nproc,
+                step_s=[0.01, 0.02, 0.01],
+                total_s=0.05,
+                image=image if rank == nproc - 1 else None,
+                latents=parts[rank],
+                ring_calls=calls,
+                threads_per_rank=1,
+            )
+            if impl is not None:
+                value.update(ring_impl=[impl, "--ring_impl_type"], attention_backend="SDPA_FLASH")
+            values.append(value)
+        return values
+
+    return launcher
+
+
+def _run(tmp_path, **fake):
+    cfg = compare.CompareConfig(height=16, width=16, steps=3)
+    thresholds = compare.Thresholds(*compare.DEFAULT_THRESHOLDS["float32"])
+    return compare.run_compare(
+        cfg, thresholds, str(tmp_path), quiet=True, launcher=_fake_launcher(**fake)
+    )
+
+
+def test_identical_images_pass_and_every_file_is_written(tmp_path):
+    report = _run(tmp_path)
+    assert report["passed"] and report["path_problems"] == []
+    files = report["files"]
+    assert set(files) == {"single", "ring", "token_ring", "figure", "report"}
+    for name in files.values():
+        assert (tmp_path / name).is_file()
+    saved = json.loads((tmp_path / files["report"]).read_text())
+    first = saved["comparisons"][0]
+    assert (first["test"], first["reference"], first["checked"]) == ("token_ring", "ring", True)
+    assert first["psnr_db"] == "inf" and first["max_abs_diff"] == 0.0  # JSON has no infinity
+    assert saved["command"].startswith("tokenring-xdit compare --model pixart --size tiny")
+    assert saved["runs"]["ring"]["s_per_step"] == pytest.approx(0.01)  # median
+    assert saved["versions"]["xfuser"] and saved["thresholds"]["psnr_min"] == 60.0
+    from PIL import Image
+
+    figure = Image.open(tmp_path / files["figure"])
+    assert figure.width > 5 * 256  # five panels, each enlarged to at least 256 px
+
+
+def test_a_pixel_off_by_more_than_one_level_fails(tmp_path):
+    noise = np.zeros((16, 16, 3), np.float32)
+    noise[3, 5, 1] = 2 / 255
+    report = _run(tmp_path, image_noise=noise)
+    assert not report["passed"]
+    by_pair = {(c["test"], c["reference"]): c for c in report["comparisons"]}
+    assert any("max |diff|" in f for f in by_pair[("token_ring", "ring")]["failures"])
+    assert by_pair[("ring", "single")]["failures"] == []  # shown, not checked
+
+
+def test_a_run_on_the_wrong_ring_fails(tmp_path):
+    report = _run(tmp_path, wrong_path=True)
+    assert not report["passed"]
+    assert report["path_problems"] and "xDiT + TokenRing" in report["path_problems"][0]
+
+
+@pytest.mark.parametrize(
+    "fake, code", [({}, compare.EXIT_OK), ({"wrong_path": True}, compare.EXIT_FAILED)]
+)
+def test_cli_exit_codes(fake, code, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("tokenring_xdit.launch.launch", _fake_launcher(**fake))
+    argv = ["compare", "--height", "16", "--width", "16", "--steps", "3", "--out", str(tmp_path)]
+    assert cli.main([*argv, "--no-progress"]) == code
+    out = capsys.readouterr().out
+    assert "TokenRing vs ring" in out and "pixart-tiny-compare.png" in out
+
+
+def test_worker_failure_exits_3(tmp_path, monkeypatch, capsys):
+    from tokenring_xdit.launch import LaunchError, RankFailure
+
+    def fail(*args, **kwargs):
+        raise LaunchError("1 of 2 rank(s) failed", [RankFailure(1, "ValueError", "boom", "tb")])
+
+    monkeypatch.setattr("tokenring_xdit.launch.launch", fail)
+    assert cli.main(["compare", "--no-progress", "--out", str(tmp_path)]) == compare.EXIT_WORKER
+    assert "rank 1: ValueError: boom" in capsys.readouterr().err
+
+
+def test_image_metrics_and_gain():
+    from tokenring_xdit.images import auto_gain, diff_map, image_metrics
+
+    a = _image()
+    b = a.copy()
+    b[0, 0, 0] += 1e-3
+    m = image_metrics(b, a)
+    assert m["max_abs_diff"] == pytest.approx(1e-3, rel=1e-3)
+    mse = (1e-3) ** 2 / a.size
+    assert m["psnr_db"] == pytest.approx(10 * math.log10(1 / mse), abs=0.05)
+    assert 0.99 < m["ssim"] <= 1.0
+    assert image_metrics(a, a)["psnr_db"] == math.inf
+    assert auto_gain(1e-3) == 1000.0 and auto_gain(6e-7) == 1e6 and auto_gain(0.0) == 1.0
+    heat = diff_map(b, a, 2000.0)  # 1e-3 x 2000 clips to white
+    assert heat.shape == a.shape and heat[0, 0].tolist() == [1.0, 1.0, 1.0]
+    assert heat[1:, 1:].max() == 0.0
