@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up .venv and run the demo or the test suite.
 #
-#   bash scripts/dev.sh run  [DEMO ARGS...]    # tokenring-xdit (default: the demo)
+#   bash scripts/dev.sh run  [ARGS...]         # tokenring-xdit (default: compare)
 #   bash scripts/dev.sh test [PYTEST ARGS...]  # python -m pytest -q tests [ARGS]
 #
 # Creates .venv if missing; installs torch only if the venv cannot import it (TORCH_SPEC, default
