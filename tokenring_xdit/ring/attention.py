@@ -7,6 +7,7 @@ that runs it. Per step both transfers are posted before the kernel and waited af
 from __future__ import annotations
 
 from collections.abc import Hashable
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -130,107 +131,95 @@ def _run_kernel(kernel: BlockKernel, q, k, v, scale, layout) -> tuple[torch.Tens
     return out.contiguous(), lse.float().contiguous()  # P2P needs dense buffers
 
 
+@dataclass
+class _Ring:
+    """What one ring forward fixes before its first step."""
+
+    kernel: BlockKernel
+    scale: float
+    layout: Layout
+    rank: int
+    q_lens: tuple[int, ...]  # every ring rank's local query length
+    chunks: int  # pieces of the last block
+    q_lane: Lane  # the ring group: Q, and the last partial's pieces
+    out_lane: Lane  # the return communicator: the other partials
+
+    @property
+    def size(self) -> int:
+        return len(self.q_lens)
+
+    def block(self, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
+        return _run_kernel(self.kernel, q, k, v, self.scale, self.layout)
+
+
 def _ring_forward(q, k, v, own_kv, scale, kernel, layout, group, rank, q_lens, chunks):
-    n = len(q_lens)
-    q_lane, out_lane = Lane(group), Lane(out_group_for(group))
+    ring = _Ring(
+        kernel, scale, layout, rank, tuple(q_lens), chunks, Lane(group), Lane(out_group_for(group))
+    )
+    n = ring.size
     b, _, h, d = layout.dims(q)
-    dv = v.shape[3]
     held_q = q.contiguous()
     # One receive buffer pair for our own partials, reused: each merge is ordered before the
     # next receive is posted (same stream on CUDA, synchronous on gloo).
-    ret_out = layout.empty(b, q_lens[rank], h, dv, like=q)
-    ret_lse = torch.empty(b, h, q_lens[rank], dtype=torch.float32, device=q.device)
+    ret = (
+        layout.empty(b, q_lens[rank], h, v.shape[3], like=q),
+        torch.empty(b, h, q_lens[rank], dtype=torch.float32, device=q.device),
+    )
     merge = prev = None
     for st in steps(rank, n):
         next_q = None
         if st.q_send_to is not None:
             next_q = layout.empty(b, q_lens[st.q_recv_owner], h, d, like=q)
-            q_lane.post([(held_q, st.q_send_to)], [(next_q, st.q_recv_from)], "q")
+            ring.q_lane.post([(held_q, st.q_send_to)], [(next_q, st.q_recv_from)], "q")
         if st.ret_send_to is not None:
-            out_lane.post(
+            ring.out_lane.post(
                 [(prev[0], st.ret_send_to), (prev[1], st.ret_send_to)],
-                [(ret_out, st.ret_recv_from), (ret_lse, st.ret_recv_from)],
+                [(ret[0], st.ret_recv_from), (ret[1], st.ret_recv_from)],
                 "partial",
             )
         if st.step == n - 1:
-            return _last_step(
-                held_q,
-                k,
-                v,
-                scale,
-                kernel,
-                layout,
-                rank,
-                n,
-                q_lens,
-                chunks,
-                q_lane,
-                out_lane,
-                merge,
-                st.ret_send_to is not None,
-                (ret_out, ret_lse),
-                q.dtype,
-            )
-        block_kv = own_kv if st.step == 0 else (k, v)
-        block = _run_kernel(kernel, held_q, *block_kv, scale, layout)
-        q_lane.wait()
-        out_lane.wait()
+            pending = ret if st.ret_send_to is not None else None
+            return _last_step(ring, held_q, k, v, merge, pending, q.dtype)
+        block = ring.block(held_q, *(own_kv if st.step == 0 else (k, v)))
+        ring.q_lane.wait()
+        ring.out_lane.wait()
         if merge is None:
             # step 0: our own Q against our own K/V; n-1 partials of it are still to come
             merge = PartialMerge(*block, layout, q.dtype, updates=n - 1)
         elif st.ret_send_to is not None:
-            merge.update(ret_out, ret_lse)
+            merge.update(*ret)
         prev = block if st.step > 0 else None
         held_q = next_q
     raise AssertionError("unreachable: the last step returns")
 
 
-def _last_step(
-    held_q,
-    k,
-    v,
-    scale,
-    kernel,
-    layout,
-    rank,
-    n,
-    q_lens,
-    chunks,
-    q_lane,
-    out_lane,
-    merge,
-    has_return,
-    ret,
-    dtype,
-):
+def _last_step(ring: _Ring, held_q, k, v, merge: PartialMerge, pending, dtype):
     """Compute the last partial in pieces and send each home as soon as it exists.
 
     It goes to rank+1, the way Q went, so it uses the Q lane, idle now; the out lane still
-    carries the previous step's return, which is merged while the pieces are in flight.
+    carries the previous step's return (`pending`), merged while the pieces are in flight.
     """
+    layout, n, rank = ring.layout, ring.size, ring.rank
     send_to, recv_from = final_return(rank, n)
-    owner = (rank + 1) % n
-    sent_bounds = chunk_bounds(q_lens[owner], chunks)
-    recv_bounds = chunk_bounds(q_lens[rank], chunks)
+    sent_bounds = chunk_bounds(ring.q_lens[send_to], ring.chunks)  # send_to owns held_q
+    recv_bounds = chunk_bounds(ring.q_lens[rank], ring.chunks)
     b, _, h, _ = layout.dims(held_q)
-    dv = v.shape[3]
     pieces = []
     for (s0, s1), (r0, r1) in zip(sent_bounds, recv_bounds, strict=True):
-        out_c, lse_c = _run_kernel(
-            kernel, layout.seq_slice(held_q, slice(s0, s1)), k, v, scale, layout
-        )
-        recv_out = layout.empty(b, r1 - r0, h, dv, like=held_q)
+        out_c, lse_c = ring.block(layout.seq_slice(held_q, slice(s0, s1)), k, v)
+        recv_out = layout.empty(b, r1 - r0, h, v.shape[3], like=held_q)
         recv_lse = torch.empty(b, h, r1 - r0, dtype=torch.float32, device=held_q.device)
-        works = q_lane.post(
+        works = ring.q_lane.post(
             [(out_c, send_to), (lse_c, send_to)],
             [(recv_out, recv_from), (recv_lse, recv_from)],
             "partial",
         )
-        pieces.append((works, slice(r0, r1), recv_out, recv_lse))
-    out_lane.wait()
-    if has_return:
-        merge.update(*ret)
-    for works, seq, recv_out, recv_lse in pieces:  # merge piece c while c+1.. still travel
-        q_lane.wait(works)
+        # keep the sent piece referenced until its transfer is waited for
+        pieces.append((works, slice(r0, r1), recv_out, recv_lse, out_c, lse_c))
+    ring.out_lane.wait()
+    if pending is not None:
+        merge.update(*pending)
+    for works, seq, recv_out, recv_lse, *_sent in pieces:  # merge piece c while c+1.. travel
+        ring.q_lane.wait(works)
         merge.update(recv_out, recv_lse, seq, last=True)
     return merge.result(dtype)
