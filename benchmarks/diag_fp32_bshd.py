@@ -3,7 +3,8 @@
   torchrun --nproc_per_node=2 benchmarks/diag_fp32_bshd.py
 Prints TokenRing's max |err| vs fp64 exact attention per rank for fused merge on/off, CUDA graph
 on/off, both layouts, fp32 and bf16, uneven local lengths. On 2xH200 (2026-11-22) rank 1 showed
-2.8e-2..3.8e-2 for fp32 bshd in 3 of 4 settings; every other line was <= 1.5e-3 (bf16) / 1.5e-6.
+2.8e-2..3.8e-2 for fp32 bshd wherever the Triton merge ran; every other line was <= 1.5e-3
+(bf16) / 1.5e-6 (fp32). Since then fp32 partials never take the Triton merge.
 """
 
 from __future__ import annotations

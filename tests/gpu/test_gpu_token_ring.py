@@ -154,6 +154,7 @@ def test_fused_merge_equals_torch_merge(layout, d, dtype):
     results = []
     for fused in (True, False):
         merge = PartialMerge(blocks[0], lses[0], lay, dtype, updates=2)
+        assert merge._fused == (dtype != torch.float32)  # fp32 partials never take Triton
         merge._fused = fused
         merge.update(blocks[1], lses[1])
         merge.update(

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from . import fused_merge
 from .checks import check_inputs
 from .comm import COUNTERS, Lane, out_group_for
 from .graphs import graphs_wanted, run_graphed
@@ -94,6 +95,7 @@ def token_ring_attn(
         scale,
         chunks,
         joint_strategy,
+        fused_merge.enabled(),  # a graph bakes in the merge it was captured with
         tuple((x.shape, x.stride(), x.dtype) for x in inputs),
     )
     return run_graphed(key, inputs, run, group)

@@ -72,9 +72,7 @@ def torch_flash(q, k, v, scale, layout):
 
 
 def torch_efficient(q, k, v, scale, layout):
-    # Dense (b, h, s, d) copies: a 2xH200 run saw rank-dependent errors (~3e-2) with fp32
-    # (b, s, h, d) strided views here; not yet root-caused (see docs/performance.md).
-    qb, kb, vb = (layout.to_bhsd(x).contiguous() for x in (q, k, v))
+    qb, kb, vb = (layout.to_bhsd(x) for x in (q, k, v))
     out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
         qb, kb, vb, None, True, scale=scale
     )[:2]

@@ -7,6 +7,8 @@ import torch
 from . import fused_merge
 from .layout import Layout
 
+_FUSED_DTYPES = (torch.float16, torch.bfloat16)
+
 
 class PartialMerge:
     """Accumulates (out, lse) partials of the same queries against disjoint key blocks.
@@ -33,7 +35,11 @@ class PartialMerge:
         self.out = block_out.to(torch.float32, copy=True) if many else block_out
         self.lse = block_lse.to(torch.float32, copy=True)
         self.final: torch.Tensor | None = None
-        self._fused = block_out.is_cuda and fused_merge.enabled()
+        # The Triton pass only for 16-bit partials: with fp32 partials it gave wrong outputs on
+        # 2xH200 (benchmarks/diag_fp32_bshd.py; docs/performance.md), the torch ops did not.
+        self._fused = (
+            block_out.is_cuda and block_out.dtype in _FUSED_DTYPES and fused_merge.enabled()
+        )
 
     def update(
         self,
