@@ -134,7 +134,8 @@ def test_cuda_graph_replay_equals_eager():
         values(run_ranks(_graph_worker, n, backend="nccl", timeout=300))
     ):
         assert graphs == (1 if n > 1 else 0), (rank, graphs)
-        assert worst == 0.0, (rank, worst)  # same kernels, same order: bitwise equal
+        # the graph merges with Triton, eager with torch ops: equal up to bf16 rounding
+        assert worst <= 1.6e-2, (rank, worst)
 
 
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
@@ -154,7 +155,7 @@ def test_fused_merge_equals_torch_merge(layout, d, dtype):
     results = []
     for fused in (True, False):
         merge = PartialMerge(blocks[0], lses[0], lay, dtype, updates=2)
-        assert merge._fused == (dtype != torch.float32)  # fp32 partials never take Triton
+        assert not merge._fused  # eager: torch ops (Triton only inside a graph capture)
         merge._fused = fused
         merge.update(blocks[1], lses[1])
         merge.update(

@@ -18,7 +18,8 @@ class PartialMerge:
     ring-flash-attention PR #34). Storage follows the work left: with more than one merge to
     come the running out is an fp32 accumulator; the last merge of each query (`last=True`)
     writes the caller's dtype directly, so a 2-rank ring never materialises fp32 at all.
-    On CUDA each merge is one Triton pass (fused_merge); elsewhere a few torch ops.
+    In a captured CUDA graph each merge is one Triton pass (fused_merge); elsewhere a few
+    torch ops.
     """
 
     def __init__(
@@ -35,10 +36,15 @@ class PartialMerge:
         self.out = block_out.to(torch.float32, copy=True) if many else block_out
         self.lse = block_lse.to(torch.float32, copy=True)
         self.final: torch.Tensor | None = None
-        # The Triton pass only for 16-bit partials: with fp32 partials it gave wrong outputs on
-        # 2xH200 (benchmarks/diag_fp32_bshd.py; docs/performance.md), the torch ops did not.
+        # The Triton pass: only for 16-bit partials (with fp32 partials it gave wrong outputs
+        # on 2xH200, the torch ops did not: docs/performance.md), and only while a CUDA graph is
+        # being captured: its Python launcher costs more host time per call than the torch ops,
+        # which only a graph replay hides.
         self._fused = (
-            block_out.is_cuda and block_out.dtype in _FUSED_DTYPES and fused_merge.enabled()
+            block_out.is_cuda
+            and block_out.dtype in _FUSED_DTYPES
+            and torch.cuda.is_current_stream_capturing()
+            and fused_merge.enabled()
         )
 
     def update(
