@@ -114,7 +114,7 @@ def long_ctx_ring_attn(
     v_descale=None,
 ):
     """`xdit_ring_flash_attn_func` contract: (b, s, h, d); KV cache, joint tensors."""
-    from .yunchang_ring import _reject_unsupported, kernel_for
+    from .yunchang_ring import _reject_unsupported, run_bshd
 
     _reject_unsupported(dropout_p, window_size, 0.0, alibi_slopes)
     if any(x is not None for x in (q_descale, k_descale, v_descale)):
@@ -126,24 +126,23 @@ def long_ctx_ring_attn(
             new_kv=[k, v], layer=attn_layer, slice_dim=1, layer_type="attn"
         )
         k, v = k.contiguous(), v.contiguous()
-    joint_kv = None
-    if joint_tensor_key is not None or joint_tensor_value is not None:
-        if joint_tensor_key is None or joint_tensor_value is None:
-            raise ValueError("joint_tensor_key and joint_tensor_value go together")
-        if joint_strategy not in ("front", "rear"):
-            raise ValueError(f"joint_strategy must be 'front' or 'rear', got {joint_strategy!r}")
-        joint_kv = (joint_tensor_key, joint_tensor_value)
-    out, lse = token_ring_attn(
+    if (joint_tensor_key is None) != (joint_tensor_value is None):
+        raise ValueError("joint_tensor_key and joint_tensor_value go together")
+    if joint_tensor_key is None:
+        return run_bshd(
+            q, k, v, group, softmax_scale, causal, attn_type, attn_processor, return_attn_probs
+        )
+    # the core rejects any joint_strategy other than "front" / "rear" on every rank
+    return run_bshd(
         q,
         k,
         v,
-        group=group,
-        layout="bshd",
-        softmax_scale=softmax_scale,
-        causal=causal,
-        kernel=kernel_for(attn_type, attn_processor, q.device),
-        kernel_key=(attn_type, attn_processor),
-        joint_kv=joint_kv,
-        joint_strategy=joint_strategy if joint_kv is not None else "rear",
+        group,
+        softmax_scale,
+        causal,
+        attn_type,
+        attn_processor,
+        return_attn_probs,
+        (joint_tensor_key, joint_tensor_value),
+        joint_strategy,
     )
-    return (out, lse, None) if return_attn_probs else out

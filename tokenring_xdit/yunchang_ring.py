@@ -117,6 +117,26 @@ def token_ring_flash_attn_func(
 ):
     """yunchang ring function: out (b, s, h, d), or (out, lse (b, h, s) fp32, None)."""
     _reject_unsupported(dropout_p, window_size, softcap, alibi_slopes)
+    return run_bshd(
+        q, k, v, group, softmax_scale, causal, attn_type, attn_processor, return_attn_probs
+    )
+
+
+def run_bshd(
+    q,
+    k,
+    v,
+    group,
+    softmax_scale,
+    causal,
+    attn_type,
+    attn_processor,
+    return_attn_probs,
+    joint_kv=None,
+    joint_strategy="rear",
+):
+    """TokenRing on (b, s, h, d) with the kernel of yunchang's `attn_type`, returned the way
+    flash-attn style ring functions return (shared by yunchang's and xDiT's contracts)."""
     out, lse = token_ring_attn(
         q,
         k,
@@ -127,6 +147,8 @@ def token_ring_flash_attn_func(
         causal=causal,
         kernel=kernel_for(attn_type, attn_processor, q.device),
         kernel_key=(attn_type, attn_processor),
+        joint_kv=joint_kv,
+        joint_strategy=joint_strategy,
     )
     return (out, lse, None) if return_attn_probs else out
 
