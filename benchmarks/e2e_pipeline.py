@@ -6,7 +6,10 @@ tokenring_xdit.pipelines, bf16, latent output (the denoising loop only, as in an
       --out $OUT/e2e_pixart.json
 Rank 0 first times plain diffusers on its GPU (the "1 GPU" column), then both ranks wrap the
 same pipeline in xDiT at ring degree = ranks and time xDiT's ring and TokenRing, switching with
-tokenring_xdit.selection.set_xdit_ring_impl. Each timed call follows a short warm-up call.
+tokenring_xdit.selection.set_xdit_ring_impl. With --graph-transformer (default) every setting,
+the one-GPU one too, is timed again with the transformer replayed as CUDA graphs
+(tokenring_xdit.transformer_graphs). Each timed call follows a short warm-up call. --profile DIR
+adds a torch.profiler summary per setting (GPU busy time vs wall time, kernel launches).
 """
 
 from __future__ import annotations
@@ -53,6 +56,48 @@ def _timed(pipe, kwargs: dict, warmup_steps: int) -> tuple[float, torch.Tensor |
     return time.perf_counter() - start, images
 
 
+def _profile(pipe, kwargs: dict, steps: int, label: str, out_dir: str, rank: int) -> dict:
+    """Run `steps` denoising steps under torch.profiler; write the op tables; return the summary.
+
+    gpu_busy_s sums the device time of every CUDA kernel and memcpy: when it is far below the wall
+    time, the GPU waits on the host (launch-bound), not on NCCL or the kernels.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    kwargs = dict(kwargs, num_inference_steps=steps)
+    with torch.no_grad():
+        pipe(**kwargs)  # warm for this step count
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            start = time.perf_counter()
+            pipe(**kwargs)
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - start
+    events = prof.key_averages()
+    busy_us = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA")
+    nccl_us = sum(
+        e.self_device_time_total
+        for e in events
+        if e.device_type.name == "CUDA" and "nccl" in e.key.lower()
+    )
+    launches = sum(e.count for e in events if "LaunchKernel" in e.key)
+    summary = dict(
+        label=label,
+        steps=steps,
+        wall_s=wall,
+        gpu_busy_s=busy_us / 1e6,
+        nccl_s=nccl_us / 1e6,
+        kernel_launches=launches,
+        graph_launches=sum(e.count for e in events if e.key == "cudaGraphLaunch"),
+    )
+    if rank == 0:
+        with open(os.path.join(out_dir, f"profile_{label}.txt"), "w") as f:
+            f.write(json.dumps(summary) + "\n\n")
+            f.write(events.table(sort_by="self_cpu_time_total", row_limit=40) + "\n")
+            f.write(events.table(sort_by="self_device_time_total", row_limit=30) + "\n")
+    return summary
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", choices=sorted(GUIDANCE), default="pixart")
@@ -61,6 +106,20 @@ def main() -> None:
     ap.add_argument("--warmup-steps", type=int, default=3)
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--out", required=True)
+    ap.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="also profile each ring over --profile-steps steps at the first size (op tables "
+        "written to DIR by rank 0; summaries added to the JSON)",
+    )
+    ap.add_argument("--profile-steps", type=int, default=5)
+    ap.add_argument(
+        "--graph-transformer",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time each setting with the transformer replayed as CUDA graphs "
+        "(tokenring_xdit.transformer_graphs; default on)",
+    )
     args = ap.parse_args()
 
     import tokenring_xdit
@@ -69,7 +128,7 @@ def main() -> None:
     import xfuser
     from xfuser.core.distributed import init_distributed_environment
 
-    from tokenring_xdit import pipelines, selection
+    from tokenring_xdit import pipelines, selection, transformer_graphs
 
     dist.init_process_group("nccl")
     rank, n = dist.get_rank(), dist.get_world_size()
@@ -84,16 +143,25 @@ def main() -> None:
         size: {"model": args.model, "size": size, "steps": args.steps, "ranks": n}
         for size in args.sizes
     }
+    solo = [dist.new_group([r]) for r in range(n)]  # rank 0's one-GPU graph agrees with itself
     plain = {}
     if rank == 0:  # one GPU, plain diffusers, before xDiT rewires the transformer
         for size in args.sizes:
-            t, lat = _timed(
-                built.pipe,
-                _call_kwargs(built, args.model, size, args.steps, args.seed),
-                args.warmup_steps,
-            )
-            rows[size]["one_gpu_s"] = t
-            plain[size] = lat
+            kwargs = _call_kwargs(built, args.model, size, args.steps, args.seed)
+            if args.profile and size == args.sizes[0]:
+                rows[size]["profile_one_gpu"] = _profile(
+                    built.pipe,
+                    kwargs,
+                    args.profile_steps,
+                    f"{args.model}{size}_one_gpu",
+                    args.profile,
+                    rank,
+                )
+            rows[size]["one_gpu_s"], plain[size] = _timed(built.pipe, kwargs, args.warmup_steps)
+            if args.graph_transformer:
+                transformer_graphs.graph_transformer(built.pipe.transformer, solo[0])
+                rows[size]["one_gpu_graph_s"], _ = _timed(built.pipe, kwargs, args.warmup_steps)
+                transformer_graphs.ungraph_transformer(built.pipe.transformer)
             print(json.dumps(rows[size]), flush=True)
     dist.barrier()
     engine_config, _ = xfuser.xFuserArgs(
@@ -106,6 +174,9 @@ def main() -> None:
         no_use_resolution_binning=True,
     ).create_config()
     xpipe = getattr(xfuser, WRAPPERS[args.model])(built.pipe, engine_config)
+    variants = [(impl, False) for impl in (selection.DEFAULT, selection.TOKEN_RING)]
+    if args.graph_transformer:
+        variants += [(impl, True) for impl in (selection.DEFAULT, selection.TOKEN_RING)]
     for size in args.sizes:
         reference = plain.get(size)
         shape = [list(reference.shape) if rank == 0 else None]
@@ -114,23 +185,40 @@ def main() -> None:
             reference = torch.empty(*shape[0], device="cuda", dtype=torch.bfloat16)
         dist.broadcast(reference.contiguous(), src=0)
         outs = {}
-        for impl in (selection.DEFAULT, selection.TOKEN_RING):
+        for impl, graphed in variants:
+            label = f"{impl}_graph" if graphed else impl
             selection.set_xdit_ring_impl(impl)
-            t, lat = _timed(
-                xpipe,
-                _call_kwargs(built, args.model, size, args.steps, args.seed),
-                args.warmup_steps,
-            )
+            if graphed:
+                transformer_graphs.graph_transformer(built.pipe.transformer)
+            kwargs = _call_kwargs(built, args.model, size, args.steps, args.seed)
+            t, lat = _timed(xpipe, kwargs, args.warmup_steps)
             t_max = torch.tensor([t], device="cuda")
             dist.all_reduce(t_max, op=dist.ReduceOp.MAX)
-            rows[size][f"xdit_{impl}_s"] = t_max.item()
-            outs[impl] = lat
+            rows[size][f"xdit_{label}_s"] = t_max.item()
+            outs[label] = lat
+            if args.profile and size == args.sizes[0]:
+                rows[size][f"profile_{label}"] = _profile(
+                    xpipe,
+                    kwargs,
+                    args.profile_steps,
+                    f"{args.model}{size}_{label}_rank{rank}",
+                    args.profile,
+                    rank,
+                )
+            if graphed:
+                stats = transformer_graphs.graph_stats(built.pipe.transformer)
+                rows[size][f"graph_stats_{label}"] = dict(vars(stats))
+                transformer_graphs.ungraph_transformer(built.pipe.transformer)
         if rank == n - 1:  # xDiT returns the output on the last rank
-            ring, token = outs[selection.DEFAULT].float(), outs[selection.TOKEN_RING].float()
-            rows[size]["max_abs_latent_diff_token_vs_ring"] = (token - ring).abs().max().item()
-            rows[size]["max_abs_latent_diff_token_vs_one_gpu"] = (
-                (token - reference.float()).abs().max().item()
-            )
+            ring = outs[selection.DEFAULT].float()
+            for label, lat in outs.items():
+                if label == selection.DEFAULT:
+                    continue
+                lat = lat.float()
+                rows[size][f"max_abs_latent_diff_{label}_vs_ring"] = (lat - ring).abs().max().item()
+                rows[size][f"max_abs_latent_diff_{label}_vs_one_gpu"] = (
+                    (lat - reference.float()).abs().max().item()
+                )
             rows[size]["latent_abs_max"] = ring.abs().max().item()
             print(json.dumps(rows[size]), flush=True)
     result = [None]
@@ -148,7 +236,7 @@ def main() -> None:
         }
         merged = result[0]
         for row in merged:
-            row.update({k: v for k, v in rows[row["size"]].items() if k == "one_gpu_s"})
+            row.update({k: v for k, v in rows[row["size"]].items() if "one_gpu" in k})
         with open(args.out, "w") as f:
             json.dump({"meta": meta, "rows": merged}, f, indent=1)
     dist.destroy_process_group()

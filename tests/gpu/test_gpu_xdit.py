@@ -118,3 +118,37 @@ def test_pipeline_bf16_token_ring_vs_xdit_ring_vs_diffusers(model: str) -> None:
     print(f"{model} bf16 ({last['backend']}, max |latent| {scale:.1f}): {report}")
     assert diffs["TokenRing vs xDiT ring"] <= LATENT_TOL * scale, report
     assert diffs["TokenRing vs diffusers"] <= DIFFUSERS_TOL * scale, report
+
+
+@functools.cache
+def _launch_graphed() -> tuple[dict, ...]:
+    """The pipelines again, with TOKENRING_XDIT_CUDA_GRAPH_TRANSFORMER=1. The launch ends with
+    destroy_process_group after graphs captured NCCL kernels: a hang there fails it too."""
+    spec = dict(SPEC, parts=("pixart", "flux"), reference=False)
+    env = {"TOKENRING_XDIT_CUDA_GRAPH_TRANSFORMER": "1"}
+    return tuple(
+        values(run_ranks(workers.run_xdit, WORLD, spec, timeout=600, backend="nccl", env=env))
+    )
+
+
+@pytest.mark.parametrize("model", ["pixart", "flux"])
+def test_graphed_transformer_replays_and_matches_eager(model: str) -> None:
+    graphed, eager = _launch_graphed(), _launch()
+    for result in graphed:
+        stats = _part(result, model)[workers.TOKEN_RING]["graph"]
+        assert stats is not None and stats["captures"] == 1, (result["rank"], stats)
+        assert stats["replays"] == workers.STEPS - 1 and not stats["refused"], stats
+    last_g, last_e = _part(graphed[-1], model), _part(eager[-1], model)
+    scale = max(1.0, float(np.abs(last_e[workers.TOKEN_RING]["latents"]).max()))
+    diffs = {
+        impl: _max_abs(last_g[impl]["latents"], last_e[impl]["latents"])
+        for impl in (workers.TOKEN_RING, workers.DEFAULT)
+    }
+    default_stats = last_g[workers.DEFAULT]["graph"]
+    print(
+        f"{model} bf16, graphed vs eager transformer: TokenRing {diffs[workers.TOKEN_RING]:.3e}, "
+        f"xDiT ring {diffs[workers.DEFAULT]:.3e} (max |latent| {scale:.1f}); xDiT ring graph "
+        f"stats {default_stats}"
+    )
+    assert diffs[workers.TOKEN_RING] <= LATENT_TOL * scale
+    assert diffs[workers.DEFAULT] <= LATENT_TOL * scale

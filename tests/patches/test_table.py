@@ -10,7 +10,7 @@ import tomllib
 from tests.patches.test_yunchang_patches import ALL_IDS
 from tokenring_xdit import _bootstrap
 from tokenring_xdit.patches import ENTRY_POINT_GROUP, HOOKS
-from tokenring_xdit.patches.table import PATCH_TABLE, to_markdown
+from tokenring_xdit.patches.table import FIRST_GRAPH_CAPTURE, PATCH_TABLE, to_markdown
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,7 +25,7 @@ def test_audit_file_is_generated_from_the_table():
 def test_every_patch_point_is_in_the_table_and_applied():
     assert [p.id for p in PATCH_TABLE if p.host == "yunchang"] == ALL_IDS
     assert len({p.id for p in PATCH_TABLE}) == len(PATCH_TABLE)
-    assert {p.trigger for p in PATCH_TABLE} <= set(HOOKS)
+    assert {p.trigger for p in PATCH_TABLE} <= set(HOOKS) | {FIRST_GRAPH_CAPTURE}
 
 
 def test_entry_points_hooks_and_triggers_agree():

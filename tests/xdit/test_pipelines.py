@@ -82,6 +82,7 @@ def test_token_ring_ran_on_every_rank(layout: str, model: str) -> None:
         calls = got["expected_ring_calls"]
         assert got["backend"] == "SDPA_FLASH"
         tr = {k: v for k, v in got[workers.TOKEN_RING].items() if k != "latents"}
+        assert tr.pop("graph") is None  # no TOKENRING_XDIT_CUDA_GRAPH_TRANSFORMER here
         assert tr == dict(
             kernel_calls=ring * calls,
             q_messages=(ring - 1) * calls,
@@ -97,3 +98,27 @@ def test_token_ring_ran_on_every_rank(layout: str, model: str) -> None:
             result["rank"],
             counts,
         )
+
+
+def test_graph_transformer_env_wraps_xdits_transformer_and_stays_exact_on_cpu() -> None:
+    """TOKENRING_XDIT_CUDA_GRAPH_TRANSFORMER=1: xDiT's wrapped transformer gets a graphed forward
+    (the xfuser.cuda_graph_transformer patch). On CPU there is nothing to capture: every call
+    runs eagerly and the latents are bitwise those of the launch without the variable."""
+    from tests.xdit.launches import launch
+
+    spec = dict(
+        device="cpu",
+        dtype="float32",
+        ulysses=1,
+        ring=2,
+        impls=(workers.TOKEN_RING,),
+        parts=("pixart",),
+    )
+    env = {"TOKENRING_XDIT_CUDA_GRAPH_TRANSFORMER": "1"}
+    results = launch(spec, 2, env=env)
+    for result in results:
+        graph = part(result, "pixart")[workers.TOKEN_RING]["graph"]
+        assert graph is not None, "the transformer was not graphed"
+        assert graph["captures"] == graph["replays"] == 0 and graph["eager"] == workers.STEPS
+    graphed = part(results[-1], "pixart")[workers.TOKEN_RING]["latents"]
+    assert np.array_equal(graphed, _latents("ring2", "pixart", workers.TOKEN_RING))

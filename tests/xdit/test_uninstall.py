@@ -41,8 +41,11 @@ PRELUDE = textwrap.dedent(
         import xfuser.config.args as args_module
         import xfuser.core.long_ctx_attention.hybrid.attn_layer as lc
         import xfuser.model_executor.layers.usp as usp
+        import xfuser.model_executor.pipelines.base_pipeline as bp
         cls = lc.xFuserLongContextAttention
         return {
+            "convert_transformer": id(
+                vars(bp.xFuserPipelineBaseWrapper)["_convert_transformer_backbone"]),
             "usp.ring_attn": id(vars(usp)["ring_attn"]),
             "xFuserArgs": {m: id(vars(args_module.xFuserArgs)[m]) for m in ARGS_METHODS},
             "long_ctx.__init__": id(vars(cls)["__init__"]),

@@ -431,11 +431,15 @@ def _pipeline_part(rank: int, spec: dict, engine_config, calls: _Calls, model: s
     results: dict[str, Any] = dict(
         expected_ring_calls=ring_calls, backend=get_runtime_state().attention_backend.name
     )
+    from tokenring_xdit.transformer_graphs import graph_stats
+
     for impl in spec["impls"]:
         _select(impl)
         run = _run_counted(calls, lambda: xpipe(**kwargs))
         out = run.pop("out")
         run["latents"] = None if out is None else _np(out.images)
+        stats = graph_stats(pipe.transformer)  # TOKENRING_XDIT_CUDA_GRAPH_TRANSFORMER=1 only
+        run["graph"] = None if stats is None else dict(vars(stats))
         results[str(impl)] = run
     last = torch.distributed.get_rank() == torch.distributed.get_world_size() - 1
     if spec.get("reference") and last:  # plain diffusers on this one device (GPU test)

@@ -88,6 +88,10 @@ def uninstall() -> None:
     for trigger in HOOKS:
         if trigger in sys.modules:
             _host(trigger).revert()
+    torch_dist = sys.modules.get("tokenring_xdit.patches.torch_dist")
+    if torch_dist is not None:
+        torch_dist.release_graphs()
+        torch_dist.revert()
 
 
 def installed_patches() -> list[str]:
@@ -96,4 +100,7 @@ def installed_patches() -> list[str]:
     for trigger in HOOKS:
         if trigger in sys.modules:
             applied += _host(trigger).PATCHES.applied
+    torch_dist = sys.modules.get("tokenring_xdit.patches.torch_dist")
+    if torch_dist is not None:
+        applied += torch_dist.PATCHES.applied
     return applied

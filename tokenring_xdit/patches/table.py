@@ -22,6 +22,9 @@ class PatchPoint:
 
 YUNCHANG_VERSIONS = ">=0.6.4,<0.7"
 XFUSER_VERSIONS = ">=0.7.0,<0.8"
+TORCH_VERSIONS = ">=2.5"
+# Trigger of patches that our own runtime applies (not a host import).
+FIRST_GRAPH_CAPTURE = "first CUDA graph capture"
 
 PATCH_TABLE: tuple[PatchPoint, ...] = (
     PatchPoint(
@@ -133,6 +136,29 @@ PATCH_TABLE: tuple[PatchPoint, ...] = (
         XFUSER_VERSIONS,
         "when TokenRing is selected (ring_impl_type='token_ring' or the xDiT selection), the "
         "layer's ring function becomes TokenRing with KV cache and joint tensors",
+    ),
+    PatchPoint(
+        "xfuser.cuda_graph_transformer",
+        "xfuser",
+        "xfuser",
+        "xfuser.model_executor.pipelines.base_pipeline:"
+        "xFuserPipelineBaseWrapper._convert_transformer_backbone",
+        "wrapper",
+        XFUSER_VERSIONS,
+        "only with TOKENRING_XDIT_CUDA_GRAPH_TRANSFORMER=1: the wrapped transformer replays its "
+        "forward as one CUDA graph per input signature (tokenring_xdit.transformer_graphs); "
+        "refused, with a warning, under PipeFusion, step caches or torch.compile",
+    ),
+    PatchPoint(
+        "torch.destroy_process_group",
+        "torch",
+        FIRST_GRAPH_CAPTURE,
+        "torch.distributed.distributed_c10d:destroy_process_group (and its alias "
+        "torch.distributed:destroy_process_group)",
+        "wrapper",
+        TORCH_VERSIONS,
+        "frees tokenring_xdit's CUDA graphs first: a graph holding NCCL kernels makes "
+        "destroy_process_group hang (pytorch/pytorch#115388), which xDiT calls at exit",
     ),
 )
 

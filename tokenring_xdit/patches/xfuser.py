@@ -82,6 +82,37 @@ def _long_ctx_init(wrapped, instance, args, kwargs):
         instance.ring_attn_fn = long_ctx_ring_attn
 
 
+def _graph_transformer(wrapped, instance, args, kwargs):
+    """With TOKENRING_XDIT_CUDA_GRAPH_TRANSFORMER=1, graph the transformer xDiT just wrapped."""
+    transformer = wrapped(*args, **kwargs)
+    from .. import transformer_graphs
+
+    if not transformer_graphs.graph_transformer_requested():
+        return transformer
+    import inspect
+
+    bound = inspect.signature(wrapped).bind(*args, **kwargs).arguments
+    config = instance.engine_config
+    blockers = {
+        "PipeFusion (pipefusion_parallel_degree > 1)": config.parallel_config.pp_degree > 1,
+        "a step cache (cache_args)": bool(bound.get("cache_args")),
+        "torch.compile / onediff": bool(
+            bound.get("enable_torch_compile") or bound.get("enable_onediff")
+        ),
+    }
+    refused = [name for name, present in blockers.items() if present]
+    if refused:
+        log.warning(
+            "%s is set, but the transformer stays eager: %s change Python state between "
+            "steps, which a replayed graph would not see",
+            transformer_graphs.GRAPH_TRANSFORMER_ENV,
+            " and ".join(refused),
+        )
+    else:
+        transformer_graphs.graph_transformer(transformer)
+    return transformer
+
+
 def _build(patches: PatchSet) -> None:
     from . import yunchang as yunchang_patches
 
@@ -92,6 +123,7 @@ def _build(patches: PatchSet) -> None:
     import xfuser.config.args as args_module
     import xfuser.core.long_ctx_attention.hybrid.attn_layer as long_ctx
     import xfuser.model_executor.layers.usp as usp
+    import xfuser.model_executor.pipelines.base_pipeline as base_pipeline
 
     patches.wrapper("xfuser.usp_ring_attn", usp, "ring_attn", _ring_attn_dispatch)
     for name in ("add_cli_args", "add_runner_args"):
@@ -114,6 +146,12 @@ def _build(patches: PatchSet) -> None:
     )
     patches.wrapper(
         "xfuser.long_ctx_ring_fn", long_ctx, "xFuserLongContextAttention.__init__", _long_ctx_init
+    )
+    patches.wrapper(
+        "xfuser.cuda_graph_transformer",
+        base_pipeline,
+        "xFuserPipelineBaseWrapper._convert_transformer_backbone",
+        _graph_transformer,
     )
 
 

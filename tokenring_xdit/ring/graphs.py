@@ -66,6 +66,9 @@ def _capture(inputs: Tensors, run, group) -> _Captured | None:
         _POOL.append(torch.cuda.graph_pool_handle())
     graph = torch.cuda.CUDAGraph()
     outputs, ok = None, True
+    from ..patches import torch_dist
+
+    torch_dist.ensure_applied()  # free graphs before NCCL teardown, or it hangs
     torch.cuda.synchronize()
     try:
         with torch.cuda.graph(graph, pool=_POOL[0]):

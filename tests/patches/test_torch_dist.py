@@ -1,0 +1,62 @@
+"""The torch patch that frees tokenring_xdit's CUDA graphs before a process group is destroyed
+(a graph holding NCCL kernels makes destroy_process_group hang: pytorch/pytorch#115388).
+
+Run in a fresh interpreter with a real one-rank gloo group: the patch is applied (as the first
+graph capture does), destroy_process_group frees the graphs then destroys the group, and
+uninstall() gives torch back its own function under both names.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+CODE = textwrap.dedent(
+    """
+    import json, os, tempfile
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+    import tokenring_xdit
+    from tokenring_xdit.patches import torch_dist
+    from tokenring_xdit.ring import graphs
+
+    original = c10d.destroy_process_group
+    init = os.path.join(tempfile.mkdtemp(), "rdv")
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=0, world_size=1)
+    torch_dist.ensure_applied()
+    torch_dist.ensure_applied()  # idempotent
+    names = (dist.destroy_process_group, c10d.destroy_process_group)
+    wrapped = all(f is not original for f in names)
+    applied = tokenring_xdit.installed_patches()
+    graphs._GRAPHS["sentinel"] = None  # stands for a captured graph
+    dist.destroy_process_group()
+    report = dict(
+        wrapped=wrapped,
+        applied=applied,
+        graphs_freed="sentinel" not in graphs._GRAPHS,
+        destroyed=not dist.is_initialized(),
+    )
+    tokenring_xdit.uninstall()
+    report["restored"] = (
+        dist.destroy_process_group is original and c10d.destroy_process_group is original
+    )
+    report["after_uninstall"] = tokenring_xdit.installed_patches()
+    print(json.dumps(report))
+    """
+)
+
+
+def test_destroy_process_group_frees_graphs_and_uninstall_restores_it() -> None:
+    proc = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report == dict(
+        wrapped=True,
+        applied=["torch.destroy_process_group"],
+        graphs_freed=True,
+        destroyed=True,
+        restored=True,
+        after_uninstall=[],
+    ), report

@@ -1,0 +1,54 @@
+"""torch patch: free tokenring_xdit's CUDA graphs before a process group is destroyed.
+
+A CUDA graph that captured NCCL kernels keeps its communicator in use, and torch's
+`destroy_process_group` then waits forever in ncclCommDestroy (pytorch/pytorch#115388, open;
+seen here on 2 x H200 with torch 2.11). xDiT's scripts end with `destroy_distributed_env()`, so
+without this every run that replayed a TokenRing or transformer graph would hang at exit.
+Applied when the first graph is captured; `tokenring_xdit.uninstall()` reverts it.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+
+from .base import PatchSet
+from .table import TORCH_VERSIONS
+
+PATCHES = PatchSet("torch", TORCH_VERSIONS)
+
+
+def release_graphs() -> None:
+    """Drop every CUDA graph tokenring_xdit holds (TokenRing calls and graphed transformers)."""
+    graphs = sys.modules.get("tokenring_xdit.ring.graphs")
+    if graphs is not None:
+        graphs.clear_graphs()
+    transformer_graphs = sys.modules.get("tokenring_xdit.transformer_graphs")
+    if transformer_graphs is not None:
+        transformer_graphs.reset_all_graphs()
+    gc.collect()  # a graph is destroyed with its last reference
+
+
+def _destroy_process_group(wrapped, instance, args, kwargs):
+    release_graphs()
+    return wrapped(*args, **kwargs)
+
+
+def _build(patches: PatchSet) -> None:
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    original = c10d.destroy_process_group
+    handle = patches.wrapper(
+        "torch.destroy_process_group", c10d, "destroy_process_group", _destroy_process_group
+    )
+    patches.rebind("torch.destroy_process_group", dist, "destroy_process_group", original, handle)
+
+
+def ensure_applied() -> None:
+    """Idempotent; called before the first CUDA graph capture."""
+    PATCHES.apply(_build)
+
+
+def revert() -> None:
+    PATCHES.revert()
