@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import time
 
 import torch
@@ -39,7 +40,9 @@ def _call_kwargs(built, model: str, size: int, steps: int, seed: int) -> dict:
     return kwargs
 
 
-def _timed(pipe, kwargs: dict, warmup_steps: int) -> tuple[float, torch.Tensor | None]:
+def _timed(pipe, kwargs: dict, warmup_steps: int, repeats: int) -> tuple[float, torch.Tensor]:
+    """Median wall time of `repeats` calls after one warm-up call; the last call's output."""
+    times = []
     with torch.no_grad():
         pipe(
             **dict(
@@ -48,12 +51,16 @@ def _timed(pipe, kwargs: dict, warmup_steps: int) -> tuple[float, torch.Tensor |
                 generator=torch.Generator(device="cuda").manual_seed(0),
             )
         )
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        out = pipe(**kwargs)
-        torch.cuda.synchronize()
+        seed = kwargs["generator"].initial_seed()
+        for _ in range(repeats):  # the same starting noise every time
+            kwargs = dict(kwargs, generator=torch.Generator(device="cuda").manual_seed(seed))
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            out = pipe(**kwargs)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
     images = out.images if out is not None else None
-    return time.perf_counter() - start, images
+    return statistics.median(times), images
 
 
 def _profile(pipe, kwargs: dict, steps: int, label: str, out_dir: str, rank: int) -> dict:
@@ -64,9 +71,12 @@ def _profile(pipe, kwargs: dict, steps: int, label: str, out_dir: str, rank: int
     """
     from torch.profiler import ProfilerActivity, profile
 
+    seed = kwargs["generator"].initial_seed()
     kwargs = dict(kwargs, num_inference_steps=steps)
     with torch.no_grad():
+        kwargs["generator"] = torch.Generator(device="cuda").manual_seed(seed)
         pipe(**kwargs)  # warm for this step count
+        kwargs["generator"] = torch.Generator(device="cuda").manual_seed(seed)
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             start = time.perf_counter()
@@ -105,6 +115,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup-steps", type=int, default=3)
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--repeats", type=int, default=3, help="timed calls per setting (median)")
     ap.add_argument("--out", required=True)
     ap.add_argument(
         "--profile",
@@ -157,10 +168,19 @@ def main() -> None:
                     args.profile,
                     rank,
                 )
-            rows[size]["one_gpu_s"], plain[size] = _timed(built.pipe, kwargs, args.warmup_steps)
+            rows[size]["one_gpu_s"], plain[size] = _timed(
+                built.pipe, kwargs, args.warmup_steps, args.repeats
+            )
             if args.graph_transformer:
                 transformer_graphs.graph_transformer(built.pipe.transformer, solo[0])
-                rows[size]["one_gpu_graph_s"], _ = _timed(built.pipe, kwargs, args.warmup_steps)
+                rows[size]["one_gpu_graph_s"], lat = _timed(
+                    built.pipe, kwargs, args.warmup_steps, args.repeats
+                )
+                stats = transformer_graphs.graph_stats(built.pipe.transformer)
+                rows[size]["graph_stats_one_gpu_graph"] = dict(vars(stats))
+                rows[size]["max_abs_latent_diff_one_gpu_graph_vs_eager"] = (
+                    (lat.float() - plain[size].float()).abs().max().item()
+                )
                 transformer_graphs.ungraph_transformer(built.pipe.transformer)
             print(json.dumps(rows[size]), flush=True)
     dist.barrier()
@@ -191,7 +211,7 @@ def main() -> None:
             if graphed:
                 transformer_graphs.graph_transformer(built.pipe.transformer)
             kwargs = _call_kwargs(built, args.model, size, args.steps, args.seed)
-            t, lat = _timed(xpipe, kwargs, args.warmup_steps)
+            t, lat = _timed(xpipe, kwargs, args.warmup_steps, args.repeats)
             t_max = torch.tensor([t], device="cuda")
             dist.all_reduce(t_max, op=dist.ReduceOp.MAX)
             rows[size][f"xdit_{label}_s"] = t_max.item()
@@ -220,6 +240,7 @@ def main() -> None:
                     (lat - reference.float()).abs().max().item()
                 )
             rows[size]["latent_abs_max"] = ring.abs().max().item()
+            rows[size]["one_gpu_latent_abs_max"] = reference.float().abs().max().item()
             print(json.dumps(rows[size]), flush=True)
     result = [None]
     if rank == n - 1:

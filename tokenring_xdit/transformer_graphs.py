@@ -15,7 +15,7 @@ What makes replay safe:
   runtime state (patch sizes) does not when PipeFusion and step caches are off, which the xDiT
   hook checks;
 - weights are read where they live: in-place updates are seen, reassigned tensors are not
-  (call `reset_graphs` after e.g. swapping weights);
+  (call `reset_graphs` after e.g. swapping weights or moving the module to another GPU);
 - outputs are cloned out of the graph's buffers, so callers may keep them.
 """
 
@@ -114,7 +114,8 @@ class GraphedForward:
                 if x.device.type != "cuda" or x.requires_grad:
                     return None  # a CPU tensor's values would be baked into the graph
                 on_cuda = True
-                parts.append((tuple(x.shape), x.dtype, x.device))
+                # device type only: the key must be equal on every rank (cuda:0 vs cuda:1)
+                parts.append((tuple(x.shape), x.dtype, x.device.type))
             elif isinstance(x, _PLAIN):
                 parts.append((type(x).__name__, x))
             else:
