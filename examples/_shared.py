@@ -76,8 +76,18 @@ def parse_args(description: str, device: str, full_pixels: int = 1024):
         default=2,
         help="an untimed call with this many steps first (0: none; default 2)",
     )
+    parser.add_argument(
+        "--cuda_graph_transformer",
+        action="store_true",
+        help="replay the transformer as one CUDA graph per step (sets "
+        "TOKENRING_XDIT_CUDA_GRAPH_TRANSFORMER=1; GPU only, ignored on CPU)",
+    )
     parser.set_defaults(height=None, width=None, max_sequence_length=None)
     args = parser.parse_args()
+    if args.cuda_graph_transformer:
+        from tokenring_xdit.transformer_graphs import GRAPH_TRANSFORMER_ENV
+
+        os.environ[GRAPH_TRANSFORMER_ENV] = "1"  # read when xDiT wraps the transformer
     if args.tiny is None:
         args.tiny = device == "cpu" and args.model is None
     # xDiT's default (256), or 16 prompt tokens for the tiny random models

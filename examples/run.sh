@@ -38,6 +38,10 @@ gpu)
             --ring_degree 2 --height 1024 --width 1024 --num_inference_steps 28 \
             --max_sequence_length 512 --ring_impl_type "$impl"
     done
+    # the same PixArt run with the transformer replayed as one CUDA graph per step
+    $TORCHRUN --nproc_per_node=2 examples/pixart_tokenring.py \
+        --ring_degree 2 --height 1024 --width 1024 --num_inference_steps 20 \
+        --ring_impl_type token_ring --cuda_graph_transformer
     ;;
 gpu4)
     $TORCHRUN --nproc_per_node=4 examples/pixart_tokenring.py \
