@@ -1,0 +1,7 @@
+"""python -m tokenring_xdit.compare = tokenring-xdit compare."""
+
+import sys
+
+from ..cli import main
+
+sys.exit(main(["compare", *sys.argv[1:]]))

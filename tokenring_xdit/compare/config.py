@@ -1,0 +1,323 @@
+"""compare's settings: command-line flags, their resolution into a CompareConfig, thresholds."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shlex
+from dataclasses import dataclass
+
+MODELS = ("pixart", "flux")
+SIZES = ("tiny", "full")
+RUNS = ("single", "ring", "token_ring")
+LABELS = {"single": "diffusers, 1 process", "ring": "xDiT ring", "token_ring": "xDiT + TokenRing"}
+SHORT = {"single": "single", "ring": "ring", "token_ring": "TokenRing"}
+RING_IMPL = {"ring": "default", "token_ring": "token_ring"}  # xDiT's --ring_impl_type
+MODEL_NAMES = {"pixart": "PixArt-alpha", "flux": "Flux.1"}
+GUIDANCE = {"pixart": 4.5, "flux": 3.5}
+DEFAULT_PIXELS = {"tiny": 128, "full": 1024}
+DEFAULT_STEPS = {"tiny": 8, "full": 20}
+# prompt tokens: PixArt-alpha's T5 takes 120, Flux.1-dev's 512
+DEFAULT_TEXT_LEN = {
+    ("pixart", "tiny"): 16,
+    ("flux", "tiny"): 16,
+    ("pixart", "full"): 120,
+    ("flux", "full"): 512,
+}
+DEFAULT_QK_GAIN = 16.0
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+# (image PSNR floor in dB, image max |diff| ceiling, latent max |diff| / max |latent| ceiling)
+DEFAULT_THRESHOLDS = {
+    "float32": (60.0, 1.0 / 255.0, 1e-4),
+    "bfloat16": (35.0, math.inf, math.inf),
+    "float16": (35.0, math.inf, math.inf),
+}
+# Pairs (test, reference): the first two decide; the last is shown for context.
+CHECKED = (("token_ring", "ring"), ("token_ring", "single"))
+SHOWN = (*CHECKED, ("ring", "single"))
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_WORKER = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class CompareConfig:
+    """Resolved settings (no "auto" left), identical in every run."""
+
+    model: str = "pixart"
+    size: str = "tiny"
+    device: str = "cpu"
+    dtype: str = "float32"
+    nproc: int = 2
+    ulysses: int = 1
+    ring: int = 2
+    steps: int = 8
+    height: int = 128
+    width: int = 128
+    seed: int = 0
+    guidance: float = 4.5
+    text_len: int = 16
+    qk_gain: float = DEFAULT_QK_GAIN
+    warmup_steps: int = 2
+
+    @property
+    def name(self) -> str:
+        return f"{self.model}-{self.size}"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    psnr_min: float
+    max_diff: float
+    latent_rtol: float
+
+    def failures(self, m: dict) -> list[str]:
+        """What a comparison (image_metrics + latent_rel_diff) misses; [] when it passes."""
+        bad = []
+        if not m["psnr_db"] >= self.psnr_min:
+            bad.append(f"PSNR {m['psnr_db']:.1f} dB < {self.psnr_min:g} dB")
+        if not m["max_abs_diff"] <= self.max_diff:
+            bad.append(f"max |diff| {m['max_abs_diff']:.3g} > {self.max_diff:.3g}")
+        if not m["latent_rel_diff"] <= self.latent_rtol:
+            bad.append(f"latent rel. diff {m['latent_rel_diff']:.3g} > {self.latent_rtol:.3g}")
+        return bad
+
+
+# ------------------------------------------------------------------------------------------
+# Arguments
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _gain(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", choices=MODELS, default="pixart", help="pipeline (default pixart)")
+    p.add_argument(
+        "--size",
+        choices=SIZES,
+        default="tiny",
+        help="tiny: a 2-layer model, seconds on CPU; full: the real PixArt-alpha XL-2 1024 / "
+        "Flux.1-dev architecture (GPU). Weights are seeded random either way (default tiny)",
+    )
+    p.add_argument(
+        "--nproc",
+        type=_positive,
+        default=None,
+        help="ranks of the xDiT runs (default: ulysses x ring if given, else the GPU count "
+        "with CUDA, at least 2; 2 on CPU)",
+    )
+    p.add_argument("--ulysses-degree", type=_positive, default=1, help="xDiT ulysses degree (1)")
+    p.add_argument(
+        "--ring-degree",
+        type=_positive,
+        default=None,
+        help="xDiT ring degree, at least 2 (default: nproc / ulysses)",
+    )
+    p.add_argument(
+        "--steps",
+        type=_positive,
+        default=None,
+        help=f"denoising steps (default {DEFAULT_STEPS['tiny']} tiny, {DEFAULT_STEPS['full']} "
+        "full)",
+    )
+    p.add_argument(
+        "--height",
+        type=_positive,
+        default=None,
+        help=f"pixels (default {DEFAULT_PIXELS['tiny']} tiny, {DEFAULT_PIXELS['full']} full)",
+    )
+    p.add_argument("--width", type=_positive, default=None, help="pixels (default: as height)")
+    p.add_argument("--seed", type=int, default=0, help="seed of weights, prompt and latents (0)")
+    p.add_argument(
+        "--out", metavar="DIR", default="tokenring-compare", help="output folder (created)"
+    )
+    p.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="auto = one GPU per rank when enough GPUs exist, else CPU (default auto)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=DTYPE_CHOICES,
+        default="auto",
+        help="auto = float32 on CPU, bfloat16 on GPU",
+    )
+    p.add_argument(
+        "--psnr-min",
+        type=float,
+        default=None,
+        help="image PSNR floor in dB (default 60 for float32, 35 for bf16/fp16)",
+    )
+    p.add_argument(
+        "--max-diff",
+        type=float,
+        default=None,
+        help="image max |diff| ceiling, pixels in [0, 1] (default 1/255 for float32, "
+        "unchecked (inf) for bf16/fp16)",
+    )
+    p.add_argument(
+        "--latent-rtol",
+        type=float,
+        default=None,
+        help="final latents' max |diff| / max |latent| ceiling (default 1e-4 for float32, "
+        "unchecked (inf) for bf16/fp16)",
+    )
+    p.add_argument(
+        "--qk-gain",
+        type=_gain,
+        default=DEFAULT_QK_GAIN,
+        help="multiply every self-attention's logits by this (random weights give nearly "
+        f"uniform attention, which hides ring errors); 1 = the plain random model "
+        f"(default {DEFAULT_QK_GAIN:g})",
+    )
+    p.add_argument(
+        "--text-len",
+        type=_positive,
+        default=None,
+        help="prompt tokens (seeded random embeddings; default 16 tiny, 120 PixArt full, "
+        "512 Flux full); for Flux a multiple of ulysses x ring",
+    )
+    p.add_argument("--guidance", type=float, default=None, help="guidance scale (4.5 / 3.5)")
+    p.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=2,
+        help="an untimed call of this many steps before the timed one (0: none; default 2)",
+    )
+    p.add_argument(
+        "--gain",
+        type=_gain,
+        default=None,
+        help="amplification of the difference maps (default: the power of ten that shows "
+        "the largest difference)",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=900.0, help="seconds per run before it is killed (900)"
+    )
+    p.add_argument("--no-progress", action="store_true", help="no live progress display")
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="keep the ranks' own logging (xDiT, diffusers, warnings); default: errors only",
+    )
+
+
+def resolve(args: argparse.Namespace, gpus: int | None = None) -> CompareConfig:
+    """Fill in the defaults; ValueError on a bad combination. `gpus` = None: ask torch."""
+    if gpus is None:
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    ulysses = args.ulysses_degree
+    if args.nproc is not None:
+        nproc = args.nproc
+    elif args.ring_degree is not None:
+        nproc = ulysses * args.ring_degree
+    elif args.device != "cpu" and gpus >= 2:
+        nproc = gpus
+    else:
+        nproc = 2 * ulysses
+    if nproc % ulysses:
+        raise ValueError(f"--nproc {nproc} is not a multiple of --ulysses-degree {ulysses}")
+    ring = args.ring_degree if args.ring_degree is not None else nproc // ulysses
+    if ulysses * ring != nproc:
+        raise ValueError(
+            f"--ulysses-degree {ulysses} x --ring-degree {ring} must equal --nproc {nproc}"
+        )
+    if ring < 2:
+        raise ValueError("--ring-degree must be at least 2: with 1 there is no ring to compare")
+    device = args.device
+    if device == "auto":
+        device = "cuda" if gpus >= nproc else "cpu"
+    if device == "cuda" and gpus < nproc:
+        raise ValueError(f"--device cuda needs one GPU per rank: {nproc} ranks, {gpus} GPU(s)")
+    dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
+    if device == "cpu" and dtype != "float32":
+        raise ValueError("on CPU use --dtype float32 (xDiT's CPU kernel is float32)")
+    size = args.size
+    height = args.height or args.width or DEFAULT_PIXELS[size]
+    width = args.width or height
+    _check_pixels(args.model, size, height, width, nproc)
+    text_len = args.text_len or DEFAULT_TEXT_LEN[(args.model, size)]
+    if args.model == "flux" and text_len % nproc:
+        raise ValueError(
+            f"--text-len {text_len} must be a multiple of ulysses x ring = {nproc} for Flux: "
+            "xDiT splits the prompt tokens over the sequence-parallel ranks only then"
+        )
+    if args.warmup_steps < 0:
+        raise ValueError("--warmup-steps must be >= 0")
+    return CompareConfig(
+        model=args.model,
+        size=size,
+        device=device,
+        dtype=dtype,
+        nproc=nproc,
+        ulysses=ulysses,
+        ring=ring,
+        steps=args.steps or DEFAULT_STEPS[size],
+        height=height,
+        width=width,
+        seed=args.seed,
+        guidance=args.guidance if args.guidance is not None else GUIDANCE[args.model],
+        text_len=text_len,
+        qk_gain=args.qk_gain,
+        warmup_steps=args.warmup_steps,
+    )
+
+
+def _check_pixels(model: str, size: str, height: int, width: int, sp: int) -> None:
+    """Sizes xDiT and diffusers accept: 2x2 patches (PixArt) or packed 2x2 latents (Flux) of
+    the VAE's latents, PixArt also a multiple of 8; and xDiT gives every sequence-parallel
+    rank the same number of patch rows (it refuses an uneven split)."""
+    vae = 2 if size == "tiny" else 8  # the random VAEs' downsampling factor
+    base = vae * 2
+    if model == "pixart":
+        base = math.lcm(base, 8)
+    if width % base:
+        raise ValueError(f"--width {width} must be a multiple of {base} ({model} {size})")
+    rows = vae * 2 * sp
+    if model == "pixart":
+        rows = math.lcm(rows, 8)
+    if height % rows:
+        raise ValueError(
+            f"--height {height} must be a multiple of {rows} ({model} {size} on {sp} "
+            f"sequence-parallel ranks: xDiT splits the latent rows evenly, 2 per patch)"
+        )
+
+
+def thresholds_for(args: argparse.Namespace, dtype: str) -> Thresholds:
+    psnr, diff, rtol = DEFAULT_THRESHOLDS[dtype]
+    return Thresholds(
+        psnr_min=psnr if args.psnr_min is None else args.psnr_min,
+        max_diff=diff if args.max_diff is None else args.max_diff,
+        latent_rtol=rtol if args.latent_rtol is None else args.latent_rtol,
+    )
+
+
+def command_line(cfg: CompareConfig, out: str) -> str:
+    """A command that repeats this comparison exactly (every setting spelled out)."""
+    argv = ["tokenring-xdit", "compare", "--model", cfg.model, "--size", cfg.size]
+    argv += ["--device", cfg.device, "--dtype", cfg.dtype, "--nproc", str(cfg.nproc)]
+    argv += ["--ulysses-degree", str(cfg.ulysses), "--ring-degree", str(cfg.ring)]
+    argv += ["--steps", str(cfg.steps), "--height", str(cfg.height), "--width", str(cfg.width)]
+    argv += ["--seed", str(cfg.seed), "--guidance", f"{cfg.guidance:g}"]
+    argv += ["--text-len", str(cfg.text_len), "--qk-gain", f"{cfg.qk_gain:g}"]
+    argv += ["--warmup-steps", str(cfg.warmup_steps), "--out", out]
+    return shlex.join(argv)

@@ -1,0 +1,174 @@
+"""compare's orchestration: the three launches, then the report; and the CLI entry point."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Callable
+
+from .config import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    EXIT_WORKER,
+    LABELS,
+    MODEL_NAMES,
+    RING_IMPL,
+    RUNS,
+    CompareConfig,
+    Thresholds,
+    resolve,
+    thresholds_for,
+)
+from .report import (
+    build_report,
+    compare_runs,
+    merge_ranks,
+    path_checks,
+    print_summary,
+    write_outputs,
+)
+from .workers import single_worker, xdit_worker
+
+
+def run_compare(
+    cfg: CompareConfig,
+    thresholds: Thresholds,
+    out_dir: str,
+    *,
+    console=None,
+    quiet: bool = False,
+    timeout: float = 900.0,
+    gain: float | None = None,
+    verbose: bool = False,
+    launcher: Callable | None = None,
+) -> dict:
+    """Run the three launches, write images, figure and JSON into `out_dir`; return the report.
+
+    Raises tokenring_xdit.launch.LaunchError when a rank fails.
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ..launch import launch
+
+    launcher = launcher or launch
+    progress = Progress(
+        TextColumn("{task.fields[run]:<18}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=quiet,
+    )
+    plan = [
+        ("single", single_worker, 1, (cfg,)),
+        ("ring", xdit_worker, cfg.nproc, (cfg, RING_IMPL["ring"])),
+        ("token_ring", xdit_worker, cfg.nproc, (cfg, RING_IMPL["token_ring"])),
+    ]
+    runs: dict[str, dict] = {}
+    load_before = _load_average()
+    started = time.perf_counter()
+    with progress:
+        tasks = {
+            name: progress.add_task("waiting", total=None, run=LABELS[name]) for name, *_ in plan
+        }
+        for name, worker, nproc, worker_args in plan:
+            task = tasks[name]
+
+            def on_progress(rank: int, fields: dict, task=task) -> None:
+                progress.update(task, **fields)
+
+            values = launcher(
+                worker,
+                nproc,
+                worker_args,
+                device=cfg.device,
+                timeout=timeout,
+                env=None if verbose else _quiet_env(),
+                on_progress=on_progress,
+            )
+            runs[name] = merge_ranks(name, values)
+            progress.update(task, description="done")
+    wall = time.perf_counter() - started
+    comparisons = compare_runs(runs, thresholds)
+    problems = path_checks(runs)
+    passed = not problems and not any(c["failures"] for c in comparisons)
+    report = build_report(cfg, thresholds, runs, comparisons, problems, passed, out_dir, wall)
+    # other work on the machine moves the times (not the images): say how busy it was
+    report["load_average_1min"] = dict(before=load_before, after=_load_average())
+    write_outputs(cfg, runs, comparisons, report, out_dir, gain)
+    return report
+
+
+# The ranks' own logging, unless --verbose or set by the user: xDiT logs at DEBUG by default,
+# diffusers and transformers warn about float32 modules and torchvision, torch about a renamed
+# collective. Errors still show.
+QUIET_ENV = {
+    "LOG_LEVEL": "error",  # xfuser's logger
+    "DIFFUSERS_VERBOSITY": "error",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "PYTHONWARNINGS": "ignore::FutureWarning,ignore::DeprecationWarning",
+}
+
+
+def _quiet_env() -> dict[str, str]:
+    return {k: v for k, v in QUIET_ENV.items() if k not in os.environ}
+
+
+def _load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from ..launch import LaunchError
+
+    console, err = Console(), Console(stderr=True)
+    try:
+        cfg = resolve(args)
+        thresholds = thresholds_for(args, cfg.dtype)
+    except ValueError as exc:
+        err.print(f"[bold red]error:[/] {exc}")
+        return EXIT_USAGE
+    console.print(
+        f"[bold]tokenring-xdit compare[/]: {MODEL_NAMES[cfg.model]} ({cfg.size}, random "
+        f"weights), {cfg.width}x{cfg.height}, {cfg.steps} steps, {cfg.device} {cfg.dtype}; "
+        f"diffusers in 1 process, then xDiT on {cfg.nproc} ranks (ulysses {cfg.ulysses} x "
+        f"ring {cfg.ring}) with its ring and with TokenRing"
+    )
+    try:
+        report = run_compare(
+            cfg,
+            thresholds,
+            args.out,
+            console=console,
+            quiet=args.no_progress,
+            timeout=args.timeout,
+            gain=args.gain,
+            verbose=args.verbose,
+        )
+    except LaunchError as exc:
+        from ..cli import _print_failure
+
+        _print_failure(err, exc)
+        return EXIT_WORKER
+    print_summary(console, report)
+    files = report["files"]
+    console.print(
+        f"written to {args.out}/: {files['figure']} (side by side), {files['report']}, "
+        f"{', '.join(files[n] for n in RUNS)}"
+    )
+    failures = [f for c in report["comparisons"] for f in c["failures"]]
+    failures += report["path_problems"]
+    if failures:
+        err.print("[bold red]compare failed:[/] " + "; ".join(failures))
+        return EXIT_FAILED
+    console.print(f"[green]passed[/] ({report['wall_s']:.0f} s)")
+    return EXIT_OK
