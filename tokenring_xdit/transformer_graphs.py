@@ -7,7 +7,7 @@ host cost. TokenRing calls inside the capture are captured with it (its per-call
 aside while a capture is running), NCCL kernels included.
 
 What makes replay safe:
-- the key holds every tensor argument's shape, dtype and device, every other argument's value
+- the key holds every tensor argument's shape, dtype and device type, every other argument's value
   and the selected xDiT ring: a new resolution, batch or ring captures a new graph;
 - the first call of a key runs eagerly (it warms NCCL, cuDNN plans and TokenRing's handshake);
   the capture follows it, and every rank agrees on the key and on success, or all stay eager;
