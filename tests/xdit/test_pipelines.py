@@ -122,3 +122,30 @@ def test_graph_transformer_env_wraps_xdits_transformer_and_stays_exact_on_cpu() 
         assert graph["captures"] == graph["replays"] == 0 and graph["eager"] == workers.STEPS
     graphed = part(results[-1], "pixart")[workers.TOKEN_RING]["latents"]
     assert np.array_equal(graphed, _latents("ring2", "pixart", workers.TOKEN_RING))
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "torch_compile"])
+def test_graph_transformer_gate(compiled: bool) -> None:
+    """The xfuser.cuda_graph_transformer hook graphs the wrapped transformer, except where
+    Python state changes between steps: with xDiT's --use_torch_compile it refuses, says why on
+    every rank, and leaves xDiT's compiled forward alone. (Only the wrappers are built here.)"""
+    from tests.xdit.launches import launch
+
+    spec = dict(
+        device="cpu",
+        dtype="float32",
+        ulysses=1,
+        ring=2,
+        impls=(workers.TOKEN_RING,),
+        parts=("graph_gate",),
+        argv=["--use_torch_compile"] if compiled else [],
+    )
+    env = {"TOKENRING_XDIT_CUDA_GRAPH_TRANSFORMER": "1"}
+    for result in launch(spec, 2, env=env):
+        gate = part(result, "graph_gate")
+        refusals = [m for m in gate["warnings"] if "stays eager" in m]
+        if compiled:
+            assert not gate["graphed"] and len(refusals) == 1, gate
+            assert "torch.compile" in refusals[0], refusals
+        else:
+            assert gate["graphed"] and not refusals, gate

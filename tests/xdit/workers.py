@@ -447,6 +447,22 @@ def _pipeline_part(rank: int, spec: dict, engine_config, calls: _Calls, model: s
     return results
 
 
+def _graph_gate_part(rank: int, spec: dict, engine_config, announced) -> dict:
+    """Wrap (not run) the tiny PixArt: did the transformer get a graphed forward, what was said."""
+    from xfuser import xFuserPixArtAlphaPipeline
+
+    from tokenring_xdit.transformer_graphs import graph_stats
+
+    device, dtype = _device(spec, rank), getattr(torch, spec["dtype"])
+    pipe, _, _ = pipeline_inputs("pixart", device, dtype)
+    before = len(announced.messages)
+    xFuserPixArtAlphaPipeline(pipe, engine_config)
+    return dict(
+        graphed=graph_stats(pipe.transformer) is not None,
+        warnings=announced.messages[before:],
+    )
+
+
 class _ListHandler(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
@@ -490,6 +506,8 @@ def run_xdit(rank: int, world_size: int, spec: dict) -> dict:
                 results[part] = _long_ctx_part(rank, spec, calls)
             elif part == "long_ctx_env":
                 results[part] = _long_ctx_env_part(rank, spec, calls)
+            elif part == "graph_gate":
+                results[part] = _graph_gate_part(rank, spec, engine_config, announced)
             else:
                 results[part] = _pipeline_part(rank, spec, engine_config, calls, part)
         except Exception as exc:
