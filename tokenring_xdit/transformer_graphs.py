@@ -33,6 +33,8 @@ import torch
 import torch.distributed as dist
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from .ring.graphs import all_ranks_ok
+
 GRAPH_TRANSFORMER_ENV = "TOKENRING_XDIT_CUDA_GRAPH_TRANSFORMER"
 MAX_GRAPHS = 8  # per module; more keys than this means arguments change per call: stay eager
 
@@ -146,7 +148,7 @@ class GraphedForward:
             except Exception as exc:  # a host sync or an uncapturable op: stay eager
                 error = f"{type(exc).__name__}: {exc}"
         ok = same_key and error is None
-        if not _all(ok, device, self.group):
+        if not all_ranks_ok(ok, device, self.group):
             reason = error or ("ranks called with different arguments" if not same_key else None)
             reason = reason or "capture failed on another rank"
             self.stats.refused.append(reason)
@@ -178,14 +180,6 @@ def _agree_on_key(key: Hashable, device: torch.device, group) -> bool:
     both = torch.tensor([d, -d], device=device, dtype=torch.int64)
     dist.all_reduce(both, op=dist.ReduceOp.MIN, group=group)
     return both[0].item() == d and -both[1].item() == d
-
-
-def _all(ok: bool, device: torch.device, group) -> bool:
-    if not dist.is_initialized():
-        return ok
-    flag = torch.tensor([int(ok)], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
-    return bool(flag.item())
 
 
 def _current_xdit_ring() -> str:

@@ -75,11 +75,18 @@ def _capture(inputs: Tensors, run, group) -> _Captured | None:
             outputs = run(static)
     except Exception:  # e.g. a kernel or backend that cannot be captured: stay eager
         ok = False
-    agreed = torch.tensor([int(ok)], device=static[0].device)
-    dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=group)
-    if not agreed.item():
+    if not all_ranks_ok(ok, static[0].device, group):
         return None
     return _Captured(graph, static, tuple(outputs))
+
+
+def all_ranks_ok(ok: bool, device: torch.device, group: dist.ProcessGroup | None) -> bool:
+    """True only if `ok` on every rank of `group` (a capture is used by all ranks or none)."""
+    if not dist.is_initialized():
+        return ok
+    flag = torch.tensor([int(ok)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+    return bool(flag.item())
 
 
 def clear_graphs() -> None:
