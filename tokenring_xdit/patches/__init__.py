@@ -85,22 +85,20 @@ def install() -> list[str]:
 def uninstall() -> None:
     """Revert every applied patch and keep pending hooks from applying. Idempotent."""
     _state["enabled"] = False
-    for trigger in HOOKS:
-        if trigger in sys.modules:
-            _host(trigger).revert()
-    torch_dist = sys.modules.get("tokenring_xdit.patches.torch_dist")
-    if torch_dist is not None:
-        torch_dist.release_graphs()
-        torch_dist.revert()
+    for patch_set in _loaded_patch_sets():
+        patch_set.revert()
 
 
 def installed_patches() -> list[str]:
     """Ids (see PATCH_TABLE) of the patch points currently applied."""
-    applied: list[str] = []
-    for trigger in HOOKS:
-        if trigger in sys.modules:
-            applied += _host(trigger).PATCHES.applied
-    torch_dist = sys.modules.get("tokenring_xdit.patches.torch_dist")
-    if torch_dist is not None:
-        applied += torch_dist.PATCHES.applied
-    return applied
+    return [p for patch_set in _loaded_patch_sets() for p in patch_set.PATCHES.applied]
+
+
+# The torch patch set is applied by our own first graph capture, not by a host import.
+RUNTIME_PATCH_SETS = ("tokenring_xdit.patches.torch_dist",)
+
+
+def _loaded_patch_sets() -> list[ModuleType]:
+    """Patch-set modules that may hold applied patches: hosts imported, runtime sets loaded."""
+    hosts = [_host(trigger) for trigger in HOOKS if trigger in sys.modules]
+    return hosts + [sys.modules[m] for m in RUNTIME_PATCH_SETS if m in sys.modules]
