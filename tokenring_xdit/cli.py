@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from . import __version__
+from .cli_args import add_device_and_dtype, non_negative_int, positive_int, rank_progress
 
 __all__ = ["main", "build_parser"]
 
@@ -28,7 +29,6 @@ KERNEL_CHOICES = (
     "math",
 )
 METHOD_CHOICES = ("single", "tokenring", "yunchang")
-DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 DEFAULT_TOKENS = {"cpu": 1024, "cuda": 4096}
 DEFAULT_DTYPE = {"cpu": "float32", "cuda": "bfloat16"}
 CPU_KERNELS = ("auto", "cpu_flash", "math")
@@ -36,22 +36,6 @@ CPU_KERNELS = ("auto", "cpu_flash", "math")
 # Exit codes: 0 all methods within tolerance, 1 a method's error above it, 2 bad arguments
 # (argparse's own), 3 a worker failed or timed out.
 EXIT_OK, EXIT_INACCURATE, EXIT_USAGE, EXIT_WORKER = 0, 1, 2, 3
-
-
-def _int_at_least(low: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-        return value
-
-    return parse
-
-
-_positive, _non_negative = _int_at_least(1), _int_at_least(0)
 
 
 def _methods(text: str) -> tuple[str, ...]:
@@ -67,40 +51,32 @@ def _methods(text: str) -> tuple[str, ...]:
 def _add_demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--nproc",
-        type=_positive,
+        type=positive_int,
         default=None,
         help="ranks to start (default: the GPU count with CUDA, at least 2; else 2)",
     )
-    p.add_argument(
-        "--device",
-        choices=("auto", "cpu", "cuda"),
-        default="auto",
-        help="auto = one GPU per rank when enough GPUs exist, else CPU (default auto)",
-    )
+    add_device_and_dtype(p)
     p.add_argument(
         "--tokens",
-        type=_positive,
+        type=positive_int,
         default=None,
         help="total sequence length, a multiple of --nproc (default "
         f"{DEFAULT_TOKENS['cuda']} on GPU, {DEFAULT_TOKENS['cpu']} on CPU)",
     )
-    p.add_argument("--heads", type=_positive, default=16, help="attention heads (default 16)")
+    p.add_argument("--heads", type=positive_int, default=16, help="attention heads (default 16)")
     p.add_argument(
         "--head-size",
-        type=_positive,
+        type=positive_int,
         default=72,
         help="head size (default 72: PixArt-alpha's 16x72)",
     )
-    p.add_argument("--batch", type=_positive, default=1, help="batch size (default 1)")
+    p.add_argument("--batch", type=positive_int, default=1, help="batch size (default 1)")
+    p.add_argument("--iters", type=positive_int, default=20, help="timed calls per method (20)")
     p.add_argument(
-        "--dtype",
-        choices=DTYPE_CHOICES,
-        default="auto",
-        help="auto = float32 on CPU, bfloat16 on GPU",
-    )
-    p.add_argument("--iters", type=_positive, default=20, help="timed calls per method (20)")
-    p.add_argument(
-        "--warmup", type=_non_negative, default=5, help="untimed calls per method before timing (5)"
+        "--warmup",
+        type=non_negative_int,
+        default=5,
+        help="untimed calls per method before timing (5)",
     )
     p.add_argument(
         "--kernel",
@@ -247,21 +223,10 @@ def _print_failure(err, exc) -> None:
 
 
 def _launch_with_progress(cfg, nproc: int, timeout: float, console, quiet: bool) -> dict:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from .demo import run_demo
     from .launch import launch
 
-    progress = Progress(
-        TextColumn("rank {task.fields[rank]}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.description}"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-        disable=quiet,
-    )
+    progress = rank_progress("rank {task.fields[rank]}", console, quiet)
     tasks = [progress.add_task("starting", total=None, rank=r) for r in range(nproc)]
 
     def on_progress(rank: int, fields: dict) -> None:

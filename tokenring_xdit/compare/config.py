@@ -7,6 +7,8 @@ import math
 import shlex
 from dataclasses import dataclass
 
+from ..cli_args import add_device_and_dtype, positive_int
+
 MODELS = ("pixart", "flux")
 SIZES = ("tiny", "full")
 RUNS = ("single", "ring", "token_ring")
@@ -25,7 +27,6 @@ DEFAULT_TEXT_LEN = {
     ("flux", "full"): 512,
 }
 DEFAULT_QK_GAIN = 16.0
-DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 # (image PSNR floor in dB, image max |diff| ceiling, latent max |diff| / max |latent| ceiling)
 DEFAULT_THRESHOLDS = {
     "float32": (60.0, 1.0 / 255.0, 1e-4),
@@ -86,16 +87,6 @@ class Thresholds:
 # Arguments
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
 def _gain(text: str) -> float:
     try:
         value = float(text)
@@ -117,48 +108,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--nproc",
-        type=_positive,
+        type=positive_int,
         default=None,
         help="ranks of the xDiT runs (default: ulysses x ring if given, else the GPU count "
         "with CUDA, at least 2; 2 on CPU)",
     )
-    p.add_argument("--ulysses-degree", type=_positive, default=1, help="xDiT ulysses degree (1)")
+    p.add_argument("--ulysses-degree", type=positive_int, default=1, help="xDiT ulysses degree (1)")
     p.add_argument(
         "--ring-degree",
-        type=_positive,
+        type=positive_int,
         default=None,
         help="xDiT ring degree, at least 2 (default: nproc / ulysses)",
     )
     p.add_argument(
         "--steps",
-        type=_positive,
+        type=positive_int,
         default=None,
         help=f"denoising steps (default {DEFAULT_STEPS['tiny']} tiny, {DEFAULT_STEPS['full']} "
         "full)",
     )
     p.add_argument(
         "--height",
-        type=_positive,
+        type=positive_int,
         default=None,
         help=f"pixels (default {DEFAULT_PIXELS['tiny']} tiny, {DEFAULT_PIXELS['full']} full)",
     )
-    p.add_argument("--width", type=_positive, default=None, help="pixels (default: as height)")
+    p.add_argument("--width", type=positive_int, default=None, help="pixels (default: as height)")
     p.add_argument("--seed", type=int, default=0, help="seed of weights, prompt and latents (0)")
     p.add_argument(
         "--out", metavar="DIR", default="tokenring-compare", help="output folder (created)"
     )
-    p.add_argument(
-        "--device",
-        choices=("auto", "cpu", "cuda"),
-        default="auto",
-        help="auto = one GPU per rank when enough GPUs exist, else CPU (default auto)",
-    )
-    p.add_argument(
-        "--dtype",
-        choices=DTYPE_CHOICES,
-        default="auto",
-        help="auto = float32 on CPU, bfloat16 on GPU",
-    )
+    add_device_and_dtype(p)
     p.add_argument(
         "--psnr-min",
         type=float,
@@ -189,7 +169,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--text-len",
-        type=_positive,
+        type=positive_int,
         default=None,
         help="prompt tokens (seeded random embeddings; default 16 tiny, 120 PixArt full, "
         "512 Flux full); for Flux a multiple of ulysses x ring",

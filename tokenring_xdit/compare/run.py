@@ -48,21 +48,11 @@ def run_compare(
 
     Raises tokenring_xdit.launch.LaunchError when a rank fails.
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
+    from ..cli_args import rank_progress
     from ..launch import launch
 
     launcher = launcher or launch
-    progress = Progress(
-        TextColumn("{task.fields[run]:<18}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.description}"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-        disable=quiet,
-    )
+    progress = rank_progress("{task.fields[run]:<18}", console, quiet)
     plan = [
         ("single", single_worker, 1, (cfg,)),
         ("ring", xdit_worker, cfg.nproc, (cfg, RING_IMPL["ring"])),

@@ -1,0 +1,63 @@
+"""Command-line pieces shared by `tokenring-xdit demo` and `tokenring-xdit compare`.
+
+argparse only at import time (the CLI builds its parser on every start); rich loads inside
+`rank_progress`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+
+
+def int_at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= low, with a readable error otherwise."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    return parse
+
+
+positive_int, non_negative_int = int_at_least(1), int_at_least(0)
+
+
+def add_device_and_dtype(p: argparse.ArgumentParser) -> None:
+    """--device {auto,cpu,cuda} and --dtype, resolved by each subcommand."""
+    p.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="auto = one GPU per rank when enough GPUs exist, else CPU (default auto)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=DTYPE_CHOICES,
+        default="auto",
+        help="auto = float32 on CPU, bfloat16 on GPU",
+    )
+
+
+def rank_progress(label: str, console, quiet: bool):
+    """A transient rich progress display, one task per run or rank; `label` formats the first
+    column from the task's fields (e.g. "rank {task.fields[rank]}")."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn(label),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=quiet,
+    )
