@@ -103,6 +103,16 @@ def enabled() -> bool:
     return os.environ.get(FUSED_MERGE_ENV, "1") != "0" and available()
 
 
+# 16-bit partials only: with fp32 partials the kernel gave wrong outputs inside the ring on
+# 2xH200 (not root-caused; the torch ops were exact there: docs/performance.md).
+SERVED_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def serves(partial: torch.Tensor) -> bool:
+    """Whether partials like this one may take the Triton merge."""
+    return partial.is_cuda and partial.dtype in SERVED_DTYPES and enabled()
+
+
 def merge2_bhsd(
     out: torch.Tensor,
     lse_out: torch.Tensor,

@@ -7,8 +7,6 @@ import torch
 from . import fused_merge
 from .layout import Layout
 
-_FUSED_DTYPES = (torch.float16, torch.bfloat16)
-
 
 class PartialMerge:
     """Accumulates (out, lse) partials of the same queries against disjoint key blocks.
@@ -36,15 +34,12 @@ class PartialMerge:
         self.out = block_out.to(torch.float32, copy=True) if many else block_out
         self.lse = block_lse.to(torch.float32, copy=True)
         self.final: torch.Tensor | None = None
-        # The Triton pass: only for 16-bit partials (with fp32 partials it gave wrong outputs
-        # on 2xH200, the torch ops did not: docs/performance.md), and only while a CUDA graph is
-        # being captured: its Python launcher costs more host time per call than the torch ops,
-        # which only a graph replay hides.
+        # The Triton pass only while a CUDA graph is being captured: its Python launcher costs
+        # more host time per call than the torch ops, which only a graph replay hides.
         self._fused = (
             block_out.is_cuda
-            and block_out.dtype in _FUSED_DTYPES
             and torch.cuda.is_current_stream_capturing()
-            and fused_merge.enabled()
+            and fused_merge.serves(block_out)
         )
 
     def update(
