@@ -1,10 +1,13 @@
-"""Diagnostic for the open fp32 (b, s, h, d) CUDA discrepancy (docs/performance.md).
+"""Diagnostic for the fp32 (b, s, h, d) CUDA discrepancy of session 1 (docs/performance.md).
 
-  torchrun --nproc_per_node=2 benchmarks/diag_fp32_bshd.py
+  [DIAG_ADMIT_FP32=0] torchrun --nproc_per_node=N benchmarks/diag_fp32_bshd.py
 Prints TokenRing's max |err| vs fp64 exact attention per rank for fused merge on/off, CUDA graph
 on/off, both layouts, fp32 and bf16, uneven local lengths. On 2xH200 (2026-11-22) rank 1 showed
 2.8e-2..3.8e-2 for fp32 bshd wherever the Triton merge ran; every other line was <= 1.5e-3
-(bf16) / 1.5e-6 (fp32). Since then fp32 partials never take the Triton merge.
+(bf16) / 1.5e-6 (fp32). Cause, found in session 3 on 4xH200: a race in the Triton merge when
+lse_out aliases lse_a (fixed by a CTA barrier; see fused_merge.py). Graphed lines report a replay
+(before session 3 they reported the eager warm-up call). DIAG_ADMIT_FP32=0 keeps fp32 partials off
+the Triton merge, as sessions 2 and 3 had it before the fix.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from tokenring_xdit.ring import setup_token_ring_group, token_ring_attn
+from tokenring_xdit.ring import fused_merge, setup_token_ring_group, token_ring_attn
 from tokenring_xdit.ring.kernels import math
 from tokenring_xdit.ring.layout import get_layout
 
@@ -37,7 +40,8 @@ def _case(rank, n, layout, dtype, graph):
     sd = lay.seq_dim
     ql, kl, vl = (x.split(ls, dim=sd)[rank] for x, ls in ((q, lens), (k, kv_lens), (v, kv_lens)))
     with torch.no_grad():
-        out, _ = token_ring_attn(ql, kl, vl, layout=layout, cuda_graph=graph)
+        for _ in range(2 if graph else 1):  # a graphed key's first call is its eager warm-up
+            out, _ = token_ring_attn(ql, kl, vl, layout=layout, cuda_graph=graph)
     ref, _ = math(q.double(), k.double(), v.double(), d**-0.5, lay)
     return (out.double() - ref.split(lens, dim=sd)[rank]).abs().max().item()
 
@@ -45,8 +49,13 @@ def _case(rank, n, layout, dtype, graph):
 def main() -> None:
     dist.init_process_group("nccl")
     rank, n = dist.get_rank(), dist.get_world_size()
-    torch.cuda.set_device(rank)
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     setup_token_ring_group(dist.group.WORLD)
+    admit_fp32 = os.environ.get("DIAG_ADMIT_FP32", "1") == "1"
+    if not admit_fp32:  # keep fp32 partials off the Triton merge (as in sessions 2-3)
+        fused_merge.SERVED_DTYPES = tuple(
+            t for t in fused_merge.SERVED_DTYPES if t != torch.float32
+        )
     for fused in ("1", "0"):
         os.environ["TOKENRING_XDIT_FUSED_MERGE"] = fused
         for graph in (False, True):
@@ -54,7 +63,8 @@ def main() -> None:
                 for dtype in (torch.float32, torch.bfloat16):
                     err = _case(rank, n, layout, dtype, graph)
                     print(
-                        f"rank{rank} fused={fused} graph={graph} {layout} {dtype} err={err:.2e}",
+                        f"rank{rank} fused={fused} admit_fp32={int(admit_fp32)} graph={graph} "
+                        f"{layout} {dtype} err={err:.2e}",
                         flush=True,
                     )
     dist.destroy_process_group()

@@ -134,14 +134,19 @@ def test_cuda_graph_replay_equals_eager():
         values(run_ranks(_graph_worker, n, backend="nccl", timeout=300))
     ):
         assert graphs == (1 if n > 1 else 0), (rank, graphs)
-        # the graph merges with Triton, eager with torch ops: equal up to bf16 rounding
-        assert worst <= 1.6e-2, (rank, worst)
+        # the graph merges with Triton, eager with torch ops: equal up to bf16 rounding (outputs
+        # here are < 0.25: one ulp <= 1e-3; the lse race of session 3 gave 1e-2..1.5e-2)
+        assert worst <= 2e-3, (rank, worst)
 
 
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
 @pytest.mark.parametrize("d", [72, 128])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_fused_merge_equals_torch_merge(layout, d, dtype):
+@pytest.mark.parametrize("seq", [333, 2048])
+def test_fused_merge_equals_torch_merge(layout, d, dtype, seq):
+    """In place (out aliases a, lse_out aliases lse_a), as in the ring's merges. d=72 splits
+    tile rows across warps, where the barrier-less kernel raced on lse (timing-dependent: the
+    ring tests on 4 GPUs caught it, this one did not)."""
     from tokenring_xdit.ring import fused_merge
     from tokenring_xdit.ring.layout import get_layout
     from tokenring_xdit.ring.merge import PartialMerge
@@ -149,9 +154,9 @@ def test_fused_merge_equals_torch_merge(layout, d, dtype):
     assert fused_merge.available()
     lay = get_layout(layout)
     gen = torch.Generator(device="cuda").manual_seed(3)
-    shape = (2, 333, 5, d) if layout == "bshd" else (2, 5, 333, d)
+    shape = (2, seq, 5, d) if layout == "bshd" else (2, 5, seq, d)
     blocks = [torch.randn(shape, device="cuda", dtype=dtype, generator=gen) for _ in range(3)]
-    lses = [4 * torch.randn(2, 5, 333, device="cuda", generator=gen) for _ in range(3)]
+    lses = [4 * torch.randn(2, 5, seq, device="cuda", generator=gen) for _ in range(3)]
     results = []
     for fused in (True, False):
         merge = PartialMerge(blocks[0], lses[0], lay, dtype, updates=2)
@@ -167,7 +172,7 @@ def test_fused_merge_equals_torch_merge(layout, d, dtype):
         merge.update(
             blocks[2][:, 100:] if layout == "bshd" else blocks[2][:, :, 100:],
             lses[2][:, :, 100:],
-            slice(100, 333),
+            slice(100, seq),
             last=True,
         )
         results.append(merge.result())

@@ -79,6 +79,11 @@ def _kernel():
             other=0.0,
         ).to(tl.float32)
         res = xa * (wa / total)[:, None] + xb * (wb / total)[:, None]
+        # lse_out aliases lse_a in every in-place merge (out aliases a too). When a row of the
+        # tile spans several warps (e.g. d=72: warpsPerCTA [1, 4] in the TTGIR), each warp loads
+        # lse_a itself, so without this barrier one warp can store lse_out[i] before another
+        # has loaded lse_a[i], and weigh its columns with the new lse (seen on 4xH200).
+        tl.debug_barrier()
         tl.store(
             out + ib * so_b + ih * so_h + rows[:, None] * so_s + cols[None, :] * so_d,
             res.to(out.dtype.element_ty),
@@ -103,9 +108,8 @@ def enabled() -> bool:
     return os.environ.get(FUSED_MERGE_ENV, "1") != "0" and available()
 
 
-# 16-bit partials only: with fp32 partials the kernel gave wrong outputs inside the ring on
-# 2xH200 (not root-caused; the torch ops were exact there: docs/performance.md).
-SERVED_DTYPES = (torch.float16, torch.bfloat16)
+# The kernel's math is fp32 whatever the storage; fp64 partials keep the torch ops.
+SERVED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def serves(partial: torch.Tensor) -> bool:
