@@ -31,6 +31,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("inputs", nargs="+", type=Path)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--machine", default="2 x H200 (NVLink)", help="for the title")
     args = ap.parse_args()
     rows = [row for path in args.inputs for row in json.loads(path.read_text())["rows"]]
     fig, axes = plt.subplots(1, len(rows), figsize=(4.2 * len(rows), 4.2), squeeze=False)
@@ -48,10 +49,12 @@ def main() -> None:
             ha="right",
             fontsize=8,
         )
-        ax.set_title(f"{row['model']} {row['size']} px, {row['steps']} steps, {row['ranks']} GPUs")
+        u = row.get("ulysses", 1)
+        split = f"ulysses {u} x ring {row['ranks'] // u}" if u > 1 else f"ring {row['ranks']}"
+        ax.set_title(f"{row['model']} {row['size']} px, {row['steps']} steps, {split}", fontsize=10)
         ax.set_ylabel("seconds per image (denoising loop)")
         ax.grid(axis="y", alpha=0.3)
-    fig.suptitle("End to end, full-size random-weight pipelines, bf16, 2 x H200 (NVLink)")
+    fig.suptitle(f"End to end, full-size random-weight pipelines, bf16, {args.machine}")
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)
     print(args.out)

@@ -34,7 +34,7 @@ def plot(path: Path) -> Path:
                 ax_t.plot(*zip(*pts, strict=True), marker="o", label=m)
                 eff = [(r["tokens"], r[f"{m}_efficiency"]) for r in sel if r.get(f"{m}_ms")]
                 ax_e.plot(*zip(*eff, strict=True), marker="o", label=m)
-        head = f"{model} {sel[0]['heads']}x{sel[0]['head_size']}, ring {sel[0]['ring']}"
+        head = f"{model} {sel[0]['heads']}x{sel[0]['head_size']}, {_split(sel[0])}"
         ax_t.set(xscale="log", yscale="log", xlabel="tokens", ylabel="ms per call", title=head)
         ax_e.set(xscale="log", xlabel="tokens", ylabel="efficiency (ideal / time)", ylim=(0, 1.05))
         ax_e.axhline(0.9, color="grey", lw=0.5)
@@ -42,12 +42,18 @@ def plot(path: Path) -> Path:
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize=8)
     p2p = "NCCL_P2P_DISABLE=1" if meta.get("nccl_p2p_disable") == "1" else "NVLink P2P"
-    fig.suptitle(f"{meta['gpu']} x{sel[0]['ring']}, {p2p}, torch {meta['torch']}")
+    ranks = sel[0].get("ranks", sel[0]["ring"])
+    fig.suptitle(f"{meta['gpu']} x{ranks}, {p2p}, torch {meta['torch']}")
     fig.tight_layout()
     out = path.with_suffix(".png")
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def _split(row: dict) -> str:
+    u = row.get("ulysses", 1)
+    return f"ulysses {u} x ring {row['ring']}" if u > 1 else f"ring {row['ring']}"
 
 
 if __name__ == "__main__":

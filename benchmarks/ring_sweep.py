@@ -1,9 +1,13 @@
 """Ring-dimension sweep: TokenRing vs the baselines, one attention call, in one run.
 
-Launch on the GPU machine (ring degree = number of GPUs):
+Launch on the GPU machine (ring degree = number of GPUs / --ulysses):
   torchrun --nproc_per_node=2 benchmarks/ring_sweep.py --out $OUT/sweep_nvlink.json
   NCCL_P2P_DISABLE=1 torchrun --nproc_per_node=2 benchmarks/ring_sweep.py \
       --out $OUT/sweep_p2p_off.json
+  torchrun --nproc_per_node=4 benchmarks/ring_sweep.py --ulysses 2 --out $OUT/sweep_2x2.json
+With --ulysses U every ring method runs as USP does it: an all-to-all over U consecutive ranks
+(heads -> sequence), the ring over the N/U ranks of stride U, and the all-to-all back; all
+methods pay the same all-to-alls. `ulysses` stays the pure all-ranks baseline.
 Methods (bf16, (b, h, s, d), non-causal, cuDNN per block where the method takes a kernel):
   single        one GPU, full sequence; ideal = single / N
   token_ring    tokenring_xdit.token_ring_attn (replayed as a CUDA graph, the default)
@@ -19,6 +23,7 @@ Each method's max |err| against the single-GPU output is recorded next to its ti
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -55,7 +60,8 @@ def time_ms(fn, iters: int, warmup: int) -> float:
     return t.item()
 
 
-def methods(group, q, k, v, heads, world_size):
+def ring_methods(group):
+    """name -> fn(q, k, v) -> out, each a ring over `group` ((b, h, s, d) bf16 inputs)."""
     from torch.distributed.tensor.experimental import _attention as tatt
     from yunchang.kernels import AttnType
     from yunchang.ring.ring_flash_attn import ring_flash_attn_func
@@ -63,47 +69,57 @@ def methods(group, q, k, v, heads, world_size):
     from tokenring_xdit.ring import token_ring_attn
 
     def torch_ring(rotate):
-        def run():
+        def run(q, k, v):
             tatt.set_rotate_method(rotate)
             tatt._cp_options.enable_load_balance = False
             return tatt._templated_ring_attention(group, 1, cudnn, q, k, v)[0]
 
         return run
 
-    qs, ks, vs = (x.transpose(1, 2).contiguous() for x in (q, k, v))  # yunchang wants bshd
-    out = {
-        "token_ring": lambda: token_ring_attn(
-            q, k, v, group=group, layout="bhsd", kernel="cudnn", cuda_graph=True
-        )[0],
-        "token_ring_eager": lambda: token_ring_attn(
-            q, k, v, group=group, layout="bhsd", kernel="cudnn", cuda_graph=False
-        )[0],
+    def token_ring(graph):
+        return lambda q, k, v: token_ring_attn(
+            q, k, v, group=group, layout="bhsd", kernel="cudnn", cuda_graph=graph
+        )[0]
+
+    def yunchang_p2p(q, k, v):
+        qs, ks, vs = (x.transpose(1, 2).contiguous() for x in (q, k, v))  # it wants bshd
+        return ring_flash_attn_func(qs, ks, vs, group=group, attn_type=AttnType.TORCH_FLASH)
+
+    return {
+        "token_ring": token_ring(True),
+        "token_ring_eager": token_ring(False),
         "torch_ag": torch_ring("allgather"),
         "torch_a2a": torch_ring("alltoall"),
-        "yunchang_p2p": lambda: ring_flash_attn_func(
-            qs, ks, vs, group=group, attn_type=AttnType.TORCH_FLASH
-        ).transpose(1, 2),
+        "yunchang_p2p": lambda q, k, v: yunchang_p2p(q, k, v).transpose(1, 2),
     }
-    if heads % world_size == 0:
-        out["ulysses"] = lambda: _ulysses(group, q, k, v, world_size)
-    return out
 
 
-def _ulysses(group, q, k, v, n):
-    """xDiT-style ulysses: scatter heads / gather sequence, local attention, and back."""
-    b, h, s, d = q.shape
+def heads_to_seq(x: torch.Tensor, group, n: int) -> torch.Tensor:
+    """All-to-all: (b, h, s, d) per rank -> (b, h/n, n*s, d), sequence in group-rank order."""
+    b, h, s, d = x.shape
+    x = x.reshape(b, n, h // n, s, d).permute(1, 0, 2, 3, 4).contiguous()
+    y = torch.empty_like(x)
+    dist.all_to_all_single(y, x, group=group)
+    return y.permute(1, 2, 0, 3, 4).reshape(b, h // n, n * s, d)
 
-    def to_heads(x):  # (b, h, s, d) -> (b, h/n, n*s, d)
-        x = x.reshape(b, n, h // n, s, d).permute(1, 0, 2, 3, 4).contiguous()
-        y = torch.empty_like(x)
-        dist.all_to_all_single(y, x, group=group)
-        return y.permute(1, 2, 0, 3, 4).reshape(b, h // n, n * s, d)
 
-    o = cudnn(*(to_heads(x) for x in (q, k, v)))[0]
-    o = o.reshape(b, h // n, n, s, d).permute(2, 0, 1, 3, 4).contiguous()
+def seq_to_heads(o: torch.Tensor, group, n: int) -> torch.Tensor:
+    """The inverse all-to-all: (b, h/n, n*s, d) -> (b, h, s, d)."""
+    b, hn, ns, d = o.shape
+    s = ns // n
+    o = o.reshape(b, hn, n, s, d).permute(2, 0, 1, 3, 4).contiguous()
     y = torch.empty_like(o)
     dist.all_to_all_single(y, o, group=group)
-    return y.permute(1, 0, 2, 3, 4).reshape(b, h, s, d)
+    return y.permute(1, 0, 2, 3, 4).reshape(b, hn * n, s, d)
+
+
+def usp(fn, group, n: int):
+    """fn(q, k, v) behind USP's all-to-alls over `group` of size n (no-op for n = 1)."""
+    if n == 1:
+        return fn
+    return lambda q, k, v: seq_to_heads(
+        fn(*(heads_to_seq(x, group, n) for x in (q, k, v))), group, n
+    )
 
 
 def main() -> None:
@@ -112,6 +128,7 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--max-tokens", type=int, default=65536)
+    ap.add_argument("--ulysses", type=int, default=1, help="ulysses degree U (ring = N / U)")
     args = ap.parse_args()
 
     dist.init_process_group("nccl")
@@ -119,8 +136,15 @@ def main() -> None:
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     from tokenring_xdit.ring import setup_token_ring_group
 
-    group = dist.new_group(list(range(n)))
-    setup_token_ring_group(group)
+    u = args.ulysses
+    if u < 1 or n % u:
+        raise SystemExit(f"--ulysses {u} must divide the {n} ranks")
+    world = dist.new_group(list(range(n)))
+    # every new_group call is collective: make all of them on every rank, keep our own
+    uly_groups = [dist.new_group(list(range(i * u, (i + 1) * u))) for i in range(n // u)]
+    ring_groups = [dist.new_group(list(range(j, n, u))) for j in range(u)]
+    uly_group, ring_group = uly_groups[rank // u], ring_groups[rank % u]
+    setup_token_ring_group(ring_group)
     rows = []
     for model, heads, d, total in SHAPES:
         if total > args.max_tokens:
@@ -137,11 +161,19 @@ def main() -> None:
             "heads": heads,
             "head_size": d,
             "tokens": total,
-            "ring": n,
+            "ranks": n,
+            "ulysses": u,
+            "ring": n // u,
             "single_ms": time_ms(lambda full=full: cudnn(*full), args.iters, args.warmup),
         }
         row["ideal_ms"] = row["single_ms"] / n
-        for name, fn in methods(group, q, k, v, heads, n).items():
+        timed = {name: usp(fn, uly_group, u) for name, fn in ring_methods(ring_group).items()}
+        if heads % n == 0:
+            timed["ulysses"] = usp(lambda q, k, v: cudnn(q, k, v)[0], world, n)
+        elif heads % u:
+            raise SystemExit(f"--ulysses {u} must divide the {heads} heads")
+        for name, method in timed.items():
+            fn = functools.partial(method, q, k, v)
             try:
                 row[f"{name}_ms"] = time_ms(fn, args.iters, args.warmup)
                 row[f"{name}_err"] = (fn().float() - ref.float()).abs().max().item()
@@ -159,7 +191,7 @@ def main() -> None:
         torch.cuda.empty_cache()
     if rank == 0:
         meta = {
-            "command": f"torchrun --nproc_per_node={n} benchmarks/ring_sweep.py",
+            "command": f"torchrun --nproc_per_node={n} benchmarks/ring_sweep.py --ulysses {u}",
             "nccl_p2p_disable": os.environ.get("NCCL_P2P_DISABLE", "0"),
             "gpu": torch.cuda.get_device_name(),
             "torch": torch.__version__,
