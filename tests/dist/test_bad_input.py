@@ -26,6 +26,8 @@ def _qkv(torch, *, b=1, s=16, kv=24, h=2, d=64, dtype=None, layout="bshd", seed=
 
 def _scenario(rank, n, name):
     """Run one bad call on every rank; whatever it raises comes back as the RankResult's error."""
+    import os
+
     import torch
     import torch.distributed as dist
 
@@ -66,6 +68,12 @@ def _scenario(rank, n, name):
     elif name == "final_chunks":
         q, k, v = _qkv(torch)
         kwargs["final_chunks"] = 2 if rank == 1 else 1
+    elif name in ("final_chunks_env_bad_rank1", "final_chunks_env_differs"):
+        from tokenring_xdit.ring.attention import FINAL_CHUNKS_ENV
+
+        q, k, v = _qkv(torch)
+        bad = name == "final_chunks_env_bad_rank1"
+        os.environ[FINAL_CHUNKS_ENV] = ("two" if bad else "2") if rank == 1 else "1"
     elif name == "causal_all":
         q, k, v = _qkv(torch)
         kwargs["causal"] = True
@@ -126,6 +134,8 @@ def _assert_all_raise(results, error_type, *needles):
         ("batch", ["batch size differs across ring ranks", "[2, 1]"]),
         ("layout", ["layout differs across ring ranks"]),
         ("final_chunks", ["final_chunks differs across ring ranks"]),
+        ("final_chunks_env_differs", ["final_chunks differs across ring ranks", "[1, 2]"]),
+        ("final_chunks_env_bad_rank1", ["rank(s) [1]", "TOKENRING_XDIT_FINAL_CHUNKS"]),
         ("q_3d_rank0", ["rank(s) [0]", "4-d tensors"]),
         ("kv_len_rank1", ["rank(s) [1]", "same sequence length"]),
     ],

@@ -147,7 +147,7 @@ def _expected_traffic(case, n):
     if n == 1:
         return dict(q_messages=0, partial_messages=0, kernel_calls=1)
     q_lens = case["q_lens"][:n]
-    chunks = case["final_chunks"] or default_final_chunks(min(q_lens))
+    chunks = case["final_chunks"] or default_final_chunks()
     chunks = min(chunks, min(q_lens))
     # N-2 regular returns + the final one in `chunks` pieces; every return is out + lse
     return dict(

@@ -6,6 +6,7 @@ that runs it. Per step both transfers are posted before the kernel and waited af
 
 from __future__ import annotations
 
+import os
 from collections.abc import Hashable
 from dataclasses import dataclass
 
@@ -21,12 +22,25 @@ from .layout import Layout, get_layout
 from .merge import PartialMerge
 from .schedule import chunk_bounds, final_return, steps
 
-__all__ = ["token_ring_attn", "default_final_chunks"]
+__all__ = ["token_ring_attn", "default_final_chunks", "FINAL_CHUNKS_ENV"]
 
 
-def default_final_chunks(q_len: int) -> int:
-    """Pieces of the last partial's return: enough to overlap, few enough to keep kernels big."""
-    return max(1, min(4, q_len // 1024))
+FINAL_CHUNKS_ENV = "TOKENRING_XDIT_FINAL_CHUNKS"
+
+
+def default_final_chunks() -> int:
+    """Pieces of the last partial's return when the call names none: $TOKENRING_XDIT_FINAL_CHUNKS,
+    else 1: one piece was the fastest, or within 0.1 %, at 11 of 12 shapes measured on H200
+    (benchmarks/final_chunks.py, docs/performance.md). -1 when the
+    variable is not a positive integer: the input check then rejects it on every rank."""
+    raw = os.environ.get(FINAL_CHUNKS_ENV)
+    if raw is None:
+        return 1
+    try:
+        value = int(raw)
+    except ValueError:
+        return -1
+    return value if value >= 1 else -1
 
 
 def token_ring_attn(
@@ -61,7 +75,8 @@ def token_ring_attn(
     group, rank, world_size = _ring_position(group)
     if joint_strategy not in ("front", "rear"):
         raise ValueError(f"joint_strategy must be 'front' or 'rear', got {joint_strategy!r}")
-    chunks = final_chunks if final_chunks is not None else 0  # 0: by length, same rule everywhere
+    # resolved before the handshake, so ranks that disagree (or a bad setting) fail together
+    chunks = final_chunks if final_chunks is not None else default_final_chunks()
     shapes = check_inputs(q, k, v, layout, causal, chunks, group, rank, world_size, joint_kv)
     scale = softmax_scale if softmax_scale is not None else q.shape[3] ** -0.5
     if not callable(kernel):
@@ -75,7 +90,6 @@ def token_ring_attn(
             kernel, q, *_join(k, v, joint_kv, joint_strategy, layout), scale, layout
         )
         return out.to(q.dtype), lse.float()
-    chunks = chunks or default_final_chunks(min(shapes.q_lens))
     chunks = min(chunks, min(shapes.q_lens))  # equal piece count on every rank
     inputs = (q, k, v) + (tuple(joint_kv) if joint_kv is not None else ())
 

@@ -35,6 +35,7 @@ _PROBLEMS = {
     8: "TokenRing is forward-only: run it under torch.no_grad() or torch.inference_mode()",
     9: "joint K/V must be a (key, value) pair of 4-d tensors matching k/v in batch size, "
     "head count, head sizes, dtype and device",
+    10: "final_chunks (argument, or TOKENRING_XDIT_FINAL_CHUNKS) must be a positive integer",
 }
 _META_LEN = 14
 
@@ -165,7 +166,7 @@ def check_inputs(
     joint_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> RingShapes:
     """Validate q/k/v on every ring rank at once and return every rank's local lengths."""
-    problem = _local_problem(q, k, v, layout, causal, joint_kv)
+    problem = _local_problem(q, k, v, layout, causal, joint_kv) or (10 if chunks < 1 else 0)
     meta = _meta(q, k, v, layout, causal, chunks, problem, joint_kv)
     if world_size == 1:
         _raise_for([meta], 0, layout)
