@@ -14,6 +14,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from plot_sweep import split_label  # noqa: E402  (same folder: benchmarks/ is on sys.path)
 
 # (JSON key, label); the "graph" settings replay the transformer as CUDA graphs
 SETTINGS = [
@@ -49,9 +50,10 @@ def main() -> None:
             ha="right",
             fontsize=8,
         )
-        u = row.get("ulysses", 1)
-        split = f"ulysses {u} x ring {row['ranks'] // u}" if u > 1 else f"ring {row['ranks']}"
-        ax.set_title(f"{row['model']} {row['size']} px, {row['steps']} steps, {split}", fontsize=10)
+        ax.set_title(
+            f"{row['model']} {row['size']} px, {row['steps']} steps, {split_label(row)}",
+            fontsize=10,
+        )
         ax.set_ylabel("seconds per image (denoising loop)")
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle(f"End to end, full-size random-weight pipelines, bf16, {args.machine}")

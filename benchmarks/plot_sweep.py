@@ -34,7 +34,7 @@ def plot(path: Path) -> Path:
                 ax_t.plot(*zip(*pts, strict=True), marker="o", label=m)
                 eff = [(r["tokens"], r[f"{m}_efficiency"]) for r in sel if r.get(f"{m}_ms")]
                 ax_e.plot(*zip(*eff, strict=True), marker="o", label=m)
-        head = f"{model} {sel[0]['heads']}x{sel[0]['head_size']}, {_split(sel[0])}"
+        head = f"{model} {sel[0]['heads']}x{sel[0]['head_size']}, {split_label(sel[0])}"
         ax_t.set(xscale="log", yscale="log", xlabel="tokens", ylabel="ms per call", title=head)
         ax_e.set(xscale="log", xlabel="tokens", ylabel="efficiency (ideal / time)", ylim=(0, 1.05))
         ax_e.axhline(0.9, color="grey", lw=0.5)
@@ -51,9 +51,11 @@ def plot(path: Path) -> Path:
     return out
 
 
-def _split(row: dict) -> str:
+def split_label(row: dict) -> str:
+    """'ring R' or 'ulysses U x ring R' of a sweep or e2e row (older rows lack some keys)."""
     u = row.get("ulysses", 1)
-    return f"ulysses {u} x ring {row['ring']}" if u > 1 else f"ring {row['ring']}"
+    ring = row.get("ring") or row["ranks"] // u
+    return f"ulysses {u} x ring {ring}" if u > 1 else f"ring {ring}"
 
 
 if __name__ == "__main__":

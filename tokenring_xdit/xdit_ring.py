@@ -128,10 +128,11 @@ def long_ctx_ring_attn(
         k, v = k.contiguous(), v.contiguous()
     if (joint_tensor_key is None) != (joint_tensor_value is None):
         raise ValueError("joint_tensor_key and joint_tensor_value go together")
-    if joint_tensor_key is None:
-        return run_bshd(
-            q, k, v, group, softmax_scale, causal, attn_type, attn_processor, return_attn_probs
-        )
+    joint_kv = None
+    if joint_tensor_key is not None:
+        joint_kv = (joint_tensor_key, joint_tensor_value)
+    else:
+        joint_strategy = "rear"  # xDiT passes "none" without joint tensors; nothing to place
     # the core rejects any joint_strategy other than "front" / "rear" on every rank
     return run_bshd(
         q,
@@ -143,6 +144,6 @@ def long_ctx_ring_attn(
         attn_type,
         attn_processor,
         return_attn_probs,
-        (joint_tensor_key, joint_tensor_value),
+        joint_kv,
         joint_strategy,
     )
