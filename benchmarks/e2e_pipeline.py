@@ -1,15 +1,16 @@
 """End-to-end denoising latency: one GPU vs xDiT's default ring vs TokenRing, same weights/seed.
 
 Full-size random-weight architectures (PixArt-alpha XL-2 1024, Flux.1-dev) from
-tokenring_xdit.pipelines, bf16, latent output (the denoising loop only, as in anchors.md):
+tokenring_xdit.tools.pipelines, bf16, latent output (the denoising loop only, as in anchors.md):
   torchrun --nproc_per_node=2 benchmarks/e2e_pipeline.py --model pixart --sizes 1024 2048 \
       --out $OUT/e2e_pixart.json
 Rank 0 first times plain diffusers on its GPU (the "1 GPU" column), then both ranks wrap the
 same pipeline in xDiT at ring degree = ranks and time xDiT's ring and TokenRing, switching with
-tokenring_xdit.selection.set_xdit_ring_impl. With --graph-transformer (default) every setting,
-the one-GPU one too, is timed again with the transformer replayed as CUDA graphs
-(tokenring_xdit.transformer_graphs). Each timed call follows a short warm-up call. --profile DIR
-adds a torch.profiler summary per setting (GPU busy time vs wall time, kernel launches).
+tokenring_xdit.hosts.selection.set_xdit_ring_impl. With --graph-transformer (default) every
+setting, the one-GPU one too, is timed again with the transformer replayed as CUDA graphs
+(tokenring_xdit.hosts.transformer_graphs). Each timed call follows a short warm-up call.
+--profile DIR adds a torch.profiler summary per setting (GPU busy time vs wall time, kernel
+launches).
 """
 
 from __future__ import annotations
@@ -136,7 +137,7 @@ def main() -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="also time each setting with the transformer replayed as CUDA graphs "
-        "(tokenring_xdit.transformer_graphs; default on)",
+        "(tokenring_xdit.hosts.transformer_graphs; default on)",
     )
     args = ap.parse_args()
 
@@ -146,7 +147,8 @@ def main() -> None:
     import xfuser
     from xfuser.core.distributed import init_distributed_environment
 
-    from tokenring_xdit import pipelines, selection, transformer_graphs
+    from tokenring_xdit.hosts import selection, transformer_graphs
+    from tokenring_xdit.tools import pipelines
 
     dist.init_process_group("nccl")
     rank, n = dist.get_rank(), dist.get_world_size()

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from ring_sweep import SHAPES, time_ms
 
 from tokenring_xdit.ring import setup_token_ring_group, token_ring_attn
-from tokenring_xdit.ring.attention import default_final_chunks
+from tokenring_xdit.ring.api import default_final_chunks
 
 
 def main() -> None:

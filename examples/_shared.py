@@ -24,7 +24,7 @@ def set_up() -> str:
         device = "cuda"
     else:
         # xDiT (xfuser 0.7.0) on CPU, gloo between the processes: see docs/cpu-mode.md
-        from tokenring_xdit import xfuser_cpu
+        from tokenring_xdit.patches import xfuser_cpu
 
         xfuser_cpu.enable()
         device = "cpu"
@@ -43,7 +43,7 @@ def parse_args(description: str, device: str, full_pixels: int = 1024):
     from xfuser import xFuserArgs
     from xfuser.config import FlexibleArgumentParser
 
-    from tokenring_xdit.selection import RING_IMPL_ENV, TOKEN_RING
+    from tokenring_xdit.hosts.selection import RING_IMPL_ENV, TOKEN_RING
 
     parser = FlexibleArgumentParser(description=description)
     parser = xFuserArgs.add_cli_args(parser)
@@ -85,7 +85,7 @@ def parse_args(description: str, device: str, full_pixels: int = 1024):
     parser.set_defaults(height=None, width=None, max_sequence_length=None)
     args = parser.parse_args()
     if args.cuda_graph_transformer:
-        from tokenring_xdit.transformer_graphs import GRAPH_TRANSFORMER_ENV
+        from tokenring_xdit.hosts.transformer_graphs import GRAPH_TRANSFORMER_ENV
 
         os.environ[GRAPH_TRANSFORMER_ENV] = "1"  # read when xDiT wraps the transformer
     if args.tiny is None:
@@ -154,7 +154,7 @@ class StepTimer:
 
 def parallel_info(engine_args, engine_config) -> str:
     """xDiT's file-name convention, plus the ring implementation."""
-    from tokenring_xdit.selection import xdit_ring_impl
+    from tokenring_xdit.hosts.selection import xdit_ring_impl
 
     return (
         f"cfg{engine_config.parallel_config.cfg_degree}_ulysses{engine_args.ulysses_degree}_"
@@ -166,7 +166,7 @@ def report(name: str, pipe, output, timer: StepTimer, total_s: float, args, info
     """On the last rank (where xDiT puts the images): save them, print the times."""
     from xfuser.core.distributed import get_world_group
 
-    from tokenring_xdit.selection import xdit_ring_impl
+    from tokenring_xdit.hosts.selection import xdit_ring_impl
 
     world = get_world_group()
     if output is not None and pipe.is_dp_last_group() and args.output_type == "pil":

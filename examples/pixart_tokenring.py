@@ -31,7 +31,7 @@ import torch  # noqa: E402
 from xfuser import xFuserPixArtAlphaPipeline  # noqa: E402
 from xfuser.core.distributed import get_runtime_state, get_world_group  # noqa: E402
 
-from tokenring_xdit import pipelines  # noqa: E402
+from tokenring_xdit.tools import pipelines  # noqa: E402
 
 
 def build(args, engine_config, device: str):

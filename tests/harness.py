@@ -1,22 +1,19 @@
-"""Run a function on N real torch.distributed ranks (spawned processes, gloo on CPU).
+"""Run a function on N real torch.distributed ranks for a test (gloo on CPU, NCCL on GPUs).
 
-A rank that raises, or a run that outlives its deadline (a hang), fails the caller: every rank's
-outcome comes back, all processes are killed at the deadline, and groups are destroyed in
-`finally`. `fn` must be a module-level function (spawn pickles it by reference).
+A thin layer over the product's launcher (`tokenring_xdit.tools.launch.launch_outcomes`): every
+rank's outcome comes back (tests of error paths expect ranks to raise), all processes are killed
+at the deadline, groups are destroyed in `finally`. A rank that hangs or dies without a word
+fails the caller with TimeoutError. `fn(rank, world_size, *args)` must be module-level.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
-import queue
-import tempfile
-import time
-import traceback
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
+
+from tokenring_xdit.tools.launch import launch_outcomes
 
 
 @dataclass
@@ -32,30 +29,8 @@ class RankResult:
         return self.error_type is None
 
 
-def _worker(fn, rank, world_size, init_file, args, env, results, pg_timeout, backend):
-    os.environ.update(env)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    try:
-        if backend == "nccl":
-            torch.cuda.set_device(rank)
-        dist.init_process_group(
-            backend,
-            init_method=f"file://{init_file}",
-            rank=rank,
-            world_size=world_size,
-            timeout=timedelta(seconds=pg_timeout),
-        )
-        value = fn(rank, world_size, *args)
-        results.put(RankResult(rank, value))
-    except BaseException as exc:  # report everything, the parent decides
-        results.put(RankResult(rank, None, type(exc).__name__, str(exc), traceback.format_exc()))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+def _without_report(fn: Callable, rank: int, world_size: int, report, *args: Any) -> Any:
+    return fn(rank, world_size, *args)
 
 
 def run_ranks(
@@ -68,53 +43,33 @@ def run_ranks(
 ) -> list[RankResult]:
     """Run fn(rank, world_size, *args) on `world_size` ranks (gloo; "nccl": one GPU each);
     results in rank order."""
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    with tempfile.TemporaryDirectory() as tmp:
-        init_file = os.path.join(tmp, "rendezvous")
-        procs = [
-            ctx.Process(
-                target=_worker,
-                args=(
-                    fn,
-                    r,
-                    world_size,
-                    init_file,
-                    args,
-                    dict(env or {}),
-                    results,
-                    timeout,
-                    backend,
-                ),
-                daemon=True,
-            )
-            for r in range(world_size)
-        ]
-        for p in procs:
-            p.start()
-        got: dict[int, RankResult] = {}
-        deadline = time.monotonic() + timeout
-        try:
-            while len(got) < world_size and time.monotonic() < deadline:
-                try:
-                    res = results.get(timeout=0.5)
-                    got[res.rank] = res
-                except queue.Empty:
-                    if all(not p.is_alive() for p in procs) and results.empty():
-                        break
-        finally:
-            for p in procs:
-                p.join(timeout=5)
-                if p.is_alive():
-                    p.kill()
-                    p.join()
-    missing = [r for r in range(world_size) if r not in got]
-    if missing:
+    outcomes = launch_outcomes(
+        functools.partial(_without_report, fn),
+        world_size,
+        args,
+        device="cuda" if backend == "nccl" else "cpu",
+        timeout=timeout,
+        env={"OMP_NUM_THREADS": "1", **(env or {})},
+    )
+    silent = [o.failure for o in outcomes if o.failure and not o.failure.reported]
+    if silent:
         raise TimeoutError(
-            f"ranks {missing} of {world_size} gave no result within {timeout:.0f}s (hang or crash);"
-            f" others: {[(r.rank, r.error_type) for r in got.values()]}"
+            f"ranks {[f.rank for f in silent]} of {world_size} gave no result within "
+            f"{timeout:.0f}s (hang or crash): {'; '.join(map(str, silent))}; others: "
+            f"{[(o.rank, o.failure.error_type if o.failure else None) for o in outcomes]}"
         )
-    return [got[r] for r in range(world_size)]
+    return [
+        RankResult(o.rank, o.value)
+        if o.ok
+        else RankResult(
+            o.rank,
+            None,
+            o.failure.error_type,
+            o.failure.message,
+            f"{o.failure.trace}{o.failure.error_type}: {o.failure.message}",
+        )
+        for o in outcomes
+    ]
 
 
 def values(results: list[RankResult]) -> list[Any]:

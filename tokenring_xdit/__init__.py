@@ -2,6 +2,10 @@
 
 Importing this package is cheap (no torch, no host library): the `.pth` bootstrap imports it in
 every interpreter. The public names below load their modules on first use.
+
+Package map: config.py (RingConfig, the environment), ring/ (the algorithm, host-agnostic),
+hosts/ (yunchang / xDiT contracts -> ring API), patches/ (the one patch table and its sets),
+tools/ (CLI, compare, demo, launcher, pipelines).
 """
 
 __version__ = "0.1.0"
@@ -9,6 +13,7 @@ __version__ = "0.1.0"
 __all__ = [
     "token_ring_attn",
     "setup_token_ring_group",
+    "RingConfig",
     "install",
     "uninstall",
     "installed_patches",
@@ -16,8 +21,9 @@ __all__ = [
 ]
 
 _LAZY = {
-    "token_ring_attn": "tokenring_xdit.ring.attention",
+    "token_ring_attn": "tokenring_xdit.ring.api",
     "setup_token_ring_group": "tokenring_xdit.ring.comm",
+    "RingConfig": "tokenring_xdit.config",
     "install": "tokenring_xdit.patches",
     "uninstall": "tokenring_xdit.patches",
     "installed_patches": "tokenring_xdit.patches",
@@ -29,5 +35,8 @@ def __getattr__(name: str):
     if name in _LAZY:
         import importlib
 
+        if _LAZY[name].startswith("tokenring_xdit.ring"):
+            # the ring's CUDA graphs need the torch teardown guard, which lives with the patches
+            importlib.import_module("tokenring_xdit.patches.torch_dist")
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'tokenring_xdit' has no attribute {name!r}")

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from tokenring_xdit import cli
-from tokenring_xdit.launch import LaunchError, launch
+from tokenring_xdit.tools import cli
+from tokenring_xdit.tools.launch import LaunchError, launch
 
 SMALL = "--device cpu --heads 2 --head-size 16 --iters 2 --warmup 1 --no-progress --timeout 120"
 SMALL = SMALL.split()

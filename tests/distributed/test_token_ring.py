@@ -142,7 +142,7 @@ def _strided_copies(q, k, v, torch):
 
 
 def _expected_traffic(case, n):
-    from tokenring_xdit.ring.attention import default_final_chunks
+    from tokenring_xdit.ring.api import default_final_chunks
 
     if n == 1:
         return dict(q_messages=0, partial_messages=0, kernel_calls=1)

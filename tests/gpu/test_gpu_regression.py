@@ -4,7 +4,7 @@ random-weight architectures at 1024 x 1024 (marker `gpu`; CI deselects it).
     python -m pytest -m gpu tests/gpu/test_gpu_regression.py -q -s
 
 One launch of 2 ranks (xDiT ring 2, no CPU mode) renders `tokenring-xdit compare`'s pipelines
-(tokenring_xdit.compare.build_pipeline, size "full": the real PixArt-alpha XL-2 1024 and
+(tokenring_xdit.tools.compare.build_pipeline, size "full": the real PixArt-alpha XL-2 1024 and
 Flux.1-dev transformer and VAE architectures with seeded random weights, sharpened attention,
 prompt embeddings in place of the text encoders, 20 steps) with xDiT's ring and with TokenRing
 (the same wrapped pipeline, the ring chosen in-process). bf16 rounds differently in the two rings
@@ -23,7 +23,7 @@ import torch
 
 from tests.harness import run_ranks, values
 from tests.regression import ranks
-from tokenring_xdit import compare
+from tokenring_xdit.tools import compare
 
 pytestmark = [
     pytest.mark.gpu,
@@ -71,7 +71,7 @@ def _run(model: str, impl: str) -> dict:
 
 @pytest.mark.parametrize("model", MODELS)
 def test_token_ring_matches_xdit_ring(model: str) -> None:
-    from tokenring_xdit.images import image_metrics
+    from tokenring_xdit.tools.images import image_metrics
 
     token_ring, ring = _run(model, "token_ring"), _run(model, "default")
     m = image_metrics(token_ring["image"], ring["image"])

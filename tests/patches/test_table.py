@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import importlib.metadata
+import json
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import tomllib
@@ -10,7 +14,14 @@ import tomllib
 from tests.patches.test_yunchang_patches import ALL_IDS
 from tokenring_xdit import _bootstrap
 from tokenring_xdit.patches import ENTRY_POINT_GROUP, HOOKS
-from tokenring_xdit.patches.table import FIRST_GRAPH_CAPTURE, PATCH_TABLE, to_markdown
+from tokenring_xdit.patches.table import (
+    AUTOMATIC,
+    CPU_MODE,
+    FIRST_GRAPH_CAPTURE,
+    PATCH_TABLE,
+    RUNTIME,
+    to_markdown,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,8 +35,11 @@ def test_audit_file_is_generated_from_the_table():
 
 def test_every_patch_point_is_in_the_table_and_applied():
     assert [p.id for p in PATCH_TABLE if p.host == "yunchang"] == ALL_IDS
-    assert len({p.id for p in PATCH_TABLE}) == len(PATCH_TABLE)
-    assert {p.trigger for p in PATCH_TABLE} <= set(HOOKS) | {FIRST_GRAPH_CAPTURE}
+    # one id may patch several modules (CPU mode), never the same module twice
+    assert len({(p.id, p.trigger) for p in PATCH_TABLE}) == len(PATCH_TABLE)
+    assert [p.trigger for p in PATCH_TABLE if p.switch == RUNTIME] == [FIRST_GRAPH_CAPTURE]
+    assert {p.trigger for p in PATCH_TABLE if p.switch == AUTOMATIC} == set(HOOKS)
+    assert all(p.trigger.startswith("xfuser.") for p in PATCH_TABLE if p.switch == CPU_MODE)
 
 
 def test_entry_points_hooks_and_triggers_agree():
@@ -40,3 +54,40 @@ def test_entry_points_hooks_and_triggers_agree():
     assert installed == declared, (
         "reinstall the package (pip install -e .) after editing entry points"
     )
+
+
+EVERYTHING = textwrap.dedent(
+    """
+    import json, os
+    os.environ["TOKENRING_XDIT_AUTOPATCH"] = "0"
+    import tokenring_xdit
+    from tokenring_xdit.patches import torch_dist, xfuser_cpu
+    xfuser_cpu.enable()
+    tokenring_xdit.install()
+    import importlib, xfuser
+    for name in xfuser_cpu.hooked_modules():
+        importlib.import_module(name)
+    torch_dist.ensure_applied()  # what the first CUDA graph capture does
+    report = dict(
+        applied=tokenring_xdit.installed_patches(),
+        cpu_modules=sorted(xfuser_cpu._applied),
+    )
+    tokenring_xdit.uninstall()
+    report["after"] = tokenring_xdit.installed_patches()
+    print(json.dumps(report))
+    """
+)
+
+
+def test_every_row_is_applied_and_nothing_unlisted():
+    """Patch points listed == patch points that exist: install everything (host hooks, CPU mode
+    in every module it hooks, the runtime torch row), then uninstall everything. PatchSet refuses
+    ids that are not rows, so nothing applied can be missing from the table."""
+    proc = subprocess.run(
+        [sys.executable, "-c", EVERYTHING], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert sorted(report["applied"]) == sorted({p.id for p in PATCH_TABLE})
+    assert report["cpu_modules"] == sorted({p.trigger for p in PATCH_TABLE if p.switch == CPU_MODE})
+    assert report["after"] == []

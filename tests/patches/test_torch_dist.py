@@ -30,12 +30,12 @@ CODE = textwrap.dedent(
     names = (dist.destroy_process_group, c10d.destroy_process_group)
     wrapped = all(f is not original for f in names)
     applied = tokenring_xdit.installed_patches()
-    graphs._GRAPHS["sentinel"] = None  # stands for a captured graph
+    graphs.RING_GRAPHS._graphs["sentinel"] = None  # stands for a captured graph
     dist.destroy_process_group()
     report = dict(
         wrapped=wrapped,
         applied=applied,
-        graphs_freed="sentinel" not in graphs._GRAPHS,
+        graphs_freed=len(graphs.RING_GRAPHS) == 0,
         destroyed=not dist.is_initialized(),
     )
     tokenring_xdit.uninstall()

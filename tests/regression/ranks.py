@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tokenring_xdit import compare
+from tokenring_xdit.tools import compare
 
 IMPLS = ("default", "token_ring")
 # Uneven local lengths at the USP level: rank r of the ring holds UNEVEN[r % len(UNEVEN)] rows
@@ -41,7 +41,7 @@ def set_up(rank: int, world_size: int, device: str, argv: list[str]):
     """CPU mode on CPU (before the first `import xfuser`), TokenRing's patches, xDiT's world
     group and an engine config parsed by xDiT's own parser."""
     if device == "cpu":
-        from tokenring_xdit import xfuser_cpu
+        from tokenring_xdit.patches import xfuser_cpu
 
         if "xfuser" in sys.modules:
             raise AssertionError("xfuser was imported before CPU mode was enabled")
@@ -70,7 +70,7 @@ class RingCalls:
     def __init__(self) -> None:
         import xfuser.model_executor.layers.usp as usp
 
-        import tokenring_xdit.xdit_ring as xdit_ring
+        import tokenring_xdit.hosts.xdit as xdit_ring
 
         self.reset()
         xdit_ring.usp_ring_attn = self._wrap(xdit_ring.usp_ring_attn, "token_ring")
@@ -101,7 +101,7 @@ def _pipeline_case(rank: int, spec: dict, engine_config, calls: RingCalls, model
     implementation: the last rank's image, every rank's part of the final latents."""
     from xfuser import xFuserFluxPipeline, xFuserPixArtAlphaPipeline
 
-    from tokenring_xdit import selection
+    from tokenring_xdit.hosts import selection
 
     cfg = config_for(spec["config"], model)
     device = f"cuda:{rank}" if cfg.device == "cuda" else "cpu"
@@ -161,7 +161,7 @@ def _uneven_case(rank: int, world: int, spec: dict, impl: str, joint: bool) -> d
     rank of the ring, with the ring implementation `impl`."""
     import xfuser.model_executor.layers.usp as usp
 
-    from tokenring_xdit import selection
+    from tokenring_xdit.hosts import selection
 
     dtype = getattr(torch, spec["config"]["dtype"])
     device = f"cuda:{rank}" if spec["config"]["device"] == "cuda" else "cpu"

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from tokenring_xdit import cli, compare
+from tokenring_xdit.tools import cli, compare
 
 
 def _args(argv):
@@ -77,7 +77,7 @@ def test_bad_values_exit_2(argv, capsys):
 
 
 def test_usage_error_exits_2_before_launching(monkeypatch, capsys):
-    monkeypatch.setattr("tokenring_xdit.launch.launch", _no_launch)
+    monkeypatch.setattr("tokenring_xdit.tools.launch.launch", _no_launch)
     assert cli.main(["compare", "--height", "130"]) == compare.EXIT_USAGE
     assert "multiple of 8" in capsys.readouterr().err
 
@@ -176,7 +176,7 @@ def test_a_run_on_the_wrong_ring_fails(tmp_path):
     "fake, code", [({}, compare.EXIT_OK), ({"wrong_path": True}, compare.EXIT_FAILED)]
 )
 def test_cli_exit_codes(fake, code, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr("tokenring_xdit.launch.launch", _fake_launcher(**fake))
+    monkeypatch.setattr("tokenring_xdit.tools.launch.launch", _fake_launcher(**fake))
     argv = ["compare", "--height", "16", "--width", "16", "--steps", "3", "--out", str(tmp_path)]
     assert cli.main([*argv, "--no-progress"]) == code
     out = capsys.readouterr().out
@@ -184,18 +184,18 @@ def test_cli_exit_codes(fake, code, tmp_path, monkeypatch, capsys):
 
 
 def test_worker_failure_exits_3(tmp_path, monkeypatch, capsys):
-    from tokenring_xdit.launch import LaunchError, RankFailure
+    from tokenring_xdit.tools.launch import LaunchError, RankFailure
 
     def fail(*args, **kwargs):
         raise LaunchError("1 of 2 rank(s) failed", [RankFailure(1, "ValueError", "boom", "tb")])
 
-    monkeypatch.setattr("tokenring_xdit.launch.launch", fail)
+    monkeypatch.setattr("tokenring_xdit.tools.launch.launch", fail)
     assert cli.main(["compare", "--no-progress", "--out", str(tmp_path)]) == compare.EXIT_WORKER
     assert "rank 1: ValueError: boom" in capsys.readouterr().err
 
 
 def test_image_metrics_and_gain():
-    from tokenring_xdit.images import auto_gain, diff_map, image_metrics
+    from tokenring_xdit.tools.images import auto_gain, diff_map, image_metrics
 
     a = _image()
     b = a.copy()

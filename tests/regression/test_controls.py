@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from tests.regression import ranks
-from tokenring_xdit import compare
+from tokenring_xdit.tools import compare
 
 CONFIG = dict(device="cpu", dtype="float32", steps=8, height=128, width=128, warmup_steps=0)
 THRESHOLDS = compare.Thresholds(*compare.DEFAULT_THRESHOLDS["float32"])
@@ -62,7 +62,7 @@ def _render(model: str, kind: str | None, qk_gain: float) -> dict:
 
 
 def _metrics(model: str, kind: str, qk_gain: float = compare.DEFAULT_QK_GAIN) -> dict:
-    from tokenring_xdit.images import image_metrics
+    from tokenring_xdit.tools.images import image_metrics
 
     good, bad = _render(model, None, qk_gain), _render(model, kind, qk_gain)
     m = image_metrics(bad["image"], good["image"])
@@ -96,7 +96,7 @@ def test_sharpened_attention_shows_a_bad_merge_more(model: str) -> None:
 def test_sharpen_attention_scales_the_logits() -> None:
     """q and k each scaled by sqrt(gain): through to_q/to_k (PixArt), through the q/k RMSNorm
     weights (Flux); cross-attention untouched."""
-    from tokenring_xdit import pipelines
+    from tokenring_xdit.tools import pipelines
 
     pixart = pipelines.pixart("tiny").pipe.transformer
     before = {n: p.clone() for n, p in pixart.named_parameters()}

@@ -1,6 +1,6 @@
 """Images: TokenRing under xDiT against xDiT's own ring and against one process (CPU, fp32).
 
-The pipelines are `tokenring-xdit compare`'s (tokenring_xdit.compare.build_pipeline: tiny
+The pipelines are `tokenring-xdit compare`'s (tokenring_xdit.tools.compare.build_pipeline: tiny
 random-weight PixArt-alpha and Flux.1, sharpened attention, same seed and starting latents, 128 px,
 8 steps). ONE launch of 2 gloo ranks in CPU mode (xDiT ulysses 1 x ring 2) renders both models
 with both rings, then runs the uneven-length USP cases; plain diffusers renders the references
@@ -25,7 +25,7 @@ import pytest
 
 from tests.harness import run_ranks, values
 from tests.regression import ranks
-from tokenring_xdit import compare
+from tokenring_xdit.tools import compare
 
 
 def _has_gpu() -> bool:
@@ -85,7 +85,7 @@ def _run(model: str, impl: str) -> dict:
 
 
 def _metrics(test: dict, reference: dict) -> dict:
-    from tokenring_xdit.images import image_metrics
+    from tokenring_xdit.tools.images import image_metrics
 
     m = image_metrics(test["image"], reference["image"])
     m["latent_rel_diff"] = compare.latent_rel_diff(test["latents"], reference["latents"])

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from tokenring_xdit import __version__, cli
+from tokenring_xdit import __version__
+from tokenring_xdit.tools import cli
 
 
 def _exit_code(argv, capsys) -> tuple[int, str, str]:
@@ -224,7 +225,7 @@ def test_exit_code_follows_tolerance(err_out, code, tmp_path, monkeypatch, capsy
 
 
 def test_worker_failure_exit_code(monkeypatch, capsys):
-    from tokenring_xdit.launch import LaunchError, RankFailure
+    from tokenring_xdit.tools.launch import LaunchError, RankFailure
 
     def fail(*args, **kwargs):
         raise LaunchError(
@@ -254,7 +255,7 @@ def test_table_marks_failures():
 
 def test_import_is_cheap():
     code = (
-        "import sys, tokenring_xdit.cli; "
+        "import sys, tokenring_xdit.tools.cli; "
         "heavy = [m for m in ('torch', 'rich', 'yunchang') if m in sys.modules]; "
         "sys.exit(f'imported {heavy}' if heavy else 0)"
     )
@@ -264,7 +265,7 @@ def test_import_is_cheap():
 
 def test_module_entry_point_version():
     done = subprocess.run(
-        [sys.executable, "-m", "tokenring_xdit.cli", "--version"],
+        [sys.executable, "-m", "tokenring_xdit.tools.cli", "--version"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from tokenring_xdit.ring.schedule import chunk_bounds, final_return, steps
+from tokenring_xdit.ring.schedules.token_ring import chunk_bounds, final_return, steps
 
 SIZES = range(1, 9)
 

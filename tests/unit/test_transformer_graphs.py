@@ -1,4 +1,4 @@
-"""tokenring_xdit.transformer_graphs on CPU: what can be checked without a GPU.
+"""tokenring_xdit.hosts.transformer_graphs on CPU: what can be checked without a GPU.
 
 Capture and replay need CUDA (tests/gpu/test_gpu_xdit.py::test_graphed_transformer_*); here:
 the module stays exactly itself on CPU, graphing is idempotent and reversible, and arguments a
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from tokenring_xdit import transformer_graphs as tg
+from tokenring_xdit.hosts import transformer_graphs as tg
 
 
 class _Block(torch.nn.Module):
@@ -73,6 +73,6 @@ def test_reset_all_graphs_reaches_every_graphed_module() -> None:
     blocks = [_Block(), _Block()]
     for b in blocks:
         tg.graph_transformer(b)
-        vars(b)["forward"]._graphs["k"] = None  # as if a key had been refused
+        vars(b)["forward"].graphs._graphs["k"] = None  # as if a key had been refused
     tg.reset_all_graphs()
-    assert all(not vars(b)["forward"]._graphs for b in blocks)
+    assert all(len(vars(b)["forward"].graphs) == 0 for b in blocks)

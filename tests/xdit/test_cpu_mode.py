@@ -132,7 +132,7 @@ def _prepare_run_generators(input_config) -> dict:
     import importlib
     import types
 
-    from tokenring_xdit.xfuser_cpu import _CUDA_GENERATOR_PREPARE_RUNS
+    from tokenring_xdit.patches.xfuser_cpu import _CUDA_GENERATOR_PREPARE_RUNS
 
     seen = {}
     for module, (cls, _, _) in _CUDA_GENERATOR_PREPARE_RUNS.items():
@@ -150,7 +150,7 @@ def _prepare_run_generators(input_config) -> dict:
 
 def _xdit_rank(rank: int, world_size: int, ulysses: int, ring: int) -> dict:
     """One rank: CPU mode, then xfuser, then xDiT's PixArt pipeline at ulysses x ring."""
-    from tokenring_xdit import xfuser_cpu
+    from tokenring_xdit.patches import xfuser_cpu
 
     assert "xfuser" not in sys.modules
     armed = xfuser_cpu.enable()
@@ -247,7 +247,7 @@ def test_pixart_matches_diffusers(ulysses: int, ring: int) -> None:
 DISABLE_SCRIPT = textwrap.dedent(
     """
     import json, sys, wrapt
-    from tokenring_xdit import xfuser_cpu
+    from tokenring_xdit.patches import xfuser_cpu
 
     # Registered before enable(), so each runs first: the namespace exactly as xfuser built it.
     pristine = {}
@@ -337,7 +337,7 @@ def test_disable_restores_every_symbol() -> None:
 def test_pending_hooks_do_nothing_after_disable() -> None:
     """enable(); disable(); import xfuser -> xfuser's own CPU failure, untouched."""
     script = (
-        "from tokenring_xdit import xfuser_cpu\n"
+        "from tokenring_xdit.patches import xfuser_cpu\n"
         "xfuser_cpu.enable(); xfuser_cpu.disable()\n"
         "import xfuser\n"
     )
@@ -352,7 +352,7 @@ def test_pending_hooks_do_nothing_after_disable() -> None:
 def test_sdpa_flash_cpu_returns_a_real_lse() -> None:
     import torch
 
-    from tokenring_xdit.xfuser_cpu import sdpa_flash_cpu
+    from tokenring_xdit.patches.xfuser_cpu import sdpa_flash_cpu
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, n, 16, generator=g) for n in (5, 7, 7))
@@ -367,7 +367,7 @@ def test_prepare_run_wrapper_binds_self_either_way(monkeypatch) -> None:
     """Called on an instance or through the class, the CPU warm-up gets the same arguments."""
     import wrapt
 
-    from tokenring_xdit import xfuser_cpu
+    from tokenring_xdit.patches import xfuser_cpu
 
     class Pipeline:
         def prepare_run(self, input_config, steps: int = 3, sync_steps: int = 1):
@@ -383,7 +383,7 @@ def test_prepare_run_wrapper_binds_self_either_way(monkeypatch) -> None:
 
 
 def test_enable_names_the_missing_triton(monkeypatch) -> None:
-    from tokenring_xdit import xfuser_cpu
+    from tokenring_xdit.patches import xfuser_cpu
 
     real = importlib.util.find_spec
     monkeypatch.setattr(
@@ -402,7 +402,7 @@ def _module_level_lines(module_file: str) -> list[str]:
 def test_patch_lists_match_installed_xfuser() -> None:
     """The modules that freeze HAS_LONG_CTX_ATTN / gate PROCESS_GROUP at import, read from the
     installed xfuser's source (without importing it), are exactly the ones CPU mode patches."""
-    from tokenring_xdit import xfuser_cpu
+    from tokenring_xdit.patches import xfuser_cpu
 
     root = importlib.util.find_spec("xfuser").submodule_search_locations[0]
     long_ctx, process_group = set(), set()

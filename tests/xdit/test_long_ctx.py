@@ -83,7 +83,7 @@ def test_ring_function_is_token_ring_and_ran(layout: str) -> None:
 KV_CACHE_SCRIPT = textwrap.dedent(
     """
     import json, os, tempfile
-    from tokenring_xdit import xfuser_cpu
+    from tokenring_xdit.patches import xfuser_cpu
     xfuser_cpu.enable()
     import torch.distributed as dist
     import xfuser  # noqa: F401  (patched on import: autopatch is on)

@@ -1,5 +1,5 @@
 """End to end: xFuserPixArtAlphaPipeline and xFuserFluxPipeline around the tiny random pipelines
-of tokenring_xdit.pipelines, on gloo ranks in CPU mode (fp32), TokenRing vs xDiT's own ring vs
+of tokenring_xdit.tools.pipelines, on gloo ranks in CPU mode (fp32), TokenRing vs xDiT's own ring vs
 plain diffusers in this process; same weights, prompt embeddings and starting latents.
 
 Layouts: ring 2 (world 2) and ulysses 2 x ring 2 (world 4; the tiny models have 4 heads). Each

@@ -32,11 +32,11 @@ VALID = "valid values: default, token_ring"
 PARSER_SCRIPT = textwrap.dedent(
     """
     import contextlib, io, json
-    from tokenring_xdit import xfuser_cpu
+    from tokenring_xdit.patches import xfuser_cpu
     xfuser_cpu.enable()
     from xfuser import xFuserArgs
     from xfuser.config import FlexibleArgumentParser
-    from tokenring_xdit import selection
+    from tokenring_xdit.hosts import selection
 
     report = {}
 
@@ -125,7 +125,7 @@ def test_runner_parser_accepts_the_flag() -> None:
 
 def test_precedence_python_then_flag_then_env(monkeypatch) -> None:
     """Pure Python (selection imports no host library): Python call > flag > env > default."""
-    from tokenring_xdit import selection
+    from tokenring_xdit.hosts import selection
 
     monkeypatch.delenv(ENV, raising=False)
     try:

@@ -29,7 +29,7 @@ YUNCHANG_IDS = [p.id for p in PATCH_TABLE if p.host == "yunchang"]
 PRELUDE = textwrap.dedent(
     """
     import json, sys
-    from tokenring_xdit import xfuser_cpu
+    from tokenring_xdit.patches import xfuser_cpu
     xfuser_cpu.enable()
 
     ARGS_METHODS = ("add_cli_args", "add_runner_args", "from_cli_args", "from_runner_args")

@@ -9,9 +9,10 @@ with xDiT's own parser (`FlexibleArgumentParser` + `xFuserArgs.add_cli_args`, so
 
 One launch serves many cases (CI has 2 cores): `run_xdit` runs the parts listed in its spec and
 returns plain Python/numpy (tensors cross the result queue as shared-memory handles that die with
-the rank process). Every TokenRing run reports TokenRing's own counters and the number of calls of
-`tokenring_xdit.xdit_ring.usp_ring_attn` and of xDiT's torch ring (`usp._templated_ring_attention`),
-so a silent fall-back to xDiT's ring cannot pass for TokenRing, nor the other way round.
+the rank process). Every TokenRing run reports TokenRing's own counters and the number of calls
+of `tokenring_xdit.hosts.xdit.usp_ring_attn` and of xDiT's torch ring
+(`usp._templated_ring_attention`), so a silent fall-back to xDiT's ring cannot pass for TokenRing,
+nor the other way round.
 
 The same module computes the references (exact fp64 attention, plain diffusers on one device) so
 that test files and the GPU test share one definition of inputs and outputs.
@@ -117,7 +118,7 @@ def pipeline_inputs(model: str, device: str, dtype: torch.dtype):
 
     Same weights, prompt embeddings and starting latents in every process (seeded on CPU).
     """
-    from tokenring_xdit import pipelines
+    from tokenring_xdit.tools import pipelines
 
     built = pipelines.BUILDERS[model]("tiny", seed=0, dtype=dtype, device=device, text_len=TEXT_LEN)
     pipe = built.pipe
@@ -200,7 +201,7 @@ def _set_up(rank: int, world_size: int, spec: dict):
 
         tokenring_xdit.install()
     if spec["device"] == "cpu":
-        from tokenring_xdit import xfuser_cpu
+        from tokenring_xdit.patches import xfuser_cpu
 
         if "xfuser" in sys.modules:
             raise AssertionError("xfuser was imported before CPU mode was enabled")
@@ -229,7 +230,7 @@ class _Calls:
     def __init__(self) -> None:
         import xfuser.model_executor.layers.usp as usp
 
-        import tokenring_xdit.xdit_ring as xdit_ring
+        import tokenring_xdit.hosts.xdit as xdit_ring
 
         self.reset()
         # module globals, looked up at call time by the dispatcher and by xDiT's ring_attn
@@ -279,7 +280,7 @@ def _run_counted(calls: _Calls, fn) -> dict:
 def _select(impl: str | None) -> None:
     """impl None: leave the choice to the flag / environment (the user's way)."""
     if impl is not None:
-        from tokenring_xdit import selection
+        from tokenring_xdit.hosts import selection
 
         selection.set_xdit_ring_impl(impl)
 
@@ -363,7 +364,7 @@ def _long_ctx_part(rank: int, spec: dict, calls: _Calls) -> dict:
     )
     from yunchang.kernels import AttnType
 
-    from tokenring_xdit import selection
+    from tokenring_xdit.hosts import selection
 
     x = _long_ctx_inputs(rank, spec)
     joint = dict(joint_tensor_query=x["jq"], joint_tensor_key=x["jk"], joint_tensor_value=x["jv"])
@@ -431,7 +432,7 @@ def _pipeline_part(rank: int, spec: dict, engine_config, calls: _Calls, model: s
     results: dict[str, Any] = dict(
         expected_ring_calls=ring_calls, backend=get_runtime_state().attention_backend.name
     )
-    from tokenring_xdit.transformer_graphs import graph_stats
+    from tokenring_xdit.hosts.transformer_graphs import graph_stats
 
     for impl in spec["impls"]:
         _select(impl)
@@ -451,7 +452,7 @@ def _graph_gate_part(rank: int, spec: dict, engine_config, announced) -> dict:
     """Wrap (not run) the tiny PixArt: did the transformer get a graphed forward, what was said."""
     from xfuser import xFuserPixArtAlphaPipeline
 
-    from tokenring_xdit.transformer_graphs import graph_stats
+    from tokenring_xdit.hosts.transformer_graphs import graph_stats
 
     device, dtype = _device(spec, rank), getattr(torch, spec["dtype"])
     pipe, _, _ = pipeline_inputs("pixart", device, dtype)
@@ -488,7 +489,7 @@ def run_xdit(rank: int, world_size: int, spec: dict) -> dict:
     calls = _Calls()
     from xfuser.core.distributed import get_runtime_state, initialize_runtime_state
 
-    from tokenring_xdit import selection
+    from tokenring_xdit.hosts import selection
 
     device, dtype = _device(spec, rank), getattr(torch, spec["dtype"])
     results: dict[str, Any] = dict(rank=rank)

@@ -11,25 +11,25 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import logging
-import os
 import sys
 from types import ModuleType
 
 import wrapt
 
-from .table import PATCH_TABLE, PatchPoint
+from .. import config
+from . import torch_dist  # noqa: F401  (registers the CUDA-graph teardown guard)
+from .table import PATCH_TABLE, TRIGGERS, PatchPoint
 
 __all__ = ["install", "uninstall", "installed_patches", "PATCH_TABLE", "PatchPoint"]
 
 log = logging.getLogger("tokenring_xdit")
 
 ENTRY_POINT_GROUP = "tokenring_xdit.post_import_hooks"
-STRICT_ENV = "TOKENRING_XDIT_STRICT"
 
 # trigger module -> (patch-set module, hook as "module:function" so wrapt loads it lazily)
 HOOKS = {
     host: (f"tokenring_xdit.patches.{host}", f"tokenring_xdit.patches.{host}:on_import")
-    for host in ("yunchang", "xfuser")  # yunchang first: xfuser's patches build on it
+    for host in TRIGGERS
 }
 
 _state = {"enabled": True, "armed": set()}
@@ -40,7 +40,7 @@ def _host(trigger: str) -> ModuleType:
 
 
 def _strict() -> bool:
-    return os.environ.get(STRICT_ENV, "") not in ("", "0")
+    return config.current().strict
 
 
 def apply_from_hook(trigger: str, module: ModuleType) -> None:
@@ -83,22 +83,24 @@ def install() -> list[str]:
 
 
 def uninstall() -> None:
-    """Revert every applied patch and keep pending hooks from applying. Idempotent."""
+    """Revert every applied patch (host, CPU mode and runtime rows) and keep pending hooks from
+    applying. Idempotent."""
     _state["enabled"] = False
-    for patch_set in _loaded_patch_sets():
+    for patch_set in reversed(_loaded_patch_sets()):  # xfuser before the yunchang it builds on
         patch_set.revert()
 
 
 def installed_patches() -> list[str]:
     """Ids (see PATCH_TABLE) of the patch points currently applied."""
-    return [p for patch_set in _loaded_patch_sets() for p in patch_set.PATCHES.applied]
+    return [p for patch_set in _loaded_patch_sets() for p in patch_set.applied()]
 
 
-# The torch patch set is applied by our own first graph capture, not by a host import.
-RUNTIME_PATCH_SETS = ("tokenring_xdit.patches.torch_dist",)
+# Patch sets applied by something other than a host import: our first graph capture (torch),
+# xDiT's opt-in CPU mode. Each module has `applied()` and `revert()`, like the host sets.
+OTHER_PATCH_SETS = ("tokenring_xdit.patches.torch_dist", "tokenring_xdit.patches.xfuser_cpu")
 
 
 def _loaded_patch_sets() -> list[ModuleType]:
-    """Patch-set modules that may hold applied patches: hosts imported, runtime sets loaded."""
+    """Patch-set modules that may hold applied patches: hosts imported, other sets loaded."""
     hosts = [_host(trigger) for trigger in HOOKS if trigger in sys.modules]
-    return hosts + [sys.modules[m] for m in RUNTIME_PATCH_SETS if m in sys.modules]
+    return hosts + [sys.modules[m] for m in OTHER_PATCH_SETS if m in sys.modules]

@@ -1,15 +1,22 @@
-"""Atomic, reversible patch sets: every change records its undo before the next one is tried."""
+"""Atomic, reversible patch sets: every change records its undo before the next one is tried.
+
+Every change names a patch id that must be a row of the one patch table (table.py), so nothing
+can be patched without being listed in `tokenring-xdit patches` and patches/README.md.
+"""
 
 from __future__ import annotations
 
 import importlib.metadata
 import logging
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import wrapt
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
+
+from .table import PATCH_IDS
 
 log = logging.getLogger("tokenring_xdit")
 
@@ -39,6 +46,9 @@ class PatchSet:
         self.versions = versions
         self.applied: list[str] = []
         self._undo: list[Callable[[], None]] = []
+        # id(replacement) -> (replacement, original), for wrappers whose aliases (other
+        # modules' `from x import name`) are pointed back at the original on revert
+        self._aliased: dict[int, tuple[Any, Any]] = {}
 
     @property
     def active(self) -> bool:
@@ -59,9 +69,13 @@ class PatchSet:
     def revert(self) -> None:
         while self._undo:
             self._undo.pop()()
+        _repoint_aliases(self._aliased)
+        self._aliased.clear()
         self.applied.clear()
 
     def _done(self, patch_id: str, undo: Callable[[], None]) -> None:
+        if patch_id not in PATCH_IDS:  # a programming error: the audit would be incomplete
+            raise RuntimeError(f"patch id {patch_id!r} is not a row of the patch table")
         self._undo.append(undo)
         if patch_id not in self.applied:
             self.applied.append(patch_id)
@@ -92,9 +106,58 @@ class PatchSet:
         self._done(patch_id, lambda: wrapt.unwrap_object(owner, name, handle))
         return handle
 
+    def aliased_wrapper(self, patch_id: str, owner: Any, name: str, wrapper: Callable) -> None:
+        """Like `wrapper`, for a function other modules import by name while it is patched:
+        revert also points those aliases back at the original."""
+        original = owner.__dict__[name]  # the raw function, not a bound method
+        handle = wrapt.wrap_function_wrapper(owner, name, wrapper)
+        self._aliased[id(handle)] = (handle, original)
+        self._done(patch_id, lambda: setattr(owner, name, original))
+
+    def set_attr(self, patch_id: str, owner: Any, name: str, value: Any) -> None:
+        """Set a module constant (a shared object such as True: never swept as an alias)."""
+        original = owner.__dict__.get(name, _MISSING)
+        setattr(owner, name, value)
+        self._done(patch_id, lambda: _restore(owner.__dict__, name, original))
+
+    def set_item(self, patch_id: str, mapping: dict, key: Any, value: Any) -> None:
+        """Replace mapping[key] (revert puts the original back); `value` may carry a
+        `__wrapped__` original, whose aliases revert also restores."""
+        original = mapping.get(key, _MISSING)
+        mapping[key] = value
+        if original is not _MISSING:
+            self._aliased[id(value)] = (value, original)
+        self._done(patch_id, lambda: _restore(mapping, key, original))
+
+    def on_revert(self, patch_id: str, undo: Callable[[], None]) -> None:
+        """Run `undo` on revert: for state a patch creates later (e.g. per-instance changes)."""
+        self._done(patch_id, undo)
+
     def rebind(self, patch_id: str, owner: Any, name: str, expected: Any, new: Any) -> None:
         """Point an alias (from-imported name) at `new`, only if it still is `expected`."""
         if getattr(owner, name, _MISSING) is not expected:
             return
         setattr(owner, name, new)
         self._done(patch_id, lambda: setattr(owner, name, expected))
+
+
+def _restore(namespace: dict, key: Any, original: Any) -> None:
+    if original is _MISSING:
+        namespace.pop(key, None)
+    else:
+        namespace[key] = original
+
+
+def _repoint_aliases(aliased: dict[int, tuple[Any, Any]]) -> None:
+    """Point every module attribute that still holds one of our replacements back at its
+    original (modules that did `from xfuser.envs import get_device` while it was patched)."""
+    if not aliased:
+        return
+    for mod in list(sys.modules.values()):
+        namespace = getattr(mod, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for attr, value in list(namespace.items()):
+            entry = aliased.get(id(value))
+            if entry is not None and entry[0] is value:
+                namespace[attr] = entry[1]

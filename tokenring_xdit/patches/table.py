@@ -1,7 +1,10 @@
 """The patch table: every place tokenring_xdit changes a host library, in one list.
 
 `patches/README.md` (top level) is generated from this table (`tokenring-xdit patches
---markdown`) and a test keeps the two equal, so the audit cannot drift from the code.
+--markdown`) and a test keeps the two equal, so the audit cannot drift from the code. Every
+PatchSet change names a row id here (base.py refuses others), and a test applies every row.
+Rows come in three switches: applied when the host is imported (automatic), by xDiT's opt-in
+CPU mode (`tokenring_xdit.patches.xfuser_cpu.enable()`), or by our own runtime (torch).
 """
 
 from __future__ import annotations
@@ -18,13 +21,169 @@ class PatchPoint:
     kind: str  # "registry entry", "missing symbol" or "wrapper" (a reversible wrapt wrapper)
     versions: str  # host versions the patch is checked against; others are refused
     change: str  # what it changes, and why
+    switch: str = "automatic"  # AUTOMATIC, CPU_MODE or RUNTIME
 
 
 YUNCHANG_VERSIONS = ">=0.6.4,<0.7"
 XFUSER_VERSIONS = ">=0.7.0,<0.8"
 TORCH_VERSIONS = ">=2.5"
+XFUSER_CPU_VERSIONS = "==0.7.0"
 # Trigger of patches that our own runtime applies (not a host import).
 FIRST_GRAPH_CAPTURE = "first CUDA graph capture"
+AUTOMATIC = "automatic"  # when the trigger module is imported (bootstrap) or by install()
+CPU_MODE = "CPU mode"  # tokenring_xdit.patches.xfuser_cpu.enable(), then the trigger's import
+RUNTIME = "runtime"  # by tokenring_xdit itself, at the trigger event
+
+# xfuser modules CPU mode patches (each when it is imported), by what they need.
+_ENVS = "xfuser.envs"
+_BACKEND = "xfuser.core.distributed.attention_backend"
+_RUNTIME_STATE = "xfuser.core.distributed.runtime_state"
+_USP = "xfuser.model_executor.layers.usp"
+COORDINATOR = "xfuser.core.distributed.group_coordinator"
+# Modules that copy envs.PACKAGES_CHECKER's "has_long_ctx_attn" into a module constant at import.
+LONG_CTX_MODULES = (
+    "xfuser.config.config",
+    COORDINATOR,
+    "xfuser.core.distributed.parallel_state",
+    "xfuser.model_executor.layers.attention_processor",
+    "xfuser.model_executor.models.transformers.transformer_flux",
+    "xfuser.model_executor.models.transformers.transformer_flux2",
+    "xfuser.model_executor.models.transformers.transformer_wan",
+)
+# Modules whose `if torch.cuda.is_available() or envs._is_npu(): from yunchang.globals import
+# PROCESS_GROUP / else: PROCESS_GROUP = None` left them without yunchang's process groups.
+PROCESS_GROUP_MODULES = (
+    "xfuser.core.distributed.fp8_comms",
+    "xfuser.core.sparge_attention.head_balance",
+    _USP,
+)
+# Modules whose body imports yunchang's classes under `if torch.cuda.is_available() or
+# envs._is_npu():` and otherwise defines placeholders (base class `object`, AttnType = None).
+YUNCHANG_GATED = (
+    "xfuser.core.long_ctx_attention.hybrid.attn_layer",
+    "xfuser.core.long_ctx_attention.ring.ring_flash_attn",
+    "xfuser.core.long_ctx_attention.ring.ring_npu_flash_attn",
+)
+_PIPELINES = "xfuser.model_executor.pipelines."
+# Pipeline wrappers whose prepare_run builds torch.Generator(device="cuda"):
+# module -> (class, passes max_sequence_length, passes a blank control_image)
+CUDA_GENERATOR_PREPARE_RUNS = {
+    _PIPELINES + "pipeline_flux": ("xFuserFluxPipeline", True, False),
+    _PIPELINES + "pipeline_flux2": ("xFuserFlux2PipelineBase", True, False),
+    _PIPELINES + "pipeline_flux_control": ("xFuserPipelineFluxControlPipeline", True, True),
+    _PIPELINES + "pipeline_sana": ("xFuserSanaPipeline", False, False),
+    _PIPELINES + "pipeline_sana_sprint": ("xFuserSanaSprintPipeline", False, False),
+    _PIPELINES + "pipeline_stable_diffusion_3": ("xFuserStableDiffusion3Pipeline", False, False),
+}
+
+
+def _cpu(patch_id: str, module: str, symbol: str, kind: str, change: str) -> PatchPoint:
+    return PatchPoint(
+        patch_id,
+        "xfuser",
+        module,
+        f"{module}:{symbol}",
+        kind,
+        XFUSER_CPU_VERSIONS,
+        change,
+        CPU_MODE,
+    )
+
+
+_CPU_ROWS: tuple[PatchPoint, ...] = (
+    _cpu(
+        "xfuser_cpu.device_version",
+        _ENVS,
+        "get_device_version",
+        "wrapper",
+        "raises NotImplementedError without an accelerator, and config.py reads CUDA_VERSION "
+        "from it at import; on CPU it returns None, as xfuser already does for MPS/NPU",
+    ),
+    _cpu(
+        "xfuser_cpu.long_ctx_gate",
+        _ENVS,
+        "_is_npu",
+        "wrapper",
+        "answers True only to the module-level yunchang gate of "
+        + ", ".join(YUNCHANG_GATED)
+        + ", so xFuserLongContextAttention is built on yunchang's LongContextAttention (as on "
+        "CUDA) instead of `object`; every other caller gets the real answer",
+    ),
+    _cpu(
+        "xfuser_cpu.dist_backend",
+        _ENVS,
+        "get_torch_distributed_backend",
+        "wrapper",
+        "has no CPU branch (raises); on CPU it returns 'gloo' for the world and model groups",
+    ),
+    _cpu(
+        "xfuser_cpu.device",
+        _ENVS,
+        "get_device, get_device_name",
+        "wrapper",
+        "a CUDA build of torch on a machine without a GPU reports 'cuda'; on CPU they return "
+        "the CPU device (a no-op with a CPU build of torch)",
+    ),
+    *(
+        _cpu(
+            "xfuser_cpu.long_ctx_attn",
+            name,
+            "HAS_LONG_CTX_ATTN",
+            "module constant",
+            "frozen to False at import without CUDA (envs.check_long_ctx_attn), which refuses "
+            "sp_degree > 1 and keeps yunchang's ulysses/ring groups from being built; set to "
+            "True when yunchang imports",
+        )
+        for name in LONG_CTX_MODULES
+    ),
+    *(
+        _cpu(
+            "xfuser_cpu.process_group",
+            name,
+            "PROCESS_GROUP",
+            "module constant",
+            "a CUDA/NPU-gated import left it None; set to yunchang.globals.PROCESS_GROUP (the "
+            "singleton whose ULYSSES_PG/RING_PG set_seq_parallel_pg fills later)",
+        )
+        for name in PROCESS_GROUP_MODULES
+    ),
+    _cpu(
+        "xfuser_cpu.sdpa_flash_cpu",
+        _BACKEND,
+        "ATTENTION_FUNCTION_REGISTRY[AttentionBackendType.SDPA_FLASH]",
+        "registry entry",
+        "no registered kernel returns a log-sum-exp on CPU, and ring attention merges blocks "
+        "by it; CPU tensors go to aten._scaled_dot_product_flash_attention_for_cpu (out and "
+        "a real fp32 lse), other devices to xfuser's own function",
+    ),
+    _cpu(
+        "xfuser_cpu.select_backend",
+        _RUNTIME_STATE,
+        "RuntimeState._select_attention_backend",
+        "wrapper",
+        "on CPU the automatic choice falls to SDPA, which has no lse and is refused when "
+        "ring_degree > 1; with no --attention_backend given it picks SDPA_FLASH instead",
+    ),
+    _cpu(
+        "xfuser_cpu.synchronize",
+        COORDINATOR,
+        "synchronize",
+        "wrapper",
+        "the module's alias of torch.cuda.synchronize, called between PipeFusion's "
+        "send/recv batches; a no-op on CPU (gloo's waits already completed the transfers)",
+    ),
+    *(
+        _cpu(
+            "xfuser_cpu.prepare_run",
+            name,
+            f"{cls}.prepare_run",
+            "wrapper",
+            "the warm-up call builds torch.Generator(device='cuda'); on CPU the same call "
+            "(same inputs and seed) with a CPU generator",
+        )
+        for name, (cls, _, _) in CUDA_GENERATOR_PREPARE_RUNS.items()
+    ),
+)
 
 PATCH_TABLE: tuple[PatchPoint, ...] = (
     PatchPoint(
@@ -146,7 +305,7 @@ PATCH_TABLE: tuple[PatchPoint, ...] = (
         "wrapper",
         XFUSER_VERSIONS,
         "only with TOKENRING_XDIT_CUDA_GRAPH_TRANSFORMER=1: the wrapped transformer replays its "
-        "forward as one CUDA graph per input signature (tokenring_xdit.transformer_graphs); "
+        "forward as one CUDA graph per input signature (tokenring_xdit.hosts.transformer_graphs); "
         "refused, with a warning, under PipeFusion, step caches or torch.compile",
     ),
     PatchPoint(
@@ -159,8 +318,16 @@ PATCH_TABLE: tuple[PatchPoint, ...] = (
         TORCH_VERSIONS,
         "frees tokenring_xdit's CUDA graphs first: a graph holding NCCL kernels makes "
         "destroy_process_group hang (pytorch/pytorch#115388), which xDiT calls at exit",
+        RUNTIME,
     ),
+    *_CPU_ROWS,
 )
+
+PATCH_IDS = frozenset(p.id for p in PATCH_TABLE)
+# Host modules whose import applies the automatic rows, in the order their sets must apply
+# (yunchang first: xfuser's patches build on it). _bootstrap.TRIGGERS and the entry points in
+# pyproject.toml must list the same names (a test checks).
+TRIGGERS = tuple(dict.fromkeys(p.trigger for p in PATCH_TABLE if p.switch == AUTOMATIC))
 
 
 def to_markdown() -> str:
@@ -170,17 +337,20 @@ def to_markdown() -> str:
         "",
         "Every change tokenring_xdit makes to a host library, generated from",
         "`tokenring_xdit/patches/table.py` by `tokenring-xdit patches --markdown`",
-        "(a test fails when this file and the table differ). All patches of a host are applied",
-        "together when its trigger module is imported (or by `tokenring_xdit.install()`), only",
-        "for the host versions listed, and `tokenring_xdit.uninstall()` reverts every one.",
+        "(a test fails when this file and the table differ, and every change the code makes",
+        "names a row). The `automatic` patches of a host are applied together when its trigger",
+        "module is imported (or by `tokenring_xdit.install()`); `CPU mode` rows only after",
+        "`tokenring_xdit.patches.xfuser_cpu.enable()`, each when its module is imported;",
+        "`runtime` rows by tokenring_xdit itself. Only the host versions listed are patched,",
+        "and `tokenring_xdit.uninstall()` reverts every row.",
         "Set `TOKENRING_XDIT_AUTOPATCH=0` to keep them from being applied automatically.",
         "",
-        "| id | host | trigger | target | kind | versions | change |",
-        "|---|---|---|---|---|---|---|",
+        "| id | switch | host | trigger | target | kind | versions | change |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for p in PATCH_TABLE:
         lines.append(
-            f"| `{p.id}` | {p.host} | `{p.trigger}` | `{p.target}` | {p.kind} | "
+            f"| `{p.id}` | {p.switch} | {p.host} | `{p.trigger}` | `{p.target}` | {p.kind} | "
             f"`{p.versions}` | {p.change} |"
         )
     return "\n".join(lines) + "\n"

@@ -4,14 +4,16 @@ A CUDA graph that captured NCCL kernels keeps its communicator in use, and torch
 `destroy_process_group` then waits forever in ncclCommDestroy (pytorch/pytorch#115388, open;
 seen here on 2 x H200 with torch 2.11). xDiT's scripts end with `destroy_distributed_env()`, so
 without this every run that replayed a TokenRing or transformer graph would hang at exit.
-Applied when the first graph is captured; `tokenring_xdit.uninstall()` reverts it.
+Applied when the first graph is captured (this module registers `ensure_applied` as a capture
+guard of ring/graphs.py when it is imported, which patches/__init__ and tokenring_xdit's public
+entry points do); `tokenring_xdit.uninstall()` reverts it.
 """
 
 from __future__ import annotations
 
 import gc
-import sys
 
+from ..ring import graphs
 from .base import PatchSet
 from .table import TORCH_VERSIONS
 
@@ -20,12 +22,7 @@ PATCHES = PatchSet("torch", TORCH_VERSIONS)
 
 def release_graphs() -> None:
     """Drop every CUDA graph tokenring_xdit holds (TokenRing calls and graphed transformers)."""
-    graphs = sys.modules.get("tokenring_xdit.ring.graphs")
-    if graphs is not None:
-        graphs.clear_graphs()
-    transformer_graphs = sys.modules.get("tokenring_xdit.transformer_graphs")
-    if transformer_graphs is not None:
-        transformer_graphs.reset_all_graphs()
+    graphs.release_all_graphs()
     gc.collect()  # a graph is destroyed with its last reference
 
 
@@ -50,6 +47,14 @@ def ensure_applied() -> None:
     PATCHES.apply(_build)
 
 
+def applied() -> list[str]:
+    return list(PATCHES.applied)
+
+
 def revert() -> None:
     release_graphs()  # the unpatched destroy_process_group would hang on them
     PATCHES.revert()
+
+
+if ensure_applied not in graphs.CAPTURE_GUARDS:
+    graphs.CAPTURE_GUARDS.append(ensure_applied)

@@ -8,10 +8,10 @@ installing the package changes nothing until a user asks for TokenRing.
 from __future__ import annotations
 
 import logging
-import sys
+import weakref
 from types import ModuleType
 
-from .. import selection
+from ..hosts import selection
 from .base import PatchSet
 from .table import XFUSER_VERSIONS
 
@@ -20,6 +20,8 @@ PATCHES = PatchSet("xfuser", XFUSER_VERSIONS)
 # A child of xDiT's logger, so the line appears in xDiT's own log format and level.
 log = logging.getLogger("xfuser.tokenring_xdit")
 _announced: set[str] = set()
+# xFuserLongContextAttention layers whose ring function we replaced -> the one xDiT chose
+_TAKEN_OVER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _announce(impl: str, source: str) -> None:
@@ -38,7 +40,7 @@ def _ring_attn_dispatch(wrapped, instance, args, kwargs):
     impl, source = selection.xdit_ring_impl()
     _announce(impl, source)
     if impl == selection.TOKEN_RING:
-        from ..xdit_ring import usp_ring_attn
+        from ..hosts.xdit import usp_ring_attn
 
         return usp_ring_attn(*args, **kwargs)
     return wrapped(*args, **kwargs)
@@ -77,15 +79,23 @@ def _long_ctx_init(wrapped, instance, args, kwargs):
 
     requested = inspect.signature(wrapped).bind(*args, **kwargs).arguments.get("ring_impl_type")
     if requested == selection.TOKEN_RING or selection.xdit_ring_impl()[0] == selection.TOKEN_RING:
-        from ..xdit_ring import long_ctx_ring_attn
+        from ..hosts.xdit import long_ctx_ring_attn
 
+        _TAKEN_OVER[instance] = instance.ring_attn_fn
         instance.ring_attn_fn = long_ctx_ring_attn
+
+
+def _give_back_ring_fns() -> None:
+    """Uninstall: layers built while patched run xDiT's own ring function again."""
+    for layer, original in list(_TAKEN_OVER.items()):
+        layer.ring_attn_fn = original
+    _TAKEN_OVER.clear()
 
 
 def _graph_transformer(wrapped, instance, args, kwargs):
     """With TOKENRING_XDIT_CUDA_GRAPH_TRANSFORMER=1, graph the transformer xDiT just wrapped."""
     transformer = wrapped(*args, **kwargs)
-    from .. import transformer_graphs
+    from ..hosts import transformer_graphs
 
     if not transformer_graphs.graph_transformer_requested():
         return transformer
@@ -147,6 +157,7 @@ def _build(patches: PatchSet) -> None:
     patches.wrapper(
         "xfuser.long_ctx_ring_fn", long_ctx, "xFuserLongContextAttention.__init__", _long_ctx_init
     )
+    patches.on_revert("xfuser.long_ctx_ring_fn", _give_back_ring_fns)
     patches.wrapper(
         "xfuser.cuda_graph_transformer",
         base_pipeline,
@@ -160,6 +171,10 @@ def apply() -> bool:
     return PATCHES.apply(_build)
 
 
+def applied() -> list[str]:
+    return list(PATCHES.applied)
+
+
 def revert() -> None:
     PATCHES.revert()
     _announced.clear()
@@ -170,7 +185,3 @@ def on_import(module: ModuleType) -> None:
     from . import apply_from_hook
 
     apply_from_hook("xfuser", module)
-
-
-def is_imported() -> bool:
-    return "xfuser" in sys.modules

@@ -7,7 +7,6 @@ nothing; the points are listed in table.py.
 from __future__ import annotations
 
 import inspect
-import sys
 from types import ModuleType
 
 from .base import PatchSet
@@ -64,7 +63,7 @@ def _build(patches: PatchSet) -> None:
     import yunchang.hybrid.utils as hybrid_utils
     import yunchang.ring.utils as ring_utils
 
-    from ..yunchang_ring import token_ring_flash_attn_func, token_ring_flash_attn_qkvpacked_func
+    from ..hosts.yunchang import token_ring_flash_attn_func, token_ring_flash_attn_qkvpacked_func
 
     patches.registry_entry(
         "yunchang.ring_impl",
@@ -111,6 +110,10 @@ def apply() -> bool:
     return PATCHES.apply(_build)
 
 
+def applied() -> list[str]:
+    return list(PATCHES.applied)
+
+
 def revert() -> None:
     PATCHES.revert()
 
@@ -120,7 +123,3 @@ def on_import(module: ModuleType) -> None:
     from . import apply_from_hook
 
     apply_from_hook("yunchang", module)
-
-
-def is_imported() -> bool:
-    return "yunchang" in sys.modules

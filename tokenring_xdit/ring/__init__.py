@@ -1,6 +1,9 @@
-"""TokenRing, host-agnostic: schedule, lanes, merge, kernels and the forward loop."""
+"""TokenRing, host-agnostic: schedules, lanes, merge, kernels, the forward loop and its API.
 
-from .attention import token_ring_attn
+Nothing here imports from hosts/, patches/ or tools/ (a test checks it).
+"""
+
+from .api import token_ring_attn
 from .comm import COUNTERS, setup_token_ring_group
 
 __all__ = ["token_ring_attn", "setup_token_ring_group", "COUNTERS"]

@@ -9,17 +9,14 @@ length changing while the others' stay the same needs it: the others must size t
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from .comm import COUNTERS
+from .comm import COUNTERS, RingPosition
 from .layout import Layout
-
-VALIDATE_ENV = "TOKENRING_XDIT_VALIDATE"
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
@@ -37,13 +34,13 @@ _PROBLEMS = {
     "head count, head sizes, dtype and device",
     10: "final_chunks (argument, or TOKENRING_XDIT_FINAL_CHUNKS) must be a positive integer",
 }
-_META_LEN = 14
+_META_LEN = 12
+_Q_LEN, _KV_LEN = 5, 6  # slots of the exchanged header (see _meta)
 
 
 @dataclass(frozen=True)
 class RingShapes:
     q_lens: tuple[int, ...]  # local query length of every ring rank
-    kv_lens: tuple[int, ...]
 
 
 def _joint_problem(k, v, joint_kv, layout: Layout) -> bool:
@@ -89,7 +86,7 @@ def _local_problem(q, k, v, layout: Layout, causal: bool, joint_kv=None) -> int:
     return 0
 
 
-def _meta(q, k, v, layout: Layout, causal: bool, chunks: int, problem: int, joint_kv) -> list[int]:
+def _meta(q, k, v, layout: Layout, causal: bool, chunks: int, problem: int) -> list[int]:
     if problem == 1:
         return [problem] + [-1] * (_META_LEN - 1)
     (b, s, h, d), kv_len, dv = layout.dims(q), k.shape[layout.seq_dim], v.shape[3]
@@ -107,8 +104,6 @@ def _meta(q, k, v, layout: Layout, causal: bool, chunks: int, problem: int, join
         int(causal),
         chunks,
         q.device.type == "cuda",
-        -1 if joint_kv is None or problem else joint_kv[0].shape[layout.seq_dim],
-        0,
     ]
 
 
@@ -160,27 +155,28 @@ def check_inputs(
     layout: Layout,
     causal: bool,
     chunks: int,
-    group: dist.ProcessGroup | None,
-    rank: int,
-    world_size: int,
+    position: RingPosition,
     joint_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+    always: bool = False,
 ) -> RingShapes:
-    """Validate q/k/v on every ring rank at once and return every rank's local lengths."""
+    """Validate q/k/v on every ring rank at once and return every rank's local query lengths.
+
+    always: exchange even for a signature seen before (ranks whose lengths change out of step).
+    """
     problem = _local_problem(q, k, v, layout, causal, joint_kv) or (10 if chunks < 1 else 0)
-    meta = _meta(q, k, v, layout, causal, chunks, problem, joint_kv)
-    if world_size == 1:
+    meta = _meta(q, k, v, layout, causal, chunks, problem)
+    if position.size == 1:
         _raise_for([meta], 0, layout)
-        return RingShapes((meta[5],), (meta[6],))
+        return RingShapes((meta[_Q_LEN],))
     # Our K/V length is nobody else's business (K/V never move), so a KV cache growing on one
     # rank must not send that rank alone into the exchange: leave it out of the key.
-    key = (group, tuple(meta[:6] + meta[7:]), q.device)
-    always = os.environ.get(VALIDATE_ENV, "").lower() == "always"
+    key = (position.group, tuple(meta[:_KV_LEN] + meta[_KV_LEN + 1 :]), q.device)
     if not always and problem == 0 and key in _CACHE:
         _CACHE.move_to_end(key)
         return _CACHE[key]
-    metas = _exchange(group, meta, q.device)
-    _raise_for(metas, rank, layout)
-    shapes = RingShapes(tuple(m[5] for m in metas), tuple(m[6] for m in metas))
+    metas = _exchange(position.group, meta, q.device)
+    _raise_for(metas, position.rank, layout)
+    shapes = RingShapes(tuple(m[_Q_LEN] for m in metas))
     _CACHE[key] = shapes
     if len(_CACHE) > _CACHE_SIZE:
         _CACHE.popitem(last=False)

@@ -31,6 +31,34 @@ class TrafficCounters:
 
 COUNTERS = TrafficCounters()
 
+
+@dataclass(frozen=True)
+class RingPosition:
+    """This process's place in a ring: the group (None without torch.distributed), its rank
+    there and the ring size."""
+
+    group: dist.ProcessGroup | None
+    rank: int
+    size: int
+
+    @classmethod
+    def of(cls, group: dist.ProcessGroup | None) -> RingPosition:
+        if not dist.is_initialized():
+            if group is not None:
+                raise ValueError(
+                    "TokenRing: a group was given but torch.distributed is not initialized"
+                )
+            return cls(None, 0, 1)
+        group = group if group is not None else dist.group.WORLD
+        rank = dist.get_rank(group)
+        if rank < 0:
+            raise ValueError(
+                f"TokenRing: global rank {dist.get_rank()} is not a member of the given group "
+                f"(ranks {dist.get_process_group_ranks(group)}); pass this rank's own ring group"
+            )
+        return cls(group, rank, dist.get_world_size(group))
+
+
 # ring group -> communicator for returned partials; weak keys, so a destroyed group's entry
 # cannot be found again by a new group that reuses its name
 _OUT_GROUPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -65,12 +93,6 @@ def out_group_for(group: dist.ProcessGroup) -> dist.ProcessGroup:
             "tokenring_xdit.setup_token_ring_group(group) on every rank right after creating it "
             f"(group ranks {dist.get_process_group_ranks(group)})"
         ) from None
-
-
-def forget_token_ring_groups() -> None:
-    """Drop the registry (after dist.destroy_process_group the groups are dead anyway)."""
-    _OUT_GROUPS.clear()
-    _GLOBAL_RANKS.clear()
 
 
 _GLOBAL_RANKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -10,11 +10,8 @@ five kernels and two fp32 temporaries. Any (b, h, s, d) strides: both layouts ar
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
-
-FUSED_MERGE_ENV = "TOKENRING_XDIT_FUSED_MERGE"
 
 
 @functools.cache
@@ -103,18 +100,14 @@ def available() -> bool:
     return True
 
 
-def enabled() -> bool:
-    """Use the Triton merge (TOKENRING_XDIT_FUSED_MERGE=0 falls back to torch ops)."""
-    return os.environ.get(FUSED_MERGE_ENV, "1") != "0" and available()
-
-
 # The kernel's math is fp32 whatever the storage; fp64 partials keep the torch ops.
 SERVED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def serves(partial: torch.Tensor) -> bool:
-    """Whether partials like this one may take the Triton merge."""
-    return partial.is_cuda and partial.dtype in SERVED_DTYPES and enabled()
+    """Whether partials like this one can take the Triton merge (the switch is the caller's:
+    RingConfig.fused_merge)."""
+    return partial.is_cuda and partial.dtype in SERVED_DTYPES and available()
 
 
 def merge2_bhsd(

@@ -1,83 +1,148 @@
-"""Replay TokenRing forwards as CUDA graphs, to take the host out of small-shape calls.
+"""One CUDA-graph capture/replay cache, for TokenRing calls and for whole transformer forwards.
 
 At DiT shapes one ring call is ~0.1-0.5 ms of GPU work but ~20 kernel launches and a few NCCL
-batches of host work, paid per layer per step. A forward for a given signature is run eagerly
-once (NCCL communicators, cuDNN plans, the shape handshake all warm up), then captured once, then
-replayed: inputs are copied into the graph's static buffers and outputs cloned out of it.
-Capture is agreed across the ring (all keep a graph or none does), so ranks never diverge.
+batches of host work, paid per layer per step (and a 1024 px transformer step is ~1000
+launches). A signature is run eagerly once (NCCL communicators, cuDNN plans and the input
+handshake warm up), then captured once, then replayed: tensor inputs are copied into the graph's
+static buffers and tensor outputs cloned out of it, so callers may keep them. Every rank of the
+group agrees on the capture (all keep a graph or none does), so ranks never diverge.
 """
 
 from __future__ import annotations
 
-import os
+import hashlib
+import weakref
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
-GRAPH_ENV = "TOKENRING_XDIT_CUDA_GRAPHS"
+__all__ = [
+    "CAPTURE_GUARDS",
+    "GraphCache",
+    "GraphStats",
+    "all_ranks_ok",
+    "clear_graphs",
+    "graphs_wanted",
+    "release_all_graphs",
+    "run_graphed",
+]
 
-Tensors = tuple[torch.Tensor, ...]
+# Called before every capture (they must be idempotent). The patch layer registers the guard
+# that frees our graphs before NCCL teardown (pytorch#115388); the ring does not import it.
+CAPTURE_GUARDS: list[Callable[[], None]] = []
 
 
 @dataclass
-class _Captured:
+class GraphStats:
+    captures: int = 0
+    replays: int = 0
+    eager: int = 0
+    refused: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Graph:
     graph: torch.cuda.CUDAGraph
-    static_inputs: Tensors
-    outputs: Tensors
-
-
-_GRAPHS: dict[Hashable, _Captured | None] = {}  # None: capture failed somewhere, run eagerly
-_POOL: list = []
-
-
-def graphs_wanted(flag: bool | None, device: torch.device) -> bool:
-    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
-        return False  # inside someone else's capture, just be captured
-    if flag is not None:
-        return flag
-    return os.environ.get(GRAPH_ENV, "1").lower() not in ("0", "false", "no", "off")
-
-
-def run_graphed(
-    key: Hashable, inputs: Tensors, run: Callable[[Tensors], Tensors], group: dist.ProcessGroup
-) -> Tensors:
-    """run(inputs) through a CUDA graph cached under `key` (same key on every ring rank)."""
-    entry = _GRAPHS.get(key, _MISSING)
-    if entry is _MISSING:
-        result = run(inputs)  # warm-up, also the answer for this call
-        _GRAPHS[key] = _capture(inputs, run, group)
-        return result
-    if entry is None:
-        return run(inputs)
-    for static, x in zip(entry.static_inputs, inputs, strict=True):
-        static.copy_(x)
-    entry.graph.replay()
-    return tuple(out.clone() for out in entry.outputs)
+    inputs: list[Any]  # flattened inputs; tensors are the static input buffers
+    outputs: list[Any]
+    out_spec: Any
 
 
 _MISSING = object()
+_LIVE: weakref.WeakSet[GraphCache] = weakref.WeakSet()
 
 
-def _capture(inputs: Tensors, run, group) -> _Captured | None:
-    static = tuple(x.clone() for x in inputs)
-    if not _POOL:
-        _POOL.append(torch.cuda.graph_pool_handle())
-    graph = torch.cuda.CUDAGraph()
-    outputs, ok = None, True
-    from ..patches import torch_dist
+class GraphCache:
+    """Graphs keyed by call signature. `run(leaves)` must be a pure function of its flattened
+    inputs (tensors and plain values) that is capturable; `key` must be equal on every rank.
 
-    torch_dist.ensure_applied()  # free graphs before NCCL teardown, or it hangs
-    torch.cuda.synchronize()
-    try:
-        with torch.cuda.graph(graph, pool=_POOL[0]):
-            outputs = run(static)
-    except Exception:  # e.g. a kernel or backend that cannot be captured: stay eager
-        ok = False
-    if not all_ranks_ok(ok, static[0].device, group):
-        return None
-    return _Captured(graph, static, tuple(outputs))
+    max_entries: past it, new keys run eagerly (their arguments probably change per call).
+    agree_on_key: compare the key across the group before capturing (a caller whose key can
+    differ between ranks, e.g. built from Python state).
+    """
+
+    def __init__(self, max_entries: int | None = None, agree_on_key: bool = False) -> None:
+        self.max_entries = max_entries
+        self.agree_on_key = agree_on_key
+        self.stats = GraphStats()
+        self._graphs: dict[Hashable, _Graph | None] = {}  # None: stay eager for this key
+        self._pool = None
+        _LIVE.add(self)
+
+    def __call__(
+        self, key: Hashable, leaves: list[Any], run: Callable[[list[Any]], Any], group
+    ) -> Any:
+        entry = self._graphs.get(key, _MISSING)
+        if entry is _MISSING and self.max_entries is not None:
+            if len(self._graphs) >= self.max_entries:
+                entry = None
+        if entry is _MISSING:
+            result = run(leaves)  # warm-up, and this call's answer
+            self._graphs[key] = self._capture(key, leaves, run, group)
+            return result
+        if entry is None:
+            self.stats.eager += 1
+            return run(leaves)
+        for static, x in zip(entry.inputs, leaves, strict=True):
+            if isinstance(static, torch.Tensor):
+                static.copy_(x)
+        entry.graph.replay()
+        self.stats.replays += 1
+        outs = [x.clone() if isinstance(x, torch.Tensor) else x for x in entry.outputs]
+        return tree_unflatten(outs, entry.out_spec)
+
+    def clear(self) -> None:
+        """Drop every graph (their memory too); the next call of each key captures again."""
+        self._graphs.clear()
+        self._pool = None
+
+    def __len__(self) -> int:
+        return len(self._graphs)
+
+    def _capture(self, key: Hashable, leaves: list[Any], run, group) -> _Graph | None:
+        static = [x.clone() if isinstance(x, torch.Tensor) else x for x in leaves]
+        device = next(x.device for x in static if isinstance(x, torch.Tensor))
+        same_key = not self.agree_on_key or _agree_on_key(key, device, group)
+        graph, outputs, error = torch.cuda.CUDAGraph(), None, None
+        if same_key:
+            _run_guards()
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            torch.cuda.synchronize(device)
+            try:
+                with torch.cuda.graph(graph, pool=self._pool):
+                    outputs = run(static)
+            except Exception as exc:  # a host sync or an uncapturable op: stay eager
+                error = f"{type(exc).__name__}: {exc}"
+        if not all_ranks_ok(same_key and error is None, device, group):
+            reason = error or ("ranks called with different arguments" if not same_key else None)
+            self.stats.refused.append(reason or "capture failed on another rank")
+            return None
+        self.stats.captures += 1
+        out_leaves, out_spec = tree_flatten(outputs)
+        return _Graph(graph, static, out_leaves, out_spec)
+
+
+def _run_guards() -> None:
+    for guard in CAPTURE_GUARDS:
+        guard()
+
+
+def _digest(key: Hashable) -> int:
+    return int.from_bytes(hashlib.sha256(repr(key).encode()).digest()[:7], "little")
+
+
+def _agree_on_key(key: Hashable, device: torch.device, group) -> bool:
+    if not dist.is_initialized():
+        return True
+    d = _digest(key)
+    both = torch.tensor([d, -d], device=device, dtype=torch.int64)
+    dist.all_reduce(both, op=dist.ReduceOp.MIN, group=group)
+    return both[0].item() == d and -both[1].item() == d
 
 
 def all_ranks_ok(ok: bool, device: torch.device, group: dist.ProcessGroup | None) -> bool:
@@ -89,6 +154,28 @@ def all_ranks_ok(ok: bool, device: torch.device, group: dist.ProcessGroup | None
     return bool(flag.item())
 
 
+def graphs_wanted(enabled: bool, device: torch.device) -> bool:
+    """Whether a ring call on `device` should go through the graph cache."""
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return False  # inside someone else's capture, just be captured
+    return enabled
+
+
+# TokenRing calls share one cache (keys hold the group, rank, kernel and tensor signature).
+RING_GRAPHS = GraphCache()
+
+
+def run_graphed(key: Hashable, inputs: tuple[torch.Tensor, ...], run, group) -> Any:
+    """run(inputs) through the ring's graph cache under `key` (same key on every ring rank)."""
+    return RING_GRAPHS(key, list(inputs), lambda xs: run(tuple(xs)), group)
+
+
 def clear_graphs() -> None:
-    """Drop every captured graph (frees their memory; e.g. before destroying process groups)."""
-    _GRAPHS.clear()
+    """Drop the TokenRing call graphs (frees their memory)."""
+    RING_GRAPHS.clear()
+
+
+def release_all_graphs() -> None:
+    """Drop every graph of every cache in this process (before NCCL teardown)."""
+    for cache in list(_LIVE):
+        cache.clear()

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 
 import torch
 
@@ -23,10 +24,27 @@ BlockKernel = Callable[
 _HALF = (torch.float16, torch.bfloat16)
 
 
+@dataclass(frozen=True)
+class KeyedKernel:
+    """A block kernel with a name that is stable across calls (and equal on every rank), so
+    calls that use it can be captured and replayed as CUDA graphs."""
+
+    fn: BlockKernel
+    key: Hashable
+
+    def __call__(self, q, k, v, scale: float, layout: Layout):
+        return self.fn(q, k, v, scale, layout)
+
+
+def lse_bhs(lse: torch.Tensor, batch: int, heads: int, seq: int) -> torch.Tensor:
+    """A kernel's lse as (b, h, s) fp32: efficient pads it to a multiple of 32 queries, cuDNN
+    may add a trailing 1, flash-style kernels give (b, h, s) already."""
+    return lse.reshape(batch, heads, -1)[:, :, :seq].float()
+
+
 def _lse_bhsd(lse: torch.Tensor, q_bhsd: torch.Tensor) -> torch.Tensor:
     b, h, s, _ = q_bhsd.shape
-    # efficient pads lse to a multiple of 32 queries; cuDNN may add a trailing 1.
-    return lse.reshape(b, h, -1)[:, :, :s].float()
+    return lse_bhs(lse, b, h, s)
 
 
 def empty_block(q, k, v, layout: Layout) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -12,6 +12,24 @@ from collections.abc import Callable
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 
 
+# Exit codes of every subcommand: 0 passed, 1 a result missed its threshold, 2 bad arguments
+# (argparse's own), 3 a worker failed or timed out.
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_WORKER = 0, 1, 2, 3
+
+
+def print_failure(err, exc) -> None:
+    """A LaunchError for the user: where the first failure happened (its frames), then one line
+    per failing rank."""
+    traced = [f for f in exc.failures if f.trace]
+    if traced:
+        err.print(
+            f"rank {traced[0].rank}: {traced[0].trace.rstrip()}", markup=False, highlight=False
+        )
+    err.print(f"[bold red]worker failure:[/] {len(exc.failures)} rank(s) failed")
+    for failure in exc.failures:
+        err.print(f"  {failure}", markup=False, highlight=False)
+
+
 def int_at_least(low: int) -> Callable[[str], int]:
     """An argparse type: an integer >= low, with a readable error otherwise."""
 

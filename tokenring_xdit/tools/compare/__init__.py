@@ -4,10 +4,11 @@
 2. "ring": xDiT (xfuser 0.7.0) on N ranks with its own ring (`--ring_impl_type default`);
 3. "token_ring": the same xDiT launch with TokenRing (`--ring_impl_type token_ring`).
 
-Each run is its own launch (tokenring_xdit.launch: gloo on CPU with xDiT's CPU mode, NCCL with
-one GPU per rank) and builds the same pipeline from tokenring_xdit.pipelines: real PixArt-alpha /
-Flux.1 architectures with seeded random weights ("tiny" or "full" size), prompt embeddings in
-place of the text encoders, the same seeded starting latents. Nothing is downloaded.
+Each run is its own launch (tokenring_xdit.tools.launch: gloo on CPU with xDiT's CPU mode, NCCL
+with one GPU per rank) and builds the same pipeline from tokenring_xdit.tools.pipelines: real
+PixArt-alpha / Flux.1 architectures with seeded random weights ("tiny" or "full" size), prompt
+embeddings in place of the text encoders, the same seeded starting latents. Nothing is
+downloaded.
 
 The images are compared as floats in [0, 1] (PSNR, SSIM, max |diff|, scikit-image) and so are
 the final latents (max |diff| relative to their largest value). The run fails (exit 1) when
@@ -26,14 +27,11 @@ Importing the package is cheap (the CLI imports it to build its parser): torch, 
 the image libraries load inside the functions that need them.
 """
 
+from ..cli_args import EXIT_FAILED, EXIT_OK, EXIT_USAGE, EXIT_WORKER
 from .config import (
     DEFAULT_QK_GAIN,
     DEFAULT_TEXT_LEN,
     DEFAULT_THRESHOLDS,
-    EXIT_FAILED,
-    EXIT_OK,
-    EXIT_USAGE,
-    EXIT_WORKER,
     GUIDANCE,
     CompareConfig,
     Thresholds,

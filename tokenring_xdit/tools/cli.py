@@ -13,8 +13,18 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 
-from . import __version__
-from .cli_args import add_device_and_dtype, non_negative_int, positive_int, rank_progress
+from .. import __version__
+from .cli_args import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    EXIT_WORKER,
+    add_device_and_dtype,
+    non_negative_int,
+    positive_int,
+    print_failure,
+    rank_progress,
+)
 
 __all__ = ["main", "build_parser"]
 
@@ -33,9 +43,9 @@ DEFAULT_TOKENS = {"cpu": 1024, "cuda": 4096}
 DEFAULT_DTYPE = {"cpu": "float32", "cuda": "bfloat16"}
 CPU_KERNELS = ("auto", "cpu_flash", "math")
 
-# Exit codes: 0 all methods within tolerance, 1 a method's error above it, 2 bad arguments
-# (argparse's own), 3 a worker failed or timed out.
-EXIT_OK, EXIT_INACCURATE, EXIT_USAGE, EXIT_WORKER = 0, 1, 2, 3
+# Exit codes (cli_args): 0 all methods within tolerance, 1 a method's error above it, 2 bad
+# arguments (argparse's own), 3 a worker failed or timed out.
+EXIT_INACCURATE = EXIT_FAILED
 
 
 def _methods(text: str) -> tuple[str, ...]:
@@ -194,7 +204,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     try:
         summary = _launch_with_progress(cfg, nproc, args.timeout, console, args.no_progress)
     except LaunchError as exc:
-        _print_failure(err, exc)
+        print_failure(err, exc)
         return EXIT_WORKER
     failed = _print_table(console, summary)
     if args.json:
@@ -208,18 +218,6 @@ def _run_demo(args: argparse.Namespace) -> int:
         )
         return EXIT_INACCURATE
     return EXIT_OK
-
-
-def _print_failure(err, exc) -> None:
-    """Where the first failure happened (its frames), then one line per failing rank."""
-    traced = [f for f in exc.failures if f.trace]
-    if traced:
-        err.print(
-            f"rank {traced[0].rank}: {traced[0].trace.rstrip()}", markup=False, highlight=False
-        )
-    err.print(f"[bold red]worker failure:[/] {len(exc.failures)} rank(s) failed")
-    for failure in exc.failures:
-        err.print(f"  {failure}", markup=False, highlight=False)
 
 
 def _launch_with_progress(cfg, nproc: int, timeout: float, console, quiet: bool) -> dict:
@@ -311,7 +309,7 @@ def _add_patches_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_patches(args: argparse.Namespace) -> int:
-    from .patches.table import PATCH_TABLE, to_markdown
+    from ..patches.table import PATCH_TABLE, to_markdown
 
     if args.markdown:
         sys.stdout.write(to_markdown())

@@ -21,7 +21,15 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["LaunchError", "RankFailure", "Reporter", "launch", "threads_per_rank"]
+__all__ = [
+    "LaunchError",
+    "RankFailure",
+    "RankOutcome",
+    "Reporter",
+    "launch",
+    "launch_outcomes",
+    "threads_per_rank",
+]
 
 # After the first failure the other ranks get this long to report theirs (often the same error)
 # before they are killed: a rank blocked in a collective with a dead peer never returns.
@@ -36,6 +44,7 @@ class RankFailure:
     error_type: str
     message: str
     trace: str = ""  # the formatted stack frames ("Traceback ..." up to, not incl., the error)
+    reported: bool = True  # False: the launcher's verdict (the rank died or hung silently)
 
     def __str__(self) -> str:
         """One line: the rank, the exception type and the first line of its message."""
@@ -52,6 +61,19 @@ class LaunchError(RuntimeError):
     def __init__(self, message: str, failures: list[RankFailure] | None = None):
         super().__init__(message)
         self.failures = list(failures or [])
+
+
+@dataclass(frozen=True)
+class RankOutcome:
+    """One rank's end: its return value, or how it failed."""
+
+    rank: int
+    value: Any = None
+    failure: RankFailure | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
 
 
 class Reporter:
@@ -145,6 +167,31 @@ def launch(
     `on_progress(rank, fields)` is called in this process for each `report(**fields)`.
     Raises LaunchError on the first failure, a silent death or the timeout, after killing all.
     """
+    results, failures = _launch(fn, nproc, args, device, timeout, env, on_progress, True)
+    if failures:  # in order of arrival: the first is usually the cause, the rest its echoes
+        first = next(iter(failures.values()))
+        raise LaunchError(
+            f"{len(failures)} of {nproc} rank(s) failed; first: {first}", list(failures.values())
+        )
+    return [results[r] for r in range(nproc)]
+
+
+def launch_outcomes(
+    fn: Callable[..., Any],
+    nproc: int,
+    args: tuple = (),
+    *,
+    device: str = "cpu",
+    timeout: float = 600.0,
+    env: dict[str, str] | None = None,
+) -> list[RankOutcome]:
+    """Like `launch`, but wait for every rank (until `timeout`) and return each one's outcome
+    instead of raising: for callers that expect ranks to fail (tests of error paths)."""
+    results, failures = _launch(fn, nproc, args, device, timeout, env, None, False)
+    return [RankOutcome(r, results.get(r), failures.get(r)) for r in range(nproc)]
+
+
+def _launch(fn, nproc, args, device, timeout, env, on_progress, fail_fast):
     if nproc < 1:
         raise ValueError(f"nproc must be >= 1, got {nproc}")
     if device not in ("cpu", "cuda"):
@@ -172,19 +219,16 @@ def launch(
             with _environ(child_env):
                 for p in procs:
                     p.start()
-            results, failures = _collect(procs, events, timeout, on_progress)
+            # after a failure the others get a grace period, or (not fail_fast) the whole timeout
+            grace = FAILURE_GRACE_S if fail_fast else float("inf")
+            results, failures = _collect(procs, events, timeout, on_progress, grace)
         finally:
             _stop(procs, graceful=len(results) == nproc)
             events.close()
-    if failures:  # in order of arrival: the first is usually the cause, the rest its echoes
-        first = next(iter(failures.values()))
-        raise LaunchError(
-            f"{len(failures)} of {nproc} rank(s) failed; first: {first}", list(failures.values())
-        )
-    return [results[r] for r in range(nproc)]
+    return results, failures
 
 
-def _collect(procs, events, timeout, on_progress):
+def _collect(procs, events, timeout, on_progress, grace):
     nproc = len(procs)
     results: dict[int, Any] = {}
     failures: dict[int, RankFailure] = {}
@@ -193,7 +237,7 @@ def _collect(procs, events, timeout, on_progress):
     dead_since: dict[int, float] = {}
     while len(results) + len(failures) < nproc:
         now = time.monotonic()
-        if failed_at is not None and now > failed_at + FAILURE_GRACE_S:
+        if failed_at is not None and now > failed_at + grace:
             break
         if now > deadline:
             silent = [r for r in range(nproc) if r not in results and r not in failures]
@@ -202,6 +246,7 @@ def _collect(procs, events, timeout, on_progress):
                     r,
                     "TimeoutError",
                     f"no result within {timeout:.0f} s (a hang, or too slow: raise --timeout)",
+                    reported=False,
                 )
             break
         try:
@@ -217,6 +262,7 @@ def _collect(procs, events, timeout, on_progress):
                         "ProcessDied",
                         f"exited with {_exit_reason(p.exitcode)} "
                         "without reporting a result (crash or out of memory?)",
+                        reported=False,
                     )
                     failed_at = failed_at or now
             continue

@@ -14,11 +14,17 @@ import torch
 import torch.distributed as dist
 from yunchang.kernels import AttnType, select_flash_attn_impl
 
-from .ring.attention import token_ring_attn
-from .ring.kernels import BlockKernel, has_flash_attn
-from .ring.layout import BHSD, Layout
+from ..ring import token_ring_attn
+from ..ring.kernels import BlockKernel, KeyedKernel, has_flash_attn, lse_bhs
+from ..ring.layout import BHSD, Layout
 
-__all__ = ["token_ring_flash_attn_func", "token_ring_flash_attn_qkvpacked_func", "kernel_for"]
+__all__ = [
+    "token_ring_flash_attn_func",
+    "token_ring_flash_attn_qkvpacked_func",
+    "kernel_for",
+    "run_bshd",
+    "reject_unsupported",
+]
 
 log = logging.getLogger("tokenring_xdit")
 
@@ -52,7 +58,7 @@ def _from_yunchang(fn) -> BlockKernel:
             return_softmax=False,
         )
         b, s, h, _ = qs.shape
-        return (out.transpose(1, 2) if flip else out), lse.float().reshape(b, h, s)
+        return (out.transpose(1, 2) if flip else out), lse_bhs(lse, b, h, s)
 
     return kernel
 
@@ -79,11 +85,13 @@ def _kernel_for(attn_type, attn_processor, device_type: str) -> str | BlockKerne
 
 
 def kernel_for(attn_type, attn_processor, device: torch.device) -> str | BlockKernel:
-    """The block kernel (name or callable) that serves yunchang's `attn_type` on `device`."""
-    return _kernel_for(attn_type, attn_processor, device.type)
+    """The block kernel that serves yunchang's `attn_type` on `device`: a kernel name, or a
+    KeyedKernel (named by the attn type, so ring calls with it can be graphed)."""
+    found = _kernel_for(attn_type, attn_processor, device.type)
+    return found if isinstance(found, str) else KeyedKernel(found, (attn_type, attn_processor))
 
 
-def _reject_unsupported(dropout_p, window_size, softcap, alibi_slopes) -> None:
+def reject_unsupported(dropout_p, window_size, softcap, alibi_slopes) -> None:
     unsupported = []
     if dropout_p:
         unsupported.append(f"dropout_p={dropout_p}")
@@ -116,71 +124,38 @@ def token_ring_flash_attn_func(
     attn_processor: torch.nn.Module | None = None,
 ):
     """yunchang ring function: out (b, s, h, d), or (out, lse (b, h, s) fp32, None)."""
-    _reject_unsupported(dropout_p, window_size, softcap, alibi_slopes)
+    reject_unsupported(dropout_p, window_size, softcap, alibi_slopes)
     return run_bshd(
-        q, k, v, group, softmax_scale, causal, attn_type, attn_processor, return_attn_probs
-    )
-
-
-def run_bshd(
-    q,
-    k,
-    v,
-    group,
-    softmax_scale,
-    causal,
-    attn_type,
-    attn_processor,
-    return_attn_probs,
-    joint_kv=None,
-    joint_strategy="rear",
-):
-    """TokenRing on (b, s, h, d) with the kernel of yunchang's `attn_type`, returned the way
-    flash-attn style ring functions return (shared by yunchang's and xDiT's contracts)."""
-    out, lse = token_ring_attn(
         q,
         k,
         v,
         group=group,
-        layout="bshd",
         softmax_scale=softmax_scale,
         causal=causal,
-        kernel=kernel_for(attn_type, attn_processor, q.device),
-        kernel_key=(attn_type, attn_processor),
-        joint_kv=joint_kv,
-        joint_strategy=joint_strategy,
+        attn_type=attn_type,
+        attn_processor=attn_processor,
+        return_attn_probs=return_attn_probs,
     )
+
+
+def run_bshd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    attn_type,
+    attn_processor=None,
+    return_attn_probs: bool = False,
+    **ring_kwargs,
+):
+    """TokenRing on (b, s, h, d) with the kernel of yunchang's `attn_type`, returned the way
+    flash-attn style ring functions return (shared by yunchang's and xDiT's contracts);
+    `ring_kwargs` go to `token_ring_attn` (group, softmax_scale, causal, joint_kv, ...)."""
+    kernel = kernel_for(attn_type, attn_processor, q.device)
+    out, lse = token_ring_attn(q, k, v, layout="bshd", kernel=kernel, **ring_kwargs)
     return (out, lse, None) if return_attn_probs else out
 
 
-def token_ring_flash_attn_qkvpacked_func(
-    qkv: torch.Tensor,
-    dropout_p: float = 0.0,
-    softmax_scale: float | None = None,
-    causal: bool = False,
-    window_size: tuple[int, int] = (-1, -1),
-    softcap: float = 0.0,
-    alibi_slopes: torch.Tensor | None = None,
-    deterministic: bool = False,
-    return_attn_probs: bool = False,
-    group: dist.ProcessGroup | None = None,
-    attn_type: AttnType = AttnType.FA,
-    attn_processor: torch.nn.Module | None = None,
-):
-    """Packed variant: qkv (b, s, 3, h, d)."""
-    return token_ring_flash_attn_func(
-        qkv[:, :, 0],
-        qkv[:, :, 1],
-        qkv[:, :, 2],
-        dropout_p,
-        softmax_scale,
-        causal,
-        window_size,
-        softcap,
-        alibi_slopes,
-        deterministic,
-        return_attn_probs,
-        group,
-        attn_type,
-        attn_processor,
-    )
+def token_ring_flash_attn_qkvpacked_func(qkv: torch.Tensor, *args, **kwargs):
+    """Packed variant: qkv (b, s, 3, h, d); the other arguments as token_ring_flash_attn_func."""
+    return token_ring_flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], *args, **kwargs)

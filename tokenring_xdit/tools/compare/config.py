@@ -37,8 +37,6 @@ DEFAULT_THRESHOLDS = {
 CHECKED = (("token_ring", "ring"), ("token_ring", "single"))
 SHOWN = (*CHECKED, ("ring", "single"))
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_WORKER = 0, 1, 2, 3
-
 
 @dataclass(frozen=True)
 class CompareConfig:

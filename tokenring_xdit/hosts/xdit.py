@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from .ring.attention import token_ring_attn
-from .ring.kernels import BlockKernel
+from ..ring import token_ring_attn
+from ..ring.kernels import BlockKernel, KeyedKernel, lse_bhs
+from .yunchang import reject_unsupported, run_bshd
 
 __all__ = ["usp_ring_attn", "long_ctx_ring_attn"]
 
@@ -42,7 +43,7 @@ def _xdit_kernel(attention_function, attention_kwargs) -> BlockKernel:
                 "one that does (--attention_backend cudnn / flash / sdpa_flash / sdpa_efficient)"
             )
         b, h, s, _ = q.shape
-        return out, lse.float().reshape(b, h, -1)[:, :, :s]
+        return out, lse_bhs(lse, b, h, s)
 
     return kernel
 
@@ -76,6 +77,7 @@ def usp_ring_attn(
         joint_attn_kwargs["step"] = joint_attn_kwargs.get("total_steps", 1)
     # A CUDA graph may bake in the backend, never per-call attention_kwargs tensors.
     backend = getattr(attention_function, "__wrapped__", attention_function)
+    kernel = _xdit_kernel(attention_function, attention_kwargs)
     out, _ = token_ring_attn(
         query,
         key,
@@ -83,8 +85,7 @@ def usp_ring_attn(
         group=PROCESS_GROUP.RING_PG,
         layout="bhsd",
         causal=is_causal,
-        kernel=_xdit_kernel(attention_function, attention_kwargs),
-        kernel_key=None if attention_kwargs else ("xdit", backend),
+        kernel=kernel if attention_kwargs else KeyedKernel(kernel, ("xdit", backend)),
         joint_kv=joint_kv,
         joint_strategy=strategy,
     )
@@ -114,9 +115,7 @@ def long_ctx_ring_attn(
     v_descale=None,
 ):
     """`xdit_ring_flash_attn_func` contract: (b, s, h, d); KV cache, joint tensors."""
-    from .yunchang_ring import _reject_unsupported, run_bshd
-
-    _reject_unsupported(dropout_p, window_size, 0.0, alibi_slopes)
+    reject_unsupported(dropout_p, window_size, 0.0, alibi_slopes)
     if any(x is not None for x in (q_descale, k_descale, v_descale)):
         raise NotImplementedError("TokenRing does not take FP8 descale factors")
     if attn_layer is not None:  # PipeFusion: K/V grow to the cached sequence, Q stays small
@@ -138,12 +137,12 @@ def long_ctx_ring_attn(
         q,
         k,
         v,
-        group,
-        softmax_scale,
-        causal,
-        attn_type,
-        attn_processor,
-        return_attn_probs,
-        joint_kv,
-        joint_strategy,
+        attn_type=attn_type,
+        attn_processor=attn_processor,
+        return_attn_probs=return_attn_probs,
+        group=group,
+        softmax_scale=softmax_scale,
+        causal=causal,
+        joint_kv=joint_kv,
+        joint_strategy=joint_strategy,
     )

@@ -7,11 +7,8 @@ import os
 import time
 from collections.abc import Callable
 
+from ..cli_args import EXIT_FAILED, EXIT_OK, EXIT_USAGE, EXIT_WORKER
 from .config import (
-    EXIT_FAILED,
-    EXIT_OK,
-    EXIT_USAGE,
-    EXIT_WORKER,
     LABELS,
     MODEL_NAMES,
     RING_IMPL,
@@ -46,7 +43,7 @@ def run_compare(
 ) -> dict:
     """Run the three launches, write images, figure and JSON into `out_dir`; return the report.
 
-    Raises tokenring_xdit.launch.LaunchError when a rank fails.
+    Raises tokenring_xdit.tools.launch.LaunchError when a rank fails.
     """
     from ..cli_args import rank_progress
     from ..launch import launch
@@ -145,9 +142,9 @@ def run_cli(args: argparse.Namespace) -> int:
             verbose=args.verbose,
         )
     except LaunchError as exc:
-        from ..cli import _print_failure
+        from ..cli_args import print_failure
 
-        _print_failure(err, exc)
+        print_failure(err, exc)
         return EXIT_WORKER
     print_summary(console, report)
     files = report["files"]

@@ -1,4 +1,4 @@
-"""python -m tokenring_xdit.compare = tokenring-xdit compare."""
+"""python -m tokenring_xdit.tools.compare = tokenring-xdit compare."""
 
 import sys
 

@@ -201,7 +201,7 @@ def xdit_worker(rank: int, nproc: int, report, cfg: CompareConfig, impl: str) ->
     xDiT's own --ring_impl_type flag (parsed by xFuserArgs, as in xDiT's example scripts)."""
     report(description="importing xDiT", total=cfg.warmup_steps + cfg.steps, completed=0)
     if cfg.device == "cpu":
-        from .. import xfuser_cpu
+        from ...patches import xfuser_cpu
 
         xfuser_cpu.enable()  # before the first `import xfuser`
     import tokenring_xdit
@@ -212,7 +212,7 @@ def xdit_worker(rank: int, nproc: int, report, cfg: CompareConfig, impl: str) ->
     from xfuser.config import FlexibleArgumentParser
     from xfuser.core.distributed import get_runtime_state, init_distributed_environment
 
-    from .. import selection
+    from ...hosts import selection
 
     # launch() already made the process group; xDiT then only builds its world group
     init_distributed_environment(rank=rank, world_size=nproc, local_rank=rank)
@@ -254,7 +254,7 @@ def _count_ring_calls() -> dict[str, int]:
     templated ring under `usp.ring_attn`): both module globals are looked up at call time."""
     import xfuser.model_executor.layers.usp as usp
 
-    from .. import xdit_ring
+    from ...hosts import xdit as xdit_ring
 
     calls = {"token_ring": 0, "xdit_ring": 0}
 

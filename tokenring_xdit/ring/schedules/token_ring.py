@@ -1,4 +1,4 @@
-"""TokenRing's communication schedule as pure functions of (rank, world_size, step).
+"""TokenRing's non-causal schedule as pure functions of (rank, world_size, step).
 
 Note: who sends what to whom (N = 4 ring ranks, seen from rank r, indices mod N).
 P(j, r) is the partial (out, lse) of attention(Q_j, K_r, V_r); K/V never move.
@@ -40,7 +40,7 @@ class Step:
 
 
 @functools.cache
-def steps(rank: int, world_size: int) -> tuple[Step, ...]:
+def _steps(rank: int, world_size: int) -> tuple[Step, ...]:
     """The whole forward for one rank. The last step's return is `final_return`."""
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not in a ring of {world_size}")
@@ -64,7 +64,7 @@ def steps(rank: int, world_size: int) -> tuple[Step, ...]:
     return tuple(plan)
 
 
-def final_return(rank: int, world_size: int) -> tuple[int, int] | None:
+def _final_return(rank: int, world_size: int) -> tuple[int, int] | None:
     """(send_to, recv_from) for the last step's partial, or None when N = 1."""
     n = world_size
     if n == 1:
@@ -85,3 +85,17 @@ def chunk_bounds(length: int, chunks: int) -> list[tuple[int, int]]:
         bounds.append((start, end))
         start = end
     return bounds
+
+
+class NonCausal:
+    """The schedule object the forward loop takes (`steps`, `final_return`)."""
+
+    name = "token_ring"
+    steps = staticmethod(_steps)
+    final_return = staticmethod(_final_return)
+
+
+NON_CAUSAL = NonCausal()
+# module-level names kept for tests and readers of the table above
+steps = _steps
+final_return = _final_return

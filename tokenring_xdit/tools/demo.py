@@ -26,9 +26,9 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
-from .ring import setup_token_ring_group, token_ring_attn
-from .ring.kernels import cpu_flash, select_kernel
-from .ring.layout import BSHD
+from ..ring import setup_token_ring_group, token_ring_attn
+from ..ring.kernels import cpu_flash, select_kernel
+from ..ring.layout import BSHD
 
 __all__ = ["DemoConfig", "METHODS", "run_demo", "tolerance"]
 

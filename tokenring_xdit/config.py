@@ -1,0 +1,149 @@
+"""How TokenRing is configured: one frozen object, and the only reader of TOKENRING_XDIT_*.
+
+Every setting comes from the environment (torchrun's workers inherit the launcher's), read here
+and nowhere else; `current()` re-reads it only when one of our variables changed, so code that
+sets `os.environ[...]` in-process (examples, benchmarks) is honoured without a per-call parse.
+Python callers can pass a `RingConfig` to `token_ring_attn(config=...)` instead (a planner's
+output, a test's). The `.pth` bootstrap reads TOKENRING_XDIT_AUTOPATCH itself: it runs in every
+interpreter and must not import even this module.
+
+Settings that change what ranks exchange (final_chunks) are checked across the ring by the input
+check; the others are local and must be set identically on every rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+__all__ = ["RingConfig", "ENV", "current"]
+
+PREFIX = "TOKENRING_XDIT_"
+# field -> (environment variable, default text, one-line meaning) -- README's table comes from here
+ENV: dict[str, tuple[str, str, str]] = {
+    "ring_impl": (
+        PREFIX + "RING_IMPL",
+        "",
+        "`token_ring` or `default`: the ring xDiT runs, like `--ring_impl_type`",
+    ),
+    "autopatch": (
+        PREFIX + "AUTOPATCH",
+        "1",
+        "`0`: the `.pth` bootstrap patches nothing; call `tokenring_xdit.install()` yourself",
+    ),
+    "cuda_graphs": (
+        PREFIX + "CUDA_GRAPHS",
+        "1",
+        "`0`: run each ring call eagerly instead of replaying a CUDA graph per input signature",
+    ),
+    "cuda_graph_transformer": (
+        PREFIX + "CUDA_GRAPH_TRANSFORMER",
+        "0",
+        "`1`: replay xDiT's whole transformer forward as a CUDA graph per step",
+    ),
+    "fused_merge": (
+        PREFIX + "FUSED_MERGE",
+        "1",
+        "`0`: merge partials with torch ops instead of the Triton pass inside graphs",
+    ),
+    "final_chunks": (
+        PREFIX + "FINAL_CHUNKS",
+        "1",
+        "pieces of the last partial's return (2 was faster only for Flux 1024 px at ring 2)",
+    ),
+    "validate": (
+        PREFIX + "VALIDATE",
+        "signature",
+        "`always`: exchange the input check on every call (ranks whose lengths change out of step)",
+    ),
+    "strict": (
+        PREFIX + "STRICT",
+        "0",
+        "`1`: a patch that cannot apply raises instead of warning (the tests set it)",
+    ),
+}
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+RING_IMPLS = ("default", "token_ring")
+VALIDATE_MODES = ("signature", "always")
+
+
+@dataclass(frozen=True)
+class RingConfig:
+    """Every TokenRing setting. Fields are documented in `ENV` (and README's table)."""
+
+    ring_impl: str | None = None  # None: not chosen by the environment
+    autopatch: bool = True
+    cuda_graphs: bool = True
+    cuda_graph_transformer: bool = False
+    fused_merge: bool = True
+    # -1 marks an invalid environment value: the input check rejects it on every rank, so ranks
+    # that disagree fail together instead of one raising alone.
+    final_chunks: int = 1
+    validate: str = "signature"
+    strict: bool = False
+
+    @classmethod
+    def from_env(cls, environ: os._Environ | dict | None = None) -> RingConfig:
+        environ = os.environ if environ is None else environ
+        raw = {name: environ.get(var) for name, (var, _, _) in ENV.items()}
+        validate = (raw["validate"] or "signature").strip().lower()
+        return cls(
+            # checked where it is used (hosts.selection), so a typo fails xDiT's ring choice,
+            # not every other TokenRing call
+            ring_impl=(raw["ring_impl"] or "").strip() or None,
+            autopatch=_flag(raw["autopatch"], True),
+            cuda_graphs=_flag(raw["cuda_graphs"], True),
+            cuda_graph_transformer=_flag(raw["cuda_graph_transformer"], False),
+            fused_merge=_flag(raw["fused_merge"], True),
+            final_chunks=_positive_or_invalid(raw["final_chunks"]),
+            validate="always" if validate == "always" else "signature",
+            strict=(raw["strict"] or "").strip() not in ("", "0"),
+        )
+
+    def replace(self, **changes) -> RingConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def _flag(raw: str | None, default: bool) -> bool:
+    if raw is None or not raw.strip():
+        return default
+    text = raw.strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    return default
+
+
+def _positive_or_invalid(raw: str | None) -> int:
+    if raw is None:
+        return 1
+    try:
+        value = int(raw)
+    except ValueError:
+        return -1
+    return value if value >= 1 else -1
+
+
+_VARS = tuple(var for var, _, _ in ENV.values())
+_cache: list = [None, None]  # [environment snapshot, RingConfig]
+
+
+def current() -> RingConfig:
+    """The configuration the environment gives now (re-parsed only when it changed)."""
+    snapshot = tuple(os.environ.get(var) for var in _VARS)
+    if snapshot != _cache[0]:
+        _cache[1] = RingConfig.from_env()
+        _cache[0] = snapshot
+    return _cache[1]
+
+
+def env_table_markdown() -> str:
+    """README's table of environment variables."""
+    rows = ["| variable | default | effect |", "|---|---|---|"]
+    for var, default, meaning in ENV.values():
+        rows.append(f"| `{var}` | {f'`{default}`' if default else 'unset'} | {meaning} |")
+    return "\n".join(rows) + "\n"

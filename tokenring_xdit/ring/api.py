@@ -1,0 +1,94 @@
+"""`token_ring_attn`: the public TokenRing call over a RingConfig and a schedule."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+import torch
+import torch.distributed as dist
+
+from ..config import RingConfig, current
+from .checks import check_inputs
+from .comm import RingPosition
+from .forward import RingCall, local_forward, ring_forward
+from .graphs import graphs_wanted, run_graphed
+from .kernels import BlockKernel, KeyedKernel, select_kernel
+from .layout import Layout, get_layout
+from .schedules import NON_CAUSAL
+
+__all__ = ["token_ring_attn"]
+
+_JOINT_STRATEGIES = ("front", "rear")
+
+
+def token_ring_attn(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    group: dist.ProcessGroup | None = None,
+    layout: str | Layout = "bshd",
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    kernel: str | BlockKernel = "auto",
+    final_chunks: int | None = None,
+    joint_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+    joint_strategy: str = "rear",
+    cuda_graph: bool | None = None,
+    kernel_key: Hashable | None = None,
+    config: RingConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact attention of the local queries against the K/V of every rank of `group`.
+
+    q: (b, s_q, h, d) or (b, h, s_q, d) per `layout`; k, v: the local K/V in the same layout,
+    whose length may differ from s_q (a KV cache) and from other ranks' lengths. Returns
+    out (layout and dtype of q) and lse (b, h, s_q) fp32. `kernel` is a name from
+    `kernels.KERNELS`, "auto", or a callable (q, k, v, scale, layout) -> (out, lse fp32)
+    (a `KeyedKernel` names itself for the CUDA-graph cache; a plain callable needs `kernel_key`
+    to be graphed). `joint_kv` is extra K/V (xDiT's joint text tokens) that this rank's own
+    queries attend exactly once, joined before ("front") or after ("rear") the local K/V in the
+    step-0 block. `config` defaults to the environment's (`tokenring_xdit.config`); the
+    `final_chunks` and `cuda_graph` arguments override its fields.
+    """
+    cfg = config if config is not None else current()
+    layout = get_layout(layout)
+    pos = RingPosition.of(group)
+    if joint_strategy not in _JOINT_STRATEGIES:
+        raise ValueError(f"joint_strategy must be 'front' or 'rear', got {joint_strategy!r}")
+    # resolved before the handshake, so ranks that disagree (or a bad setting) fail together
+    chunks = final_chunks if final_chunks is not None else cfg.final_chunks
+    shapes = check_inputs(
+        q, k, v, layout, causal, chunks, pos, joint_kv, always=cfg.validate == "always"
+    )
+    fn, key = _resolve_kernel(kernel, kernel_key, q, v)
+    call = RingCall(
+        schedule=NON_CAUSAL,
+        kernel=fn,
+        kernel_key=key,
+        layout=layout,
+        scale=softmax_scale if softmax_scale is not None else q.shape[3] ** -0.5,
+        chunks=min(chunks, min(shapes.q_lens)),  # equal piece count on every rank
+        joint_strategy=joint_strategy,
+        fused_merge=cfg.fused_merge,
+    )
+    if pos.size == 1:
+        return local_forward(call, q, k, v, joint_kv)
+    inputs = (q, k, v) + (tuple(joint_kv) if joint_kv is not None else ())
+
+    def run(xs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        return ring_forward(call, pos, shapes.q_lens, *xs[:3], xs[3:] or None)
+
+    graphs = cfg.cuda_graphs if cuda_graph is None else cuda_graph
+    if call.kernel_key is None or not graphs_wanted(graphs, q.device):
+        return run(inputs)
+    signature = tuple((x.shape, x.stride(), x.dtype) for x in inputs)
+    return run_graphed((pos.group, pos.rank, call.graph_key(), signature), inputs, run, pos.group)
+
+
+def _resolve_kernel(kernel, kernel_key, q, v) -> tuple[BlockKernel, Hashable | None]:
+    if isinstance(kernel, KeyedKernel):
+        return kernel, kernel.key
+    if callable(kernel):
+        return kernel, kernel_key
+    name, fn = select_kernel(kernel, q.device, q.dtype, q.shape[3], v.shape[3])
+    return fn, kernel

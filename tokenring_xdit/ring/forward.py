@@ -1,0 +1,153 @@
+"""The TokenRing forward loop: K/V stay, Q moves forward, partials go straight home.
+
+The loop runs a schedule (who sends what to whom at step s, `schedules/`); this file only does
+what the table says. Per step both transfers are posted before the kernel and waited after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+import torch
+
+from .comm import COUNTERS, Lane, RingPosition, out_group_for
+from .kernels import BlockKernel, run_block
+from .layout import Layout
+from .merge import PartialMerge
+from .schedules import chunk_bounds
+
+__all__ = ["RingCall", "ring_forward", "local_forward"]
+
+
+@dataclass(frozen=True)
+class RingCall:
+    """What one call fixes before its first step; the same on every ring rank."""
+
+    schedule: object  # a schedules/ object: name, steps(rank, n), final_return(rank, n)
+    kernel: BlockKernel
+    kernel_key: Hashable | None  # names the kernel stably across calls (None: never graphed)
+    layout: Layout
+    scale: float
+    chunks: int  # pieces of the last partial's return
+    joint_strategy: str  # where joint K/V join the local K/V in the step-0 block
+    fused_merge: bool
+
+    def graph_key(self) -> tuple:
+        """Everything a captured graph bakes in besides the tensors' signature."""
+        return (
+            self.schedule.name,
+            self.kernel_key,
+            self.layout.name,
+            self.scale,
+            self.chunks,
+            self.joint_strategy,
+            self.fused_merge,
+        )
+
+    def block(self, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
+        COUNTERS.kernel_calls += 1
+        out, lse = run_block(self.kernel, q, k, v, self.scale, self.layout)
+        return out.contiguous(), lse.float().contiguous()  # P2P needs dense buffers
+
+    def join(self, k, v, joint_kv) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V of the step-0 block: local plus joint K/V, which only our own queries meet (each
+        query's owner runs step 0 on it once, so every query sees the joint K/V once)."""
+        if joint_kv is None:
+            return k, v
+        parts = [(k, v), joint_kv] if self.joint_strategy == "rear" else [joint_kv, (k, v)]
+        dim = self.layout.seq_dim
+        return tuple(torch.cat([p[i] for p in parts], dim=dim) for i in (0, 1))
+
+
+def local_forward(call: RingCall, q, k, v, joint_kv) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ring of one: no exchange, no self-sends (and no copy to dense P2P buffers)."""
+    COUNTERS.kernel_calls += 1
+    out, lse = run_block(call.kernel, q, *call.join(k, v, joint_kv), call.scale, call.layout)
+    return out.to(q.dtype), lse.float()
+
+
+def ring_forward(
+    call: RingCall, pos: RingPosition, q_lens: tuple[int, ...], q, k, v, joint_kv
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of our queries against every rank's K/V. q_lens: every rank's query length."""
+    layout, rank, n = call.layout, pos.rank, pos.size
+    q_lane, out_lane = Lane(pos.group), Lane(out_group_for(pos.group))
+    own_kv = call.join(k, v, joint_kv)
+    b, _, h, d = layout.dims(q)
+    held_q = q.contiguous()
+    # One receive buffer pair for our own partials, reused: each merge is ordered before the
+    # next receive is posted (same stream on CUDA, synchronous on gloo).
+    ret = (
+        layout.empty(b, q_lens[rank], h, v.shape[3], like=q),
+        torch.empty(b, h, q_lens[rank], dtype=torch.float32, device=q.device),
+    )
+    merge = prev = None
+    for st in call.schedule.steps(rank, n):
+        next_q = None
+        if st.q_send_to is not None:
+            next_q = layout.empty(b, q_lens[st.q_recv_owner], h, d, like=q)
+            q_lane.post([(held_q, st.q_send_to)], [(next_q, st.q_recv_from)], "q")
+        if st.ret_send_to is not None:
+            out_lane.post(
+                [(prev[0], st.ret_send_to), (prev[1], st.ret_send_to)],
+                [(ret[0], st.ret_recv_from), (ret[1], st.ret_recv_from)],
+                "partial",
+            )
+        if st.step == n - 1:
+            pending = ret if st.ret_send_to is not None else None
+            final = _Final(call, rank, n, q_lens, q_lane, out_lane)
+            return final.run(held_q, k, v, merge, pending, q.dtype)
+        block = call.block(held_q, *(own_kv if st.step == 0 else (k, v)))
+        q_lane.wait()
+        out_lane.wait()
+        if merge is None:
+            # step 0: our own Q against our own K/V; n-1 partials of it are still to come
+            merge = PartialMerge(*block, layout, q.dtype, updates=n - 1, fused=call.fused_merge)
+        elif st.ret_send_to is not None:
+            merge.update(*ret)
+        prev = block if st.step > 0 else None
+        held_q = next_q
+    raise AssertionError("unreachable: the last step returns")
+
+
+@dataclass
+class _Final:
+    """The last step: compute the last partial in pieces and send each home at once.
+
+    It goes home the way Q went (final_return), so it uses the Q lane, idle now; the out lane
+    still carries the previous step's return (`pending`), merged while the pieces travel.
+    """
+
+    call: RingCall
+    rank: int
+    size: int
+    q_lens: tuple[int, ...]
+    q_lane: Lane
+    out_lane: Lane
+
+    def run(self, held_q, k, v, merge: PartialMerge, pending, dtype):
+        layout = self.call.layout
+        send_to, recv_from = self.call.schedule.final_return(self.rank, self.size)
+        sent_bounds = chunk_bounds(self.q_lens[send_to], self.call.chunks)  # send_to owns held_q
+        recv_bounds = chunk_bounds(self.q_lens[self.rank], self.call.chunks)
+        b, _, h, _ = layout.dims(held_q)
+        pieces = []
+        for (s0, s1), (r0, r1) in zip(sent_bounds, recv_bounds, strict=True):
+            out_c, lse_c = self.call.block(layout.seq_slice(held_q, slice(s0, s1)), k, v)
+            recv_out = layout.empty(b, r1 - r0, h, v.shape[3], like=held_q)
+            recv_lse = torch.empty(b, h, r1 - r0, dtype=torch.float32, device=held_q.device)
+            works = self.q_lane.post(
+                [(out_c, send_to), (lse_c, send_to)],
+                [(recv_out, recv_from), (recv_lse, recv_from)],
+                "partial",
+            )
+            # keep the sent piece referenced until its transfer is waited for
+            pieces.append((works, slice(r0, r1), recv_out, recv_lse, out_c, lse_c))
+        self.out_lane.wait()
+        if pending is not None:
+            merge.update(*pending)
+        for works, seq, recv_out, recv_lse, *_sent in pieces:  # merge piece c while c+1.. travel
+            self.q_lane.wait(works)
+            merge.update(recv_out, recv_lse, seq, last=True)
+        return merge.result(dtype)
