@@ -185,7 +185,7 @@ def derived_params(bench_dir: Path) -> dict:
         "profiler_slowdown": round(profiler_slowdown, 4),
         "sources": {
             "overlap_inflation": "median attention_inflation, ring_call_profile_2xH200.json",
-            "host_us": "CPU time avg per call in docs/benchmarks/profiles/*.txt / profiler_slowdown",
+            "host_us": "CPU time avg per call, docs/benchmarks/profiles/*.txt / profiler_slowdown",
             "profiler_slowdown": "profiled one-GPU PixArt step / unprofiled (e2e_pixart_2xH200)",
         },
     }
