@@ -88,13 +88,15 @@ def test_choose_ring_is_deterministic_and_sane():
 
 
 def test_calibration_loader_reads_the_calibrate_script_format(tmp_path):
+    cells = ((256, 256, 0.01), (256, 1024, 0.02), (1024, 256, 0.02), (1024, 1024, 0.08))
     rows = [
         dict(kernel="cudnn", dtype="bfloat16", heads=h, head_dim=128, q_len=q, kv_len=kv, ms=ms)
         for h in (16, 32)
-        for q, kv, ms in ((256, 256, 0.01), (256, 1024, 0.02), (1024, 256, 0.02), (1024, 1024, 0.08))
+        for q, kv, ms in cells
     ]
     path = tmp_path / "blocks_test.json"
-    path.write_text(json.dumps({"meta": {"source": "measured", "gpu": "NVIDIA H100"}, "rows": rows}))
+    meta = {"source": "measured", "gpu": "NVIDIA H100"}
+    path.write_text(json.dumps({"meta": meta, "rows": rows}))
     t = KernelTable.from_json(path)
     assert not t.derived
     assert t.block_ms(1024, 1024, 16, 128) == pytest.approx(0.08)
