@@ -1,0 +1,129 @@
+"""The planner's cost model, schedules, validation and CLI (CPU only, no torch)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from tokenring_xdit.planner import cli
+from tokenring_xdit.planner.calibration import KernelTable, load_table
+from tokenring_xdit.planner.choose import choose_ring
+from tokenring_xdit.planner.machine import make_machine
+from tokenring_xdit.planner.model import predict
+from tokenring_xdit.planner.plan import rank_all, splits
+from tokenring_xdit.planner.schedules import Block, token_ring
+from tokenring_xdit.planner.validate import MAX_MEDIAN_ERROR, validate
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "docs" / "benchmarks"
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    cli.add_arguments(p)
+    return p.parse_args(list(argv))
+
+
+def test_splits_respect_head_divisibility():
+    assert splits(24, 8) == [(1, 8), (2, 4), (4, 2), (8, 1)]
+    assert splits(16, 6) == [(1, 6), (2, 3)]  # 3 and 6 do not divide 16 heads
+    assert all(40 % u == 0 and u * r == 32 for u, r in splits(40, 32))
+
+
+def test_validate_meets_error_target_on_committed_data():
+    checks, picks = validate(BENCH)
+    files = {c.file for c in checks}
+    assert len(files) >= 9 and len(picks) >= 60
+    errors = sorted(abs(c.error) for c in checks)
+    assert errors[len(errors) // 2] <= MAX_MEDIAN_ERROR
+    # 53 of 64 today (below the 90 % target, see docs/planner.md): guard against regressions
+    assert sum(p[3] for p in picks) >= 0.8 * len(picks)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8, 16, 32, 64])
+def test_token_ring_simulates_any_ring_size(n):
+    m = make_machine(n)
+    b = Block(heads=24, head_dim=128, q_len=65536 // n, kv_len=65536 // n)
+    r = token_ring(m, b, list(range(n)))
+    one = m.table.block_ms(65536, 65536, 24, 128)
+    # never faster than perfect scaling of the single-GPU kernel, never slower than 3x it
+    assert one / n * 0.9 <= r.gpu_ms <= 3 * one
+    if n > 1:
+        assert r.breakdown["comm"] > 0
+
+
+def test_more_gpus_is_faster_for_long_sequences():
+    times = [predict(make_machine(n), "token_ring", 24, 128, 65536, 1, n).ms for n in (2, 4, 8)]
+    assert times[0] > times[1] > times[2]
+
+
+def test_slower_fabric_is_slower():
+    fast = predict(make_machine(4, fabric_name="nvswitch"), "token_ring", 24, 128, 16384, 1, 4)
+    slow = predict(make_machine(4, fabric_name="pcie"), "token_ring", 24, 128, 16384, 1, 4)
+    assert slow.gpu_ms > fast.gpu_ms * 1.5
+
+
+def test_multi_node_ring_hops_pay_the_inter_node_link():
+    one_node = make_machine(16, nodes=1)
+    two_nodes = make_machine(16, nodes=2)
+    assert two_nodes.link(7, 8).name == "ib" and two_nodes.link(0, 7).name == "nvswitch"
+    a = predict(one_node, "token_ring", 24, 128, 65536, 8, 2).ms
+    b = predict(two_nodes, "token_ring", 24, 128, 65536, 8, 2).ms  # ring over nodes, IB hops
+    assert b > a
+    ranked = rank_all(make_machine(32, nodes=4), 40, 128, 75600, layers=40, batch=2)
+    assert ranked[0].prediction.ulysses * ranked[0].prediction.ring == 32
+
+
+def test_choose_ring_is_deterministic_and_sane():
+    args = (24, 128, 2048, 2048, 4, "bfloat16", "NVIDIA H200", "nvswitch", True)
+    assert {choose_ring(*args) for _ in range(5)} == {choose_ring(*args)}
+    assert choose_ring(24, 128, 4096, 4096, 1) == "default"
+    # small PixArt blocks on 4 GPUs: TokenRing's graph replay wins by a wide margin (measured 5x)
+    assert choose_ring(16, 72, 1024, 1024, 4) == "token_ring"
+    # eager, host-bound: no graph, nothing to gain over one all-gather
+    assert choose_ring(16, 72, 1024, 1024, 4, graphs=False) == "default"
+
+
+def test_calibration_loader_reads_the_calibrate_script_format(tmp_path):
+    cells = ((256, 256, 0.01), (256, 1024, 0.02), (1024, 256, 0.02), (1024, 1024, 0.08))
+    rows = [
+        dict(kernel="cudnn", dtype="bfloat16", heads=h, head_dim=128, q_len=q, kv_len=kv, ms=ms)
+        for h in (16, 32)
+        for q, kv, ms in cells
+    ]
+    path = tmp_path / "blocks_test.json"
+    meta = {"source": "measured", "gpu": "NVIDIA H100"}
+    path.write_text(json.dumps({"meta": meta, "rows": rows}))
+    t = KernelTable.from_json(path)
+    assert not t.derived
+    assert t.block_ms(1024, 1024, 16, 128) == pytest.approx(0.08)
+    assert 0.02 < t.block_ms(512, 1024, 16, 128) < 0.08  # interpolated between grid points
+    assert t.block_ms(2048, 2048, 16, 128) > 0.08  # extrapolated upward
+    rows.pop()
+    path.write_text(json.dumps({"meta": {}, "rows": rows}))
+    with pytest.raises(ValueError, match="full q_len x kv_len grid"):
+        KernelTable.from_json(path)
+
+
+def test_shipped_table_is_derived_and_matches_single_gpu_columns():
+    t = load_table("NVIDIA H200")
+    assert t.derived and "derived_from" in t.meta
+    # sweep single_ms: flux 24 x 128 at 16896 tokens ~5.5 ms, pixart 16 x 72 at 16384 ~3.3 ms
+    assert t.block_ms(16896, 16896, 24, 128) == pytest.approx(5.5, rel=0.1)
+    assert t.block_ms(16384, 16384, 16, 72) == pytest.approx(3.3, rel=0.1)
+
+
+def test_cli_plan_prints_flags_of_the_best(capsys):
+    assert cli.run(_parse("--model", "flux", "--resolution", "2048", "--gpus", "4")) == 0
+    out = capsys.readouterr().out
+    assert "--ulysses_degree" in out and "ContextParallelConfig(ulysses_degree=" in out
+    assert cli.run(_parse("--heads", "24", "--gpus", "4", "--tokens", "4096")) == 2
+
+
+def test_cli_validate_last_line_format(capsys):
+    cli.run(_parse("--validate", "--bench-dir", str(BENCH)))
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("median abs error ") and " best pick right in " in last

@@ -1,0 +1,134 @@
+"""`tokenring-xdit plan`: rank every ulysses x ring split and ring for a model on a machine.
+
+Registered by tokenring_xdit/cli.py as ("plan", HELP, add_arguments, run).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+__all__ = ["HELP", "add_arguments", "run"]
+
+HELP = "predict and rank ulysses x ring splits and ring implementations (cost model)"
+FABRIC_CHOICES = ("nvswitch", "nvlink-pair", "pcie", "p2p-off", "ib")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from .models import MODELS
+
+    p.add_argument("--model", choices=sorted(MODELS), help="known model (heads, dim, layers)")
+    p.add_argument("--heads", type=int, help="attention heads (instead of --model)")
+    p.add_argument("--head-dim", type=int, help="head size (instead of --model)")
+    p.add_argument("--layers", type=int, help="attention calls per forward (default: model's)")
+    p.add_argument("--steps", type=int, help="denoising steps (default: model's)")
+    p.add_argument("--batch", type=int, help="batch per call (default: model's, 2 with CFG)")
+    p.add_argument("--tokens", type=int, help="attention sequence length (total, all ranks)")
+    p.add_argument("--resolution", type=int, help="square image side in px (instead of --tokens)")
+    p.add_argument("--gpus", type=int, default=2, help="GPUs in all (default 2)")
+    p.add_argument("--nodes", type=int, default=1, help="nodes the GPUs are spread over")
+    p.add_argument("--fabric", default="nvswitch", choices=FABRIC_CHOICES, help="inside a node")
+    p.add_argument("--inter-fabric", default="ib", choices=FABRIC_CHOICES, help="between nodes")
+    p.add_argument("--gpu", default="NVIDIA H200", help="GPU name as torch reports it")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
+    p.add_argument("--table", help="calibration table JSON (default: the shipped one for --gpu)")
+    p.add_argument("--top", type=int, default=0, help="print only the best N rows")
+    p.add_argument("--plot", metavar="PATH", help="write a bar chart (needs the bench extra)")
+    p.add_argument(
+        "--validate",
+        action="store_true",
+        help="predict every committed docs/benchmarks/sweep_*.json row and score the model",
+    )
+    p.add_argument("--bench-dir", default="docs/benchmarks", help="for --validate")
+    p.add_argument("--verbose", action="store_true", help="--validate: one line per prediction")
+
+
+def _shape(args: argparse.Namespace):
+    from .models import MODELS, ModelSpec, tokens_for
+
+    if args.model:
+        spec = MODELS[args.model]
+    elif args.heads and args.head_dim:
+        spec = ModelSpec("custom", args.heads, args.head_dim, 1, 1)
+    else:
+        raise ValueError("give --model, or --heads and --head-dim")
+    if args.tokens:
+        tokens = args.tokens
+    elif args.resolution:
+        tokens = tokens_for(spec, args.resolution)
+    else:
+        raise ValueError("give --tokens (total sequence length) or --resolution")
+    layers = args.layers or spec.layers
+    steps = args.steps or spec.steps
+    batch = args.batch or spec.batch
+    return spec, tokens, layers, steps, batch
+
+
+def _plot(path: str, choices, title: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise RuntimeError("--plot needs matplotlib: pip install 'tokenring-xdit[bench]'") from exc
+    labels = [c.label for c in choices][::-1]
+    values = [c.per_step_ms for c in choices][::-1]
+    fig, ax = plt.subplots(figsize=(8, 0.35 * len(labels) + 1.5))
+    ax.barh(labels, values, color=["#4c72b0"] * (len(values) - 1) + ["#dd8452"])
+    ax.set_xlabel("predicted attention ms per denoising step")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.validate:
+        from .validate import report
+
+        text, ok = report(args.bench_dir, verbose=args.verbose)
+        print(text)
+        return 0 if ok else 1
+    from .calibration import load_table
+    from .machine import make_machine
+    from .plan import diffusers_config, rank_all, xdit_flags
+
+    try:
+        spec, tokens, layers, steps, batch = _shape(args)
+        table = load_table(args.gpu, args.table)
+        m = make_machine(args.gpus, args.nodes, args.fabric, args.inter_fabric, args.gpu, table)
+        choices = rank_all(
+            m, spec.heads, spec.head_dim, tokens, layers=layers, batch=batch, dtype=args.dtype
+        )
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"tokenring-xdit plan: {exc}")
+        return 2
+    src = "derived (not measured)" if table.derived else "measured"
+    print(f"{spec.name}: {spec.heads} heads x {spec.head_dim}, {tokens} tokens, batch {batch}, "
+          f"{layers} attention layers x {steps} steps")  # fmt: skip
+    print(f"machine: {m.describe()}; kernel table {Path(table.path).name} ({src})")
+    if tokens % args.gpus:
+        print(f"note: {tokens} tokens do not split evenly over {args.gpus} GPUs (padding needed)")
+    print(f"{'#':>2} {'split':36} {'ms/call':>9} {'ms/step':>9} {'s/image':>8}  gpu/host ms")
+    shown = choices[: args.top] if args.top else choices
+    for i, c in enumerate(shown, 1):
+        p = c.prediction
+        print(
+            f"{i:2} {c.label:36} {p.ms:9.3f} {c.per_step_ms:9.2f} "
+            f"{c.per_step_ms * steps / 1e3:8.3f}  {p.gpu_ms:.3f}/{p.host_ms:.3f}"
+        )
+    best = choices[0]
+    print(f"best: {best.label}")
+    print(f"  xDiT:      {xdit_flags(best)}")
+    print(f"  diffusers: {diffusers_config(best)}")
+    if args.plot:
+        try:
+            title = f"{spec.name} {tokens} tokens, {m.describe()}"
+            _plot(args.plot, shown, title)
+        except RuntimeError as exc:
+            print(f"tokenring-xdit plan: {exc}")
+            return 2
+        print(f"wrote {args.plot}")
+    return 0

@@ -1,0 +1,251 @@
+"""Derive the shipped data files from committed measurements (run from the repository root).
+
+    python -m tokenring_xdit.planner.derive            # rewrites tokenring_xdit/planner/data/*
+
+Writes:
+  blocks_h200_derived.json  a kernel table derived from the single-GPU columns of
+                            docs/benchmarks/sweep_*.json (full S x S attention on one H200) and
+                            the N x N block-splitting efficiencies measured on one H100 (shared
+                            notes, anchors.md): a two-parameter wave model is fitted per head
+                            dim and evaluated on the calibration grid. Marked "source": "derived";
+                            a table from benchmarks/calibrate_blocks.py replaces it.
+  fabrics.json              latency/bandwidth per pattern fitted from nccl_peers_*.json
+  params.json               overlap inflation and host costs (see params.py)
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import re
+import statistics
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from .calibration import DATA_DIR, padded_head_dim
+from .fabric import fit_nccl_peers
+
+__all__ = ["wave_ms", "fit_wave_model", "main"]
+
+SMS = 132  # H100/H200 SXM streaming multiprocessors
+Q_TILE = 128  # query rows per CTA in the Hopper attention kernels
+GRID_LENS = [256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536]
+GRID_HEADS = [8, 16, 24, 32, 40]
+GRID_DIMS = [64, 72, 128]
+# flash (torch's flash kernel, yunchang's torch backend) vs cuDNN at d=128, both returning lse,
+# bf16, one H200: 265-358 vs 450-680 TFLOP/s (anchors.md); ratio of the midpoints.
+FLASH_OVER_CUDNN_128 = (450 + 680) / (265 + 358)
+# Per-rank compute efficiency of splitting one attention into N x N blocks (one H100, cuDNN, bf16,
+# Flux 24 x 128; anchors.md): tokens -> {N: single / (N^2 * block)}.
+BLOCK_EFFICIENCY = {
+    4096: {2: 0.92, 4: 0.61, 8: 0.36},
+    16384: {2: 1.06, 4: 0.94, 8: 0.88, 16: 0.63},
+    65536: {2: 0.99, 4: 0.92, 8: 0.96, 16: 0.93, 32: 0.86, 64: 0.56},
+}
+
+
+def _waves(heads: float, q_len: float) -> float:
+    return math.ceil(heads * math.ceil(q_len / Q_TILE) / SMS)
+
+
+def wave_ms(q_len: float, kv_len: float, heads: int, t0: float, c: float, a: float) -> float:
+    """Block time = launch floor + waves of CTAs x (per-CTA fixed cost a + c * kv / 1e6).
+
+    a is what a CTA pays whatever its kv length (load its Q tile, write out and lse): the reason
+    many short blocks cost more than one long one with the same FLOPs.
+    """
+    return t0 + _waves(heads, q_len) * (a + c * kv_len / 1e6)
+
+
+def _single_rows(bench_dir: Path) -> list[tuple[int, int, int, float]]:
+    """(heads, head_dim, tokens, ms) of every single-GPU column, averaged per shape."""
+    seen: dict[tuple[int, int, int], list[float]] = {}
+    for path in sorted(glob.glob(str(bench_dir / "sweep_*.json"))):
+        with open(path) as f:
+            data = json.load(f)
+        if "H200" not in data.get("meta", {}).get("gpu", ""):
+            continue
+        for row in data["rows"]:
+            if row.get("single_ms"):
+                key = (row["heads"], row["head_size"], row["tokens"])
+                seen.setdefault(key, []).append(row["single_ms"])
+    return [(*k, statistics.median(v)) for k, v in sorted(seen.items())]
+
+
+def fit_wave_model(
+    rows: list[tuple[int, int, int, float]],
+) -> dict[int, tuple[float, float, float]]:
+    """Fit a shared floor t0 and per-CTA cost a, and a kv rate c per head dim: {d: (t0, c, a)}."""
+    dims = sorted({d for _, d, _, _ in rows})
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        t0, a, c = x[0], x[1], dict(zip(dims, x[2:], strict=True))
+        # the single-GPU rows fix the large-block rate
+        res = [math.log(wave_ms(s, s, h, t0, c[d], a) / ms) for h, d, s, ms in rows]
+        for tokens, by_n in BLOCK_EFFICIENCY.items():  # the block splits fix the floor
+            single = wave_ms(tokens, tokens, 24, t0, c[128], a)
+            for n, eff in by_n.items():
+                block = wave_ms(tokens / n, tokens / n, 24, t0, c[128], a)
+                res.append(math.log(block * n * n * eff / single))
+        return np.array(res)
+
+    x0 = np.array([0.005, 0.001] + [10.0] * len(dims))
+    fit = least_squares(residuals, x0, bounds=(0, np.inf), x_scale="jac")
+    t0, a = float(fit.x[0]), float(fit.x[1])
+    return {d: (t0, float(c), a) for d, c in zip(dims, fit.x[2:], strict=True)}
+
+
+def derived_table(bench_dir: Path) -> dict:
+    rows_in = _single_rows(bench_dir)
+    model = fit_wave_model(rows_in)
+    rows = []
+    for kernel in ("cudnn", "flash"):
+        for d in GRID_DIMS:
+            # nearest fitted dim, scaled by the dim the kernel computes with (padding)
+            d_fit = min(
+                model, key=lambda x: abs(padded_head_dim(x, "cudnn") - padded_head_dim(d, "cudnn"))
+            )
+            t0, per, a = model[d_fit]
+            per *= padded_head_dim(d, "cudnn") / padded_head_dim(d_fit, "cudnn")
+            if kernel == "flash":
+                per *= (
+                    FLASH_OVER_CUDNN_128
+                    * padded_head_dim(d, "flash")
+                    / 128
+                    / (padded_head_dim(d, "cudnn") / 128)
+                )
+            for h in GRID_HEADS:
+                for q in GRID_LENS:
+                    for kv in GRID_LENS:
+                        ms = wave_ms(q, kv, h, t0, per, a)
+                        rows.append(
+                            dict(kernel=kernel, dtype="bfloat16", heads=h, head_dim=d,
+                                 q_len=q, kv_len=kv, ms=round(ms, 6))
+                        )  # fmt: skip
+    resid = [wave_ms(s, s, h, *model[d]) / ms - 1 for h, d, s, ms in rows_in]
+    meta = {
+        "source": "derived",
+        "gpu": "NVIDIA H200",
+        "dtype": "bfloat16",
+        "layout": "bhsd, batch 1",
+        "derived_from": [
+            "single_ms columns of docs/benchmarks/sweep_*.json (one H200, full S x S, cuDNN)",
+            "N x N block-splitting efficiencies, one H100, cuDNN (shared notes anchors.md)",
+            "flash/cuDNN rate ratio at d=128 (anchors.md), flash pads d to 32/64/96/128",
+        ],
+        "model": "ms = t0 + ceil(heads * ceil(q/128) / 132) * (a + c[d] * kv / 1e6)",
+        "fit": {str(d): {"t0_ms": t0, "c_ms": c, "a_ms": a} for d, (t0, c, a) in model.items()},
+        "fit_max_rel_error_single_rows": round(max(abs(r) for r in resid), 4),
+        "note": "derived, not measured: replace with benchmarks/calibrate_blocks.py output",
+    }
+    return {"meta": meta, "rows": rows}
+
+
+def _profile_op_us(path: Path, op: str) -> float:
+    """'CPU time avg' of one op in a torch.profiler key_averages table (microseconds)."""
+    for line in path.read_text().splitlines():
+        cols = line.split()
+        if cols and cols[0] == op:
+            avg = cols[-6]  # Name, Self CPU %, Self CPU, CPU total %, CPU total, CPU time avg, ...
+            value = float(re.sub(r"[a-z]+$", "", avg))
+            return value * (1000.0 if avg.endswith("ms") else 1.0)
+    raise ValueError(f"{path}: op {op} not in the table")
+
+
+def derived_params(bench_dir: Path) -> dict:
+    with open(bench_dir / "ring_call_profile_2xH200.json") as f:
+        prof = json.load(f)
+    inflation = statistics.median(r["attention_inflation"] for r in prof["rows"])
+    profiles = bench_dir / "profiles"
+    one = profiles / "profile_pixart1024_one_gpu.txt"
+    first = json.loads(one.read_text().splitlines()[0])
+    with open(bench_dir / "e2e_pixart_2xH200.json") as f:
+        e2e = next(r for r in json.load(f)["rows"] if r["size"] == 1024)
+    # the profiler slows the host; measure how much on the same run without it
+    profiler_slowdown = (first["wall_s"] / first["steps"]) / (e2e["one_gpu_s"] / e2e["steps"])
+    elementwise = statistics.median(
+        _profile_op_us(one, op) for op in ("aten::add", "aten::mul", "aten::sub", "aten::copy_")
+    )
+    tr_eager = profiles / "profile_pixart1024_token_ring_rank0.txt"
+    host = {
+        "attention": _profile_op_us(one, "aten::_scaled_dot_product_cudnn_attention"),
+        "comm": _profile_op_us(
+            profiles / "profile_pixart1024_default_rank0.txt", "record_param_comms"
+        ),
+        "elementwise": elementwise,
+        "graph": _profile_op_us(tr_eager, "cudaGraphLaunch"),
+    }
+    return {
+        "overlap_inflation": round(inflation, 4),
+        "host_us": {k: round(v / profiler_slowdown, 2) for k, v in host.items()},
+        "profiler_slowdown": round(profiler_slowdown, 4),
+        "sources": {
+            "overlap_inflation": "median attention_inflation, ring_call_profile_2xH200.json",
+            "host_us": "CPU time avg per call, docs/benchmarks/profiles/*.txt / profiler_slowdown",
+            "profiler_slowdown": "profiled one-GPU PixArt step / unprofiled (e2e_pixart_2xH200)",
+        },
+    }
+
+
+def device_latency_ms(bench_dir: Path) -> float:
+    """GPU-side cost of one more P2P transfer: graphed TokenRing calls that return the last
+    partial in 16 pieces instead of 1 (final_chunks/*.json, smallest shapes, where the data
+    moved is small): (t16 - t1) / 15, median. An upper bound (it includes a kernel split)."""
+    slopes = []
+    for path in sorted(glob.glob(str(bench_dir / "final_chunks" / "final_chunks_*xH200.json"))):
+        with open(path) as f:
+            for row in json.load(f)["rows"]:
+                if row["tokens"] <= 4608 and row.get("chunks_16_ms"):
+                    slopes.append((row["chunks_16_ms"] - row["chunks_1_ms"]) / 15)
+    return statistics.median(slopes)
+
+
+def derived_fabrics(bench_dir: Path) -> dict:
+    # which committed measurement stands for which named fabric
+    names = {
+        "nvswitch": "nccl_peers_4xH200_nvlink.json",
+        "nvlink-pair": "nccl_peers_2xH200_nvlink.json",
+        "p2p-off": "nccl_peers_4xH200_p2p_off.json",
+        "p2p-off-pair": "nccl_peers_2xH200_p2p_off.json",
+    }
+    fabrics = []
+    latency = device_latency_ms(bench_dir)
+    for name, file in names.items():
+        fab = fit_nccl_peers(bench_dir / file, name=name, latency_ms=latency)
+        entry = fab.to_dict()
+        entry["source"] = (
+            f"bandwidth: docs/benchmarks/{file}; latency: final_chunks (graphed extra transfer)"
+        )
+        fabrics.append(entry)
+    return {"fabrics": fabrics}
+
+
+def _dump(path: Path, data: dict) -> None:
+    with open(path, "w") as f:
+        if "rows" in data:  # tables: one row per line keeps diffs readable and the file small
+            rows = ",\n ".join(json.dumps(r) for r in data["rows"])
+            f.write(f'{{"meta": {json.dumps(data["meta"], indent=1)},\n "rows": [\n {rows}\n]}}')
+        else:
+            json.dump(data, f, indent=1)
+        f.write("\n")
+    print(f"wrote {path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bench-dir", default="docs/benchmarks")
+    ap.add_argument("--out-dir", default=str(DATA_DIR))
+    args = ap.parse_args(argv)
+    bench, out = Path(args.bench_dir), Path(args.out_dir)
+    _dump(out / "blocks_h200_derived.json", derived_table(bench))
+    _dump(out / "fabrics.json", derived_fabrics(bench))
+    _dump(out / "params.json", derived_params(bench))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

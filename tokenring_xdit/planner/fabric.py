@@ -1,0 +1,126 @@
+"""Links between GPUs: latency + bandwidth per traffic pattern, fitted from NCCL measurements.
+
+`benchmarks/nccl_peers.py` times, per message size, three patterns that are exactly what the
+schedules do:
+  one_way     r -> r+1 only (pairs)                         - a single transfer on a quiet link
+  ring        r -> r+1 while r-1 -> r (one peer each way)   - K/V rings, all-gather steps, Q alone
+  two_peers   r -> r+1 and r -> r-1 at once, one NCCL group - TokenRing's Q + partial, all-to-all
+Each pattern is t = latency + bytes_out_per_rank / bandwidth: bandwidth fitted on the >= 16 MB
+messages, latency from the graphed TokenRing's cost per extra transfer (derive.py). Fabrics with
+no committed measurement (PCIe, InfiniBand) carry nominal figures that docs/planner.md states
+and asks to be measured.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["Link", "Fabric", "FABRICS", "fit_nccl_peers", "fabric", "load_fabrics"]
+
+DATA_FILE = Path(__file__).with_name("data") / "fabrics.json"
+PATTERNS = {"one_way": "one_peer_one_way", "ring": "one_peer_both_ways", "two_peers": "two_peers"}
+
+
+@dataclass(frozen=True)
+class Link:
+    latency_ms: float
+    gbps: float  # GB/s out per rank (1e9 bytes)
+
+    def ms(self, nbytes: float) -> float:
+        return self.latency_ms + nbytes / (self.gbps * 1e6) if nbytes > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """One kind of link, with its three patterns; `source` says where the numbers come from."""
+
+    name: str
+    one_way: Link
+    ring: Link
+    two_peers: Link
+    source: str = ""
+
+    def pattern(self, name: str) -> Link:
+        return getattr(self, name)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Fabric:
+        links = {k: Link(**data[k]) for k in PATTERNS}
+        return cls(name=data["name"], source=data.get("source", ""), **links)
+
+
+MIN_FIT_BYTES = 16 * 2**20
+
+
+def _fit(sizes_bytes: np.ndarray, ms: np.ndarray, latency_ms: float | None) -> Link:
+    """Bandwidth from the large messages; latency given, or the fitted intercept.
+
+    nccl_peers times NCCL calls issued from Python back to back, so its intercept is mostly host
+    issue cost (modelled apart, params.host_us); the GPU-side latency comes from elsewhere.
+    """
+    big = sizes_bytes >= MIN_FIT_BYTES
+    a = np.stack([np.ones(big.sum()), sizes_bytes[big]], axis=1)
+    (lat, inv_bw), *_ = np.linalg.lstsq(a, ms[big], rcond=None)
+    lat = max(float(lat), 0.0) if latency_ms is None else latency_ms
+    return Link(latency_ms=lat, gbps=1.0 / (float(inv_bw) * 1e6))
+
+
+def fit_nccl_peers(
+    path: str | Path, name: str | None = None, latency_ms: float | None = None
+) -> Fabric:
+    """Fit the three patterns of one `nccl_peers_*.json` file."""
+    with open(path) as f:
+        data = json.load(f)
+    rows = data["rows"]
+    links = {}
+    for pattern, column in PATTERNS.items():
+        pts = [(r["MB"] * 2**20, r[f"{column}_ms"]) for r in rows if r.get(f"{column}_ms")]
+        if pattern == "one_way" and not pts:  # odd rank counts have no pairs
+            pts = [(r["MB"] * 2**20, r["one_peer_both_ways_ms"]) for r in rows]
+        # two_peers moves twice the message per rank
+        scale = 2.0 if pattern == "two_peers" else 1.0
+        x = np.array([p[0] * scale for p in pts], dtype=float)
+        links[pattern] = _fit(x, np.array([p[1] for p in pts], dtype=float), latency_ms)
+    return Fabric(name=name or Path(path).stem, source=str(path), **links)
+
+
+# Nominal fabrics without a committed measurement. Why these numbers: PCIe Gen4 x16 carries
+# ~25 GB/s per direction after protocol overhead, shared by everything a GPU sends; with NCCL P2P
+# through a PCIe switch two outgoing streams split that link. InfiniBand NDR (400 Gb/s, one NIC
+# per GPU) gives ~45 GB/s per direction; two flows from one GPU share its NIC. Latencies are
+# NCCL's typical small-message figures. docs/planner.md lists these as "to be measured".
+_NOMINAL = {
+    "pcie": dict(one_way=Link(0.015, 25.0), ring=Link(0.015, 24.0), two_peers=Link(0.02, 24.0)),
+    "ib": dict(one_way=Link(0.012, 45.0), ring=Link(0.012, 44.0), two_peers=Link(0.015, 44.0)),
+}
+
+
+def load_fabrics() -> dict[str, Fabric]:
+    """Named fabrics: fitted ones shipped in data/fabrics.json, plus the nominal PCIe and IB."""
+    out = {k: Fabric(name=k, source="nominal (not measured)", **v) for k, v in _NOMINAL.items()}
+    if DATA_FILE.exists():
+        with open(DATA_FILE) as f:
+            for entry in json.load(f)["fabrics"]:
+                out[entry["name"]] = Fabric.from_dict(entry)
+    return out
+
+
+FABRIC_ALIASES = {"nvlink": "nvswitch", "p2p_off": "p2p-off", "infiniband": "ib"}
+
+
+def fabric(name: str) -> Fabric:
+    fabrics = load_fabrics()
+    key = FABRIC_ALIASES.get(name, name)
+    if key not in fabrics:
+        raise ValueError(f"unknown fabric '{name}'; use one of {', '.join(sorted(fabrics))}")
+    return fabrics[key]
+
+
+FABRICS = ("nvswitch", "nvlink-pair", "pcie", "p2p-off", "ib")

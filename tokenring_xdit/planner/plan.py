@@ -1,0 +1,57 @@
+"""Enumerate every ulysses x ring split and ring, predict each, rank them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .machine import Machine
+from .model import RINGS, Prediction, predict
+
+__all__ = ["Choice", "splits", "rank_all", "xdit_flags", "diffusers_config"]
+
+
+@dataclass
+class Choice:
+    prediction: Prediction
+    per_step_ms: float  # attention only: layers x one call
+
+    @property
+    def label(self) -> str:
+        p = self.prediction
+        ring = p.method if p.ring > 1 else "-"
+        return f"ulysses {p.ulysses} x ring {p.ring} ({ring})"
+
+
+def splits(heads: int, gpus: int) -> list[tuple[int, int]]:
+    """(ulysses, ring) with ulysses x ring = gpus and ulysses dividing the heads."""
+    return [(u, gpus // u) for u in range(1, gpus + 1) if gpus % u == 0 and heads % u == 0]
+
+
+def rank_all(
+    m: Machine,
+    heads: int,
+    head_dim: int,
+    tokens: int,
+    layers: int = 1,
+    batch: int = 1,
+    dtype: str = "bfloat16",
+    rings: tuple[str, ...] = tuple(RINGS),
+) -> list[Choice]:
+    out = []
+    for u, r in splits(heads, m.gpus):
+        for method in rings if r > 1 else ("ulysses",):
+            p = predict(m, method, heads, head_dim, tokens, u, r, batch=batch, dtype=dtype)
+            out.append(Choice(p, p.ms * layers))
+    return sorted(out, key=lambda c: c.prediction.ms)
+
+
+def xdit_flags(c: Choice) -> str:
+    p = c.prediction
+    impl = "token_ring" if p.method == "token_ring" else "default"
+    flags = f"--ulysses_degree {p.ulysses} --ring_degree {p.ring}"
+    return flags + (f" --ring_impl_type {impl}" if p.ring > 1 else "")
+
+
+def diffusers_config(c: Choice) -> str:
+    p = c.prediction
+    return f"ContextParallelConfig(ulysses_degree={p.ulysses}, ring_degree={p.ring})"

@@ -1,0 +1,210 @@
+"""The ring schedules, simulated step by step on every rank (GPU time of one attention call).
+
+Each simulation keeps, per ring rank, the time its step starts; a transfer starts when both ends
+have posted it (NCCL send/recv rendezvous) and lasts latency + bytes / bandwidth of the pattern
+the whole ring runs at that step (fabric.py); a kernel that runs while a transfer is in flight
+is slowed by the measured overlap inflation. Ranks are global ranks, so hops that cross nodes
+take the inter-node fabric and the slowest hop sets the pace - nothing assumes a uniform ring.
+
+    step s on rank r          TokenRing                     K/V ring (yunchang)
+    ------------------------  ----------------------------  ---------------------------
+    before the kernel         post Q_{r-s} -> r+1,          post K,V -> r+1,
+                              partial of step s-1 -> r-s+1  K,V <- r-1
+    kernel                    attn(Q_{r-s}, K_r, V_r)       attn(Q_r, K_{r-s}, V_{r-s})
+    after                     wait; merge what came back    merge; wait
+    after the last step       last partial -> r+1, merge    -
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .machine import Machine
+
+__all__ = ["Block", "SimResult", "token_ring", "kv_ring", "allgather_ring", "single"]
+
+LSE_BYTES = 4  # lse is fp32, one per (head, query)
+
+
+@dataclass(frozen=True)
+class Block:
+    """One ring call's local shapes: q_len/kv_len tokens per rank, heads on this rank."""
+
+    heads: int
+    head_dim: int
+    q_len: int
+    kv_len: int
+    dtype_bytes: int = 2
+    dtype: str = "bfloat16"
+
+    @property
+    def q_bytes(self) -> float:
+        return self.q_len * self.heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def kv_bytes(self) -> float:  # K and V together
+        return 2 * self.kv_len * self.heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def partial_bytes(self) -> float:  # out + lse
+        return self.q_bytes + self.q_len * self.heads * LSE_BYTES
+
+    @property
+    def merge_bytes(self) -> float:
+        """fp32 log-sum-exp merge: read the block out and lse, read + write the fp32 accumulator."""
+        n = self.q_len * self.heads
+        return n * self.head_dim * (self.dtype_bytes + 8) + n * 3 * LSE_BYTES
+
+    @property
+    def unfused_merge_bytes(self) -> float:
+        """The same merge as separate torch ops (torch's ring, yunchang's update_out_and_lse):
+        block_out -> fp32, out - block_out, * sigmoid(..), out - that: ~5 fp32 tensors read and
+        written (40 bytes per element) instead of one fused pass."""
+        n = self.q_len * self.heads
+        return n * self.head_dim * 40 + n * 6 * LSE_BYTES
+
+
+@dataclass
+class SimResult:
+    gpu_ms: float
+    host_ms: float
+    breakdown: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ms(self) -> float:
+        # back-to-back calls: the host runs ahead of the GPU unless it is the slower of the two
+        return max(self.gpu_ms, self.host_ms)
+
+
+def _kernel(m: Machine, b: Block, kernel: str, overlap_ms: float = 0.0) -> float:
+    k = m.table.block_ms(b.q_len, b.kv_len, b.heads, b.head_dim, b.dtype, kernel)
+    covered = min(1.0, overlap_ms / k) if k > 0 else 0.0
+    return k * (1.0 + (m.params.overlap_inflation - 1.0) * covered)
+
+
+def _flows_ms(m: Machine, src: int, flows: list[tuple[int, float]], pattern: str) -> float:
+    """Duration of the flows one rank sends at once; flows on one fabric share its pattern."""
+    by_fabric: dict[str, list[tuple[int, float]]] = {}
+    fabrics = {}
+    for dst, nbytes in flows:
+        f = m.link(src, dst)
+        by_fabric.setdefault(f.name, []).append((dst, nbytes))
+        fabrics[f.name] = f
+    out = 0.0
+    for name, group in by_fabric.items():
+        peers = {d for d, _ in group}
+        pat = "two_peers" if len(peers) > 1 else pattern
+        out = max(out, fabrics[name].pattern(pat).ms(sum(n for _, n in group)))
+    return out
+
+
+def _host(m: Machine, attention=0, comm=0, elementwise=0, graph=0) -> float:
+    us = m.params.host_us
+    return (
+        attention * us["attention"]
+        + comm * us["comm"]
+        + elementwise * us["elementwise"]
+        + graph * us["graph"]
+    ) / 1e3
+
+
+def single(m: Machine, b: Block, kernel: str = "cudnn") -> SimResult:
+    k = _kernel(m, b, kernel)
+    return SimResult(k, _host(m, attention=1), {"kernel": k})
+
+
+def token_ring(m: Machine, b: Block, ranks: list[int], graphs: bool = True) -> SimResult:
+    """TokenRing: K/V stay, Q moves one hop per step, partials go straight home one step late."""
+    n = len(ranks)
+    if n == 1:
+        return single(m, b)
+    # eager: each step's host work (2 NCCL groups, kernel, Q copy, merge) gates the next step
+    step_host = 0.0 if graphs else _host(m, attention=1, comm=2, elementwise=3)
+    start = [0.0] * n
+    kernel_total = comm_total = 0.0
+    for s in range(n):
+        # sender i's flows at step s: Q to i+1 (s < n-1), partial of step s-1 to its owner
+        flows = {i: [] for i in range(n)}
+        for i in range(n):
+            if s < n - 1:
+                flows[i].append(((i + 1) % n, b.q_bytes))
+            if s >= 2:
+                flows[i].append(((i - (s - 1)) % n, b.partial_bytes))
+        ends = list(start)
+        comm_ms = [0.0] * n
+        for i in range(n):
+            if not flows[i]:
+                continue
+            glob = [(ranks[j], nb) for j, nb in flows[i]]
+            dur = _flows_ms(m, ranks[i], glob, "ring")
+            for j, _ in flows[i]:
+                t_end = max(start[i], start[j]) + dur
+                ends[i], ends[j] = max(ends[i], t_end), max(ends[j], t_end)
+                comm_ms[i] = max(comm_ms[i], dur)
+        merge = m.mem_ms(b.merge_bytes) if s >= 1 else 0.0  # step 0 initialises (out, lse)
+        for i in range(n):
+            k = _kernel(m, b, "cudnn", comm_ms[i])
+            ends[i] = max(ends[i], start[i] + k + merge)
+        kernel_total += _kernel(m, b, "cudnn", max(comm_ms))
+        comm_total += max(comm_ms)
+        # the host issues step s+1 at (s+1) * step_host: it gates the GPU only when slower
+        start = [max(e, (s + 1) * step_host) for e in ends]
+    # the last partial goes home (to r+1) with no kernel to hide behind, then the final merge
+    last = _flows_ms(m, ranks[0], [(ranks[1 % n], b.partial_bytes)], "ring")
+    for i in range(n):
+        last = max(last, _flows_ms(m, ranks[i], [(ranks[(i + 1) % n], b.partial_bytes)], "ring"))
+    gpu = max(start) + last + m.mem_ms(b.merge_bytes)
+    host = (
+        _host(m, graph=1, elementwise=4)
+        if graphs
+        else _host(m, attention=n, comm=2 * (n - 1), elementwise=3 * n)
+    )
+    return SimResult(gpu, host, {"kernels": kernel_total, "comm": comm_total, "exposed_tail": last})
+
+
+def kv_ring(m: Machine, b: Block, ranks: list[int], kernel: str = "flash") -> SimResult:
+    """yunchang's P2P ring: K,V move one hop per step, merged in fp32 after each kernel."""
+    n = len(ranks)
+    layout = m.mem_ms(2 * (b.q_bytes + b.kv_bytes + b.q_bytes))  # bhsd <-> bshd copies
+    step_host = _host(m, attention=1, comm=1, elementwise=8)
+    start = [layout] * n
+    kernel_total = comm_total = 0.0
+    for s in range(n):
+        ends = list(start)
+        comm_ms = [0.0] * n
+        if s < n - 1:
+            for i in range(n):
+                j = (i + 1) % n
+                dur = _flows_ms(m, ranks[i], [(ranks[j], b.kv_bytes)], "ring")
+                t_end = max(start[i], start[j]) + dur
+                ends[i], ends[j] = max(ends[i], t_end), max(ends[j], t_end)
+                comm_ms[i] = dur
+        merge = m.mem_ms(b.unfused_merge_bytes)
+        for i in range(n):
+            ends[i] = max(ends[i], start[i] + _kernel(m, b, kernel, comm_ms[i]) + merge)
+        kernel_total += _kernel(m, b, kernel, max(comm_ms))
+        comm_total += max(comm_ms)
+        start = [max(e, layout + (s + 1) * step_host) for e in ends]
+    gpu = max(start) + m.mem_ms(2 * b.q_bytes)
+    host = n * step_host + _host(m, elementwise=5)
+    return SimResult(gpu, host, {"kernels": kernel_total, "comm": comm_total})
+
+
+def allgather_ring(m: Machine, b: Block, ranks: list[int]) -> SimResult:
+    """torch's templated ring with all-gather rotation (xDiT 0.7 / diffusers default).
+
+    One all-gather of K,V (NCCL ring algorithm: n-1 sub-steps, each paced by the slowest hop)
+    runs under the local block; then the n-1 remote blocks run back to back with a merge each.
+    """
+    n = len(ranks)
+    t_ag = 0.0
+    for _ in range(n - 1):  # each sub-step forwards one rank's K,V around the ring
+        t_ag += max(
+            _flows_ms(m, ranks[i], [(ranks[(i + 1) % n], b.kv_bytes)], "ring") for i in range(n)
+        )
+    first = _kernel(m, b, "cudnn", t_ag)
+    rest = (n - 1) * (_kernel(m, b, "cudnn") + m.mem_ms(b.unfused_merge_bytes))
+    gather_copy = m.mem_ms(2 * n * b.kv_bytes)  # all-gather output split back into blocks
+    gpu = max(first, t_ag) + gather_copy + rest + m.mem_ms(2 * b.q_bytes)
+    host = _host(m, attention=n, comm=1, elementwise=8 * (n - 1) + 4)
+    return SimResult(gpu, host, {"kernels": first + rest, "comm": t_ag})

@@ -1,0 +1,145 @@
+"""`plan --validate`: predict every committed ring-sweep row and score the predictions.
+
+Every `docs/benchmarks/sweep_*.json` (ring_sweep.py's format; new files are picked up by the glob)
+is read; each row's machine is rebuilt from its meta (GPU, ranks, NCCL_P2P_DISABLE) with the
+fabric fitted from the nccl_peers file of the same host kind, and every timed method the planner
+models is predicted. Scores:
+  error      |predicted / measured - 1| per (row, method); the median is reported
+  best pick  per row, the method the planner ranks first among the measured ones (token_ring
+             graphed, torch_ag, yunchang_p2p, ulysses) is "right" when its measured time is
+             within PICK_TOLERANCE of the measured best (run-to-run spread of the same shape on
+             the same host is 1-4 %, sweep_2xH200_nvlink vs sweep_2of4xH200_nvlink)
+Nothing here is fitted on these rows: see params.py and derive.py for what comes from where.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from .machine import make_machine
+from .model import predict
+
+__all__ = ["Check", "validate", "report", "MAX_MEDIAN_ERROR", "MIN_PICK_RATE", "PICK_TOLERANCE"]
+
+MAX_MEDIAN_ERROR = 0.15
+MIN_PICK_RATE = 0.90
+PICK_TOLERANCE = 0.05
+PICK_METHODS = ("token_ring", "torch_ag", "yunchang_p2p", "ulysses")
+TIMED = ("token_ring", "token_ring_eager", "torch_ag", "yunchang_p2p", "ulysses")
+
+
+@dataclass
+class Check:
+    file: str
+    model: str
+    tokens: int
+    ulysses: int
+    ring: int
+    method: str
+    measured_ms: float
+    predicted_ms: float
+
+    @property
+    def error(self) -> float:
+        return self.predicted_ms / self.measured_ms - 1.0
+
+
+def _fabric_for(meta: dict, ranks: int) -> str:
+    """The named fabric whose nccl_peers measurement was taken on the same kind of host."""
+    p2p_off = str(meta.get("nccl_p2p_disable", "0")) == "1"
+    pair = ranks == 2 and "of" not in meta.get("command", "") and "CUDA_VISIBLE" not in str(meta)
+    if p2p_off:
+        return "p2p-off-pair" if ranks == 2 else "p2p-off"
+    return "nvlink-pair" if pair else "nvswitch"
+
+
+def _file_fabric(path: str, meta: dict, ranks: int) -> str:
+    # 2 of the 4 NVSwitch GPUs (sweep_2of4...) are still behind the switch
+    if "2of4" in Path(path).name and str(meta.get("nccl_p2p_disable", "0")) != "1":
+        return "nvswitch"
+    return _fabric_for(meta, ranks)
+
+
+def sweep_files(bench_dir: str | Path = "docs/benchmarks") -> list[str]:
+    return sorted(glob.glob(str(Path(bench_dir) / "sweep_*.json")))
+
+
+def validate(
+    bench_dir: str | Path = "docs/benchmarks",
+) -> tuple[list[Check], list[tuple[str, str, int, bool, bool]]]:
+    """(every per-method check, per row (file, model, tokens, pick right, strict pick right))."""
+    checks: list[Check] = []
+    picks = []
+    for path in sweep_files(bench_dir):
+        with open(path) as f:
+            data = json.load(f)
+        meta = data.get("meta", {})
+        for row in data["rows"]:
+            u = int(row.get("ulysses", 1))
+            ranks = int(row.get("ranks", u * row["ring"]))
+            m = make_machine(ranks, fabric_name=_file_fabric(path, meta, ranks), gpu=meta["gpu"])
+            # first-version files timed TokenRing eagerly and had no eager column
+            columns = {k: k for k in TIMED}
+            if "token_ring_eager_ms" not in row and "token_ring_ms" in row:
+                columns["token_ring"] = "token_ring_eager"
+            row_checks = {}
+            for column, method in columns.items():
+                measured = row.get(f"{column}_ms")
+                if not measured:
+                    continue
+                uu, rr = (ranks, 1) if method == "ulysses" else (u, int(row["ring"]))
+                p = predict(m, method, row["heads"], row["head_size"], row["tokens"], uu, rr)
+                c = Check(
+                    Path(path).name, row["model"], row["tokens"], uu, rr, column, measured, p.ms
+                )
+                checks.append(c)
+                row_checks[method] = c
+            cands = {k: c for k, c in row_checks.items() if k in PICK_METHODS}
+            if len(cands) >= 2:
+                pick = min(cands.values(), key=lambda c: c.predicted_ms)
+                best = min(c.measured_ms for c in cands.values())
+                right = pick.measured_ms <= best * (1 + PICK_TOLERANCE)
+                picks.append(
+                    (Path(path).name, row["model"], row["tokens"], right, pick.measured_ms == best)
+                )
+    return checks, picks
+
+
+def report(bench_dir: str | Path = "docs/benchmarks", verbose: bool = False) -> tuple[str, bool]:
+    """The text `plan --validate` prints, and whether the targets are met."""
+    checks, picks = validate(bench_dir)
+    if not checks:
+        return f"no sweep_*.json under {bench_dir}", False
+    lines = []
+    if verbose:
+        lines.append(
+            f"{'file':32} {'model':6} {'tokens':>6} UxR  {'method':17} meas_ms pred_ms  err"
+        )
+        for c in checks:
+            lines.append(
+                f"{c.file:32} {c.model:6} {c.tokens:6} {c.ulysses}x{c.ring}  {c.method:17} "
+                f"{c.measured_ms:7.3f} {c.predicted_ms:7.3f} {c.error:+5.0%}"
+            )
+    by_method: dict[str, list[float]] = {}
+    for c in checks:
+        by_method.setdefault(c.method, []).append(abs(c.error))
+    for method, errs in sorted(by_method.items()):
+        lines.append(f"  {method:17} median abs error {statistics.median(errs):6.1%} ({len(errs)})")
+    median = statistics.median(abs(c.error) for c in checks)
+    right = sum(p[3] for p in picks)
+    strict = sum(p[4] for p in picks)
+    lines.append(
+        f"{len(checks)} predictions from {len({c.file for c in checks})} files; best pick exactly "
+        f"right in {strict} of {len(picks)}, within {PICK_TOLERANCE:.0%} of the best in {right}"
+    )
+    lines.append(
+        "fitted on these rows: nothing (kernel table: single-GPU columns + anchors; fabrics: "
+        "nccl_peers + final_chunks; overlap: ring_call_profile; host: profiler tables)"
+    )
+    lines.append(f"median abs error {median:.1%}, best pick right in {right} of {len(picks)}")
+    ok = median <= MAX_MEDIAN_ERROR and right >= MIN_PICK_RATE * len(picks)
+    return "\n".join(lines), ok
