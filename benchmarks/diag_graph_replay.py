@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
+from tokenring_xdit.config import ENV
 from tokenring_xdit.ring import fused_merge, graphs, merge, setup_token_ring_group, token_ring_attn
 from tokenring_xdit.ring.kernels import math
 from tokenring_xdit.ring.layout import get_layout
@@ -75,7 +76,7 @@ def _run_case(case: Case, rank: int, world: int, rings: dict) -> dict:
     group = rings[n]
     ring_rank, first = dist.get_rank(group), rank - dist.get_rank(group)
     lay = get_layout(case.layout)
-    os.environ[fused_merge.FUSED_MERGE_ENV] = "1" if case.fused else "0"
+    os.environ[ENV["fused_merge"][0]] = "1" if case.fused else "0"
     _force_fused_merge(case.eager_fused)
     graphs.clear_graphs()
     worst = {"graph_vs_eager": 0.0, "graph_vs_exact": 0.0, "eager_vs_exact": 0.0}
@@ -106,7 +107,7 @@ def _run_case(case: Case, rank: int, world: int, rings: dict) -> dict:
         ):
             worst[name] = max(worst[name], (a.float() - b.float()).abs().max().item())
     _force_fused_merge(False)
-    captured = sum(g is not None for g in graphs._GRAPHS.values())
+    captured = sum(g is not None for g in graphs.RING_GRAPHS._graphs.values())
     return dict(asdict(case), ring=n, rank=rank, graphs=captured, **worst)
 
 

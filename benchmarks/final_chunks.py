@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 from ring_sweep import SHAPES, time_ms
 
+from tokenring_xdit import config
 from tokenring_xdit.ring import setup_token_ring_group, token_ring_attn
-from tokenring_xdit.ring.api import default_final_chunks
 
 
 def main() -> None:
@@ -42,7 +42,7 @@ def main() -> None:
             for _ in range(3)
         )
         row = {"model": model, "tokens": total, "ring": n}
-        row["default"] = default_final_chunks()
+        row["default"] = config.current().final_chunks
         for c in args.chunks:
             call = functools.partial(
                 token_ring_attn, q, k, v, layout="bhsd", kernel="cudnn", final_chunks=c

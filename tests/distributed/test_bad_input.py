@@ -69,7 +69,9 @@ def _scenario(rank, n, name):
         q, k, v = _qkv(torch)
         kwargs["final_chunks"] = 2 if rank == 1 else 1
     elif name in ("final_chunks_env_bad_rank1", "final_chunks_env_differs"):
-        from tokenring_xdit.ring.api import FINAL_CHUNKS_ENV
+        from tokenring_xdit.config import ENV
+
+        FINAL_CHUNKS_ENV = ENV["final_chunks"][0]
 
         q, k, v = _qkv(torch)
         bad = name == "final_chunks_env_bad_rank1"

@@ -142,12 +142,12 @@ def _strided_copies(q, k, v, torch):
 
 
 def _expected_traffic(case, n):
-    from tokenring_xdit.ring.api import default_final_chunks
+    from tokenring_xdit import config
 
     if n == 1:
         return dict(q_messages=0, partial_messages=0, kernel_calls=1)
     q_lens = case["q_lens"][:n]
-    chunks = case["final_chunks"] or default_final_chunks()
+    chunks = case["final_chunks"] or config.current().final_chunks
     chunks = min(chunks, min(q_lens))
     # N-2 regular returns + the final one in `chunks` pieces; every return is out + lse
     return dict(

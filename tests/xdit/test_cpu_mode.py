@@ -132,10 +132,10 @@ def _prepare_run_generators(input_config) -> dict:
     import importlib
     import types
 
-    from tokenring_xdit.patches.xfuser_cpu import _CUDA_GENERATOR_PREPARE_RUNS
+    from tokenring_xdit.patches.table import CUDA_GENERATOR_PREPARE_RUNS
 
     seen = {}
-    for module, (cls, _, _) in _CUDA_GENERATOR_PREPARE_RUNS.items():
+    for module, (cls, _, _) in CUDA_GENERATOR_PREPARE_RUNS.items():
         pipeline_cls = getattr(importlib.import_module(module), cls)
         call: dict = {}
         stand_in = types.SimpleNamespace(__call__=call.update)  # records the call's kwargs
@@ -402,7 +402,7 @@ def _module_level_lines(module_file: str) -> list[str]:
 def test_patch_lists_match_installed_xfuser() -> None:
     """The modules that freeze HAS_LONG_CTX_ATTN / gate PROCESS_GROUP at import, read from the
     installed xfuser's source (without importing it), are exactly the ones CPU mode patches."""
-    from tokenring_xdit.patches import xfuser_cpu
+    from tokenring_xdit.patches import table
 
     root = importlib.util.find_spec("xfuser").submodule_search_locations[0]
     long_ctx, process_group = set(), set()
@@ -418,5 +418,5 @@ def test_patch_lists_match_installed_xfuser() -> None:
             if "PROCESS_GROUP = None" in {line.strip() for line in open(path)}:
                 process_group.add(name)
     process_group.discard("xfuser.model_executor.layers.usp_legacy")  # torch < 2.5 only
-    assert long_ctx == set(xfuser_cpu._LONG_CTX_MODULES)
-    assert process_group == set(xfuser_cpu._PROCESS_GROUP_MODULES)
+    assert long_ctx == set(table.LONG_CTX_MODULES)
+    assert process_group == set(table.PROCESS_GROUP_MODULES)

@@ -328,6 +328,31 @@ SUBCOMMANDS.append(
     )
 )
 
+# ---------------------------------------------------------------------------------------- plan
+
+
+def _add_plan_args(parser: argparse.ArgumentParser) -> None:
+    from ..planner import cli as planner_cli  # cheap: numpy/scipy load when it runs
+
+    planner_cli.add_arguments(parser)
+
+
+def _run_plan(args: argparse.Namespace) -> int:
+    from ..planner import cli as planner_cli
+
+    return planner_cli.run(args)
+
+
+SUBCOMMANDS.append(
+    (
+        "plan",
+        "predict and rank ulysses x ring splits and ring implementations for a model, sequence "
+        "and machine (cost model; --validate checks it against docs/benchmarks/)",
+        _add_plan_args,
+        _run_plan,
+    )
+)
+
 # ------------------------------------------------------------------------------------- compare
 
 
