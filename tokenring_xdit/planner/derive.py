@@ -10,7 +10,7 @@ Writes:
                             dim and evaluated on the calibration grid. Marked "source": "derived";
                             a table from benchmarks/calibrate_blocks.py replaces it.
   fabrics.json              latency/bandwidth per pattern fitted from nccl_peers_*.json
-  params.json               overlap inflation and host costs (see params.py)
+  params.json               overlap cost per MB and host costs (see params.py)
 """
 
 from __future__ import annotations
@@ -156,10 +156,43 @@ def _profile_op_us(path: Path, op: str) -> float:
     raise ValueError(f"{path}: op {op} not in the table")
 
 
+def overlap_us_per_mb(bench_dir: Path) -> tuple[float, list[float]]:
+    """Attention-kernel time lost per MB that NCCL moves beside it, from the graphed ring-2 calls
+    of ring_call_profile_2xH200.json and nccl_ctas/*.json (NCCL_MAX_NCTAS 1-8 and unset).
+
+    Each row: kernel time inside the ring minus the same kernels alone, where "the same kernels"
+    is corrected with the measured block table for the last block being cut into pieces (the
+    session-2 code: one piece per 1024 local queries, at most 4); divided by the bytes the rank
+    sent while its kernels ran: Q (step 0) and all pieces of the last partial but the last one.
+    Returns the median and the per-row values (microseconds per 1e6 bytes).
+    """
+    from .calibration import load_table
+    from .schedules import LSE_BYTES, old_final_pieces
+
+    table = load_table("NVIDIA H200")
+    files = [bench_dir / "ring_call_profile_2xH200.json"]
+    files += sorted((bench_dir / "nccl_ctas").glob("ring_call_profile_ctas_*.json"))
+    values = []
+    for path in files:
+        with open(path) as f:
+            rows = json.load(f)["rows"]
+        for r in rows:
+            n, h, d = r["ring"], r["heads"], r["head_size"]
+            q = r["tokens"] // n
+            p = old_final_pieces(q)
+            full = table.block_ms(q, q, h, d)
+            piece = table.block_ms(q / p, q, h, d)
+            same_alone = r["attention_alone_ms"] * ((n - 1) * full + p * piece) / (n * full)
+            extra = r["kernels_in_ring_ms"]["attention"] - same_alone
+            q_bytes = q * h * d * 2
+            partial = q_bytes + q * h * LSE_BYTES
+            sent = (n - 1) * q_bytes + max(n - 2, 0) * partial + partial * (p - 1) / p
+            values.append(extra * 1e3 / (sent / 1e6))
+    return statistics.median(values), values
+
+
 def derived_params(bench_dir: Path) -> dict:
-    with open(bench_dir / "ring_call_profile_2xH200.json") as f:
-        prof = json.load(f)
-    inflation = statistics.median(r["attention_inflation"] for r in prof["rows"])
+    beta, per_row = overlap_us_per_mb(bench_dir)
     profiles = bench_dir / "profiles"
     one = profiles / "profile_pixart1024_one_gpu.txt"
     first = json.loads(one.read_text().splitlines()[0])
@@ -180,11 +213,14 @@ def derived_params(bench_dir: Path) -> dict:
         "graph": _profile_op_us(tr_eager, "cudaGraphLaunch"),
     }
     return {
-        "overlap_inflation": round(inflation, 4),
+        "overlap_us_per_mb": round(beta, 3),
+        "overlap_us_per_mb_rows": [round(v, 2) for v in per_row],
         "host_us": {k: round(v / profiler_slowdown, 2) for k, v in host.items()},
         "profiler_slowdown": round(profiler_slowdown, 4),
         "sources": {
-            "overlap_inflation": "median attention_inflation, ring_call_profile_2xH200.json",
+            "overlap_us_per_mb": "ring_call_profile_2xH200.json + nccl_ctas/*.json: kernel time "
+            "in the ring - the same kernels alone (piece-corrected with the measured table), per "
+            "MB sent under them; median of the rows",
             "host_us": "CPU time avg per call, docs/benchmarks/profiles/*.txt / profiler_slowdown",
             "profiler_slowdown": "profiled one-GPU PixArt step / unprofiled (e2e_pixart_2xH200)",
         },

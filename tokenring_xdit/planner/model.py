@@ -64,13 +64,15 @@ def _alltoall_ms(m: Machine, ranks: list[int], nbytes: float) -> float:
     return out + m.mem_ms(4 * nbytes)
 
 
-def _ring(m: Machine, method: str, block: Block, ranks: list[int]) -> SimResult:
+def _ring(
+    m: Machine, method: str, block: Block, ranks: list[int], final_pieces: int = 1
+) -> SimResult:
     if len(ranks) == 1 or method == "ulysses":
         return schedules.single(m, block)
     if method == "token_ring":
-        return schedules.token_ring(m, block, ranks, graphs=True)
+        return schedules.token_ring(m, block, ranks, graphs=True, final_pieces=final_pieces)
     if method == "token_ring_eager":
-        return schedules.token_ring(m, block, ranks, graphs=False)
+        return schedules.token_ring(m, block, ranks, graphs=False, final_pieces=final_pieces)
     if method == "torch_ag":
         return schedules.allgather_ring(m, block, ranks)
     if method == "yunchang_p2p":
@@ -88,8 +90,13 @@ def predict(
     ring: int,
     batch: int = 1,
     dtype: str = "bfloat16",
+    final_pieces: int | None = None,
 ) -> Prediction:
-    """Milliseconds of one attention call (every rank; the slowest rank sets the time)."""
+    """Milliseconds of one attention call (every rank; the slowest rank sets the time).
+
+    final_pieces: pieces TokenRing cuts its last block into (default 1, the current code; the
+    committed sweeps ran with `schedules.old_final_pieces`).
+    """
     if heads % ulysses:
         raise ValueError(f"ulysses degree {ulysses} must divide the {heads} heads")
     if ulysses * ring > m.gpus:
@@ -105,7 +112,8 @@ def predict(
         dtype_bytes=4 if dtype == "float32" else 2,
         dtype=dtype,
     )
-    res = _ring(m, method if ring > 1 else "ulysses", block, ring_ranks(m, ulysses, ring))
+    method = method if ring > 1 else "ulysses"
+    res = _ring(m, method, block, ring_ranks(m, ulysses, ring), final_pieces or 1)
     a2a = 0.0
     host = res.host_ms
     if ulysses > 1:

@@ -2,9 +2,10 @@
 
 `data/params.json` is written by `python -m tokenring_xdit.planner.derive` from committed files
 that are NOT the ring timings the validation predicts:
-  overlap_inflation  attention kernels run this much slower while NCCL moves data (NCCL takes
-                     SMs and HBM bandwidth): median `attention_inflation` of
-                     docs/benchmarks/ring_call_profile_2xH200.json
+  overlap_us_per_mb  microseconds an attention kernel loses per MB (1e6 bytes) that its rank
+                     sends (and receives) over NCCL while it runs: kernel time inside graphed
+                     ring-2 calls minus the same kernels alone, per MB moved under them, median
+                     of ring_call_profile_2xH200.json and nccl_ctas/*.json (derive.py)
   host_us            CPU cost of issuing one op from Python (eager): per-call "CPU total" of the
                      attention op, of a NCCL call (record_param_comms), of an elementwise op, and
                      of a CUDA-graph launch, from the torch.profiler tables under
@@ -38,7 +39,7 @@ def hbm_gbps(device_name: str) -> float:
 
 @dataclass(frozen=True)
 class ModelParams:
-    overlap_inflation: float = 1.15
+    overlap_us_per_mb: float = 4.3
     host_us: dict[str, float] = field(
         default_factory=lambda: {
             "attention": 60.0,
@@ -57,7 +58,7 @@ def load_params(path: str | Path | None = None) -> ModelParams:
     with open(path) as f:
         data = json.load(f)
     return ModelParams(
-        overlap_inflation=float(data["overlap_inflation"]),
+        overlap_us_per_mb=float(data["overlap_us_per_mb"]),
         host_us={k: float(v) for k, v in data["host_us"].items()},
         sources=data.get("sources", {}),
     )

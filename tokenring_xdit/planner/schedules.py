@@ -2,8 +2,8 @@
 
 Each simulation keeps, per ring rank, the time its step starts; a transfer starts when both ends
 have posted it (NCCL send/recv rendezvous) and lasts latency + bytes / bandwidth of the pattern
-the whole ring runs at that step (fabric.py); a kernel that runs while a transfer is in flight
-is slowed by the measured overlap inflation. Ranks are global ranks, so hops that cross nodes
+the whole ring runs at that step (fabric.py); a kernel loses a measured time per MB that NCCL
+moves while it runs (params.overlap_us_per_mb). Ranks are global ranks, so hops that cross nodes
 take the inter-node fabric and the slowest hop sets the pace - nothing assumes a uniform ring.
 
     step s on rank r          TokenRing                     K/V ring (yunchang)
@@ -21,7 +21,15 @@ from dataclasses import dataclass, field
 
 from .machine import Machine
 
-__all__ = ["Block", "SimResult", "token_ring", "kv_ring", "allgather_ring", "single"]
+__all__ = [
+    "Block",
+    "SimResult",
+    "old_final_pieces",
+    "token_ring",
+    "kv_ring",
+    "allgather_ring",
+    "single",
+]
 
 LSE_BYTES = 4  # lse is fp32, one per (head, query)
 
@@ -76,10 +84,23 @@ class SimResult:
         return max(self.gpu_ms, self.host_ms)
 
 
-def _kernel(m: Machine, b: Block, kernel: str, overlap_ms: float = 0.0) -> float:
-    k = m.table.block_ms(b.q_len, b.kv_len, b.heads, b.head_dim, b.dtype, kernel)
-    covered = min(1.0, overlap_ms / k) if k > 0 else 0.0
-    return k * (1.0 + (m.params.overlap_inflation - 1.0) * covered)
+def _kernel(
+    m: Machine, b: Block, kernel: str, sent_bytes: float = 0.0, comm_ms: float = 0.0, q_len=None
+) -> float:
+    """One block kernel, slowed by the NCCL traffic that runs beside it.
+
+    `sent_bytes`: what this rank sends (and, the patterns being symmetric, receives) while the
+    kernel runs, in a transfer lasting `comm_ms`. The kernel loses `overlap_us_per_mb` per MB
+    moved under it (ring_call_profile: the loss grows with the bytes, not with the fraction of the
+    kernel the transfer covers); a transfer longer than the kernel moves only part of its bytes
+    under it.
+    """
+    q = b.q_len if q_len is None else q_len
+    k = m.table.block_ms(q, b.kv_len, b.heads, b.head_dim, b.dtype, kernel)
+    if sent_bytes <= 0 or k <= 0:
+        return k
+    under = sent_bytes * min(1.0, k / comm_ms) if comm_ms > k else sent_bytes
+    return k + m.params.overlap_us_per_mb * under / 1e9
 
 
 def _flows_ms(m: Machine, src: int, flows: list[tuple[int, float]], pattern: str) -> float:
@@ -113,15 +134,29 @@ def single(m: Machine, b: Block, kernel: str = "cudnn") -> SimResult:
     return SimResult(k, _host(m, attention=1), {"kernel": k})
 
 
-def token_ring(m: Machine, b: Block, ranks: list[int], graphs: bool = True) -> SimResult:
-    """TokenRing: K/V stay, Q moves one hop per step, partials go straight home one step late."""
+def old_final_pieces(q_len: int) -> int:
+    """Pieces of the last block in sessions 1-3 (every committed sweep_*.json): one per 1024
+    local queries, at most 4. The code now returns it in 1 piece (docs/performance.md)."""
+    return min(4, max(1, q_len // 1024))
+
+
+def token_ring(
+    m: Machine, b: Block, ranks: list[int], graphs: bool = True, final_pieces: int = 1
+) -> SimResult:
+    """TokenRing: K/V stay, Q moves one hop per step, partials go straight home one step late.
+
+    The last block is computed in `final_pieces` pieces, each sent home while the next one runs;
+    the last piece's return has no kernel to hide behind (exposed), then a fused merge.
+    """
     n = len(ranks)
     if n == 1:
         return single(m, b)
+    pieces = max(1, min(final_pieces, b.q_len))
     # eager: each step's host work (2 NCCL groups, kernel, Q copy, merge) gates the next step
     step_host = 0.0 if graphs else _host(m, attention=1, comm=2, elementwise=3)
     start = [0.0] * n
     kernel_total = comm_total = 0.0
+    tail = [0.0] * n  # the last step's exposed return, per rank
     for s in range(n):
         # sender i's flows at step s: Q to i+1 (s < n-1), partial of step s-1 to its owner
         flows = {i: [] for i in range(n)}
@@ -142,24 +177,45 @@ def token_ring(m: Machine, b: Block, ranks: list[int], graphs: bool = True) -> S
                 ends[i], ends[j] = max(ends[i], t_end), max(ends[j], t_end)
                 comm_ms[i] = max(comm_ms[i], dur)
         merge = m.mem_ms(b.merge_bytes) if s >= 1 else 0.0  # step 0 initialises (out, lse)
+        last = s == n - 1
         for i in range(n):
-            k = _kernel(m, b, "cudnn", comm_ms[i])
-            ends[i] = max(ends[i], start[i] + k + merge)
-        kernel_total += _kernel(m, b, "cudnn", max(comm_ms))
+            sent = sum(nb for _, nb in flows[i])
+            if last and pieces > 1:
+                # pieces 1..p-1 go home under the next piece's kernel
+                home = (ranks[(i + 1) % n], b.partial_bytes / pieces)
+                t_piece = _flows_ms(m, ranks[i], [home], "ring")
+                kp = _kernel(m, b, "cudnn", q_len=b.q_len / pieces)
+                over = (sent + b.partial_bytes * (pieces - 1) / pieces) * min(
+                    1.0, pieces * kp / max(comm_ms[i] + (pieces - 1) * t_piece, 1e-12)
+                )
+                k = pieces * kp + m.params.overlap_us_per_mb * over / 1e9
+                t, link_free = start[i], start[i]
+                for _ in range(pieces):
+                    t += k / pieces
+                    link_free = max(t, link_free) + t_piece
+                ends[i] = max(ends[i], t + merge)
+                tail[i] = max(0.0, link_free - ends[i])
+            else:
+                k = _kernel(m, b, "cudnn", sent, comm_ms[i])
+                ends[i] = max(ends[i], start[i] + k + merge)
+                if last:
+                    tail[i] = _flows_ms(
+                        m, ranks[i], [(ranks[(i + 1) % n], b.partial_bytes)], "ring"
+                    )
+            if i == 0:
+                kernel_total += k
         comm_total += max(comm_ms)
         # the host issues step s+1 at (s+1) * step_host: it gates the GPU only when slower
         start = [max(e, (s + 1) * step_host) for e in ends]
-    # the last partial goes home (to r+1) with no kernel to hide behind, then the final merge
-    last = _flows_ms(m, ranks[0], [(ranks[1 % n], b.partial_bytes)], "ring")
-    for i in range(n):
-        last = max(last, _flows_ms(m, ranks[i], [(ranks[(i + 1) % n], b.partial_bytes)], "ring"))
-    gpu = max(start) + last + m.mem_ms(b.merge_bytes)
+    gpu = max(st + tl for st, tl in zip(start, tail, strict=True)) + m.mem_ms(b.merge_bytes)
     host = (
         _host(m, graph=1, elementwise=4)
         if graphs
-        else _host(m, attention=n, comm=2 * (n - 1), elementwise=3 * n)
+        else _host(m, attention=n + pieces - 1, comm=2 * (n - 1) + pieces - 1, elementwise=3 * n)
     )
-    return SimResult(gpu, host, {"kernels": kernel_total, "comm": comm_total, "exposed_tail": last})
+    return SimResult(
+        gpu, host, {"kernels": kernel_total, "comm": comm_total, "exposed_tail": max(tail)}
+    )
 
 
 def kv_ring(m: Machine, b: Block, ranks: list[int], kernel: str = "flash") -> SimResult:
@@ -180,9 +236,10 @@ def kv_ring(m: Machine, b: Block, ranks: list[int], kernel: str = "flash") -> Si
                 ends[i], ends[j] = max(ends[i], t_end), max(ends[j], t_end)
                 comm_ms[i] = dur
         merge = m.mem_ms(b.unfused_merge_bytes)
+        sent = b.kv_bytes if s < n - 1 else 0.0
         for i in range(n):
-            ends[i] = max(ends[i], start[i] + _kernel(m, b, kernel, comm_ms[i]) + merge)
-        kernel_total += _kernel(m, b, kernel, max(comm_ms))
+            ends[i] = max(ends[i], start[i] + _kernel(m, b, kernel, sent, comm_ms[i]) + merge)
+        kernel_total += _kernel(m, b, kernel, sent, max(comm_ms))
         comm_total += max(comm_ms)
         start = [max(e, layout + (s + 1) * step_host) for e in ends]
     gpu = max(start) + m.mem_ms(2 * b.q_bytes)
@@ -202,7 +259,8 @@ def allgather_ring(m: Machine, b: Block, ranks: list[int]) -> SimResult:
         t_ag += max(
             _flows_ms(m, ranks[i], [(ranks[(i + 1) % n], b.kv_bytes)], "ring") for i in range(n)
         )
-    first = _kernel(m, b, "cudnn", t_ag)
+    # NCCL's ring all-gather: every rank sends (n-1) blocks of K,V (its own, then forwarded)
+    first = _kernel(m, b, "cudnn", (n - 1) * b.kv_bytes, t_ag)
     rest = (n - 1) * (_kernel(m, b, "cudnn") + m.mem_ms(b.unfused_merge_bytes))
     gather_copy = m.mem_ms(2 * n * b.kv_bytes)  # all-gather output split back into blocks
     gpu = max(first, t_ag) + gather_copy + rest + m.mem_ms(2 * b.q_bytes)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from .machine import make_machine
 from .model import predict
+from .schedules import old_final_pieces
 
 __all__ = ["Check", "validate", "report", "MAX_MEDIAN_ERROR", "MIN_PICK_RATE", "PICK_TOLERANCE"]
 
@@ -30,6 +31,15 @@ MIN_PICK_RATE = 0.90
 PICK_TOLERANCE = 0.05
 PICK_METHODS = ("token_ring", "torch_ag", "yunchang_p2p", "ulysses")
 TIMED = ("token_ring", "token_ring_eager", "torch_ag", "yunchang_p2p", "ulysses")
+# TokenRing returned its last block in min(4, q_local // 1024) pieces until commit 4a96765
+# (docs/performance.md, "The last return"); sweeps timed before it are predicted with that rule
+ONE_PIECE_SINCE = "2026-11-22 07:10"
+
+
+def _final_pieces(meta: dict, q_local: int) -> int:
+    if str(meta.get("time", "")) >= ONE_PIECE_SINCE:
+        return 1
+    return old_final_pieces(q_local)
 
 
 @dataclass
@@ -92,7 +102,11 @@ def validate(
                 if not measured:
                     continue
                 uu, rr = (ranks, 1) if method == "ulysses" else (u, int(row["ring"]))
-                p = predict(m, method, row["heads"], row["head_size"], row["tokens"], uu, rr)
+                pieces = _final_pieces(meta, row["tokens"] // (uu * rr))
+                p = predict(
+                    m, method, row["heads"], row["head_size"], row["tokens"], uu, rr,
+                    final_pieces=pieces,
+                )  # fmt: skip
                 c = Check(
                     Path(path).name, row["model"], row["tokens"], uu, rr, column, measured, p.ms
                 )
@@ -137,8 +151,9 @@ def report(bench_dir: str | Path = "docs/benchmarks", verbose: bool = False) -> 
         f"right in {strict} of {len(picks)}, within {PICK_TOLERANCE:.0%} of the best in {right}"
     )
     lines.append(
-        "fitted on these rows: nothing (kernel table: single-GPU columns + anchors; fabrics: "
-        "nccl_peers + final_chunks; overlap: ring_call_profile; host: profiler tables)"
+        "fitted on these rows: nothing (kernel table: calibrate_blocks.py on one H200; fabrics: "
+        "nccl_peers + final_chunks; overlap per MB: ring_call_profile + nccl_ctas; host: "
+        "profiler tables; TokenRing's last block in the pieces the code used when each sweep ran)"
     )
     lines.append(f"median abs error {median:.1%}, best pick right in {right} of {len(picks)}")
     ok = median <= MAX_MEDIAN_ERROR and right >= MIN_PICK_RATE * len(picks)
