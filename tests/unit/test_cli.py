@@ -33,7 +33,7 @@ def test_help_lists_subcommands(capsys):
 
 def test_compare_is_the_default_subcommand():
     assert cli.SUBCOMMANDS[0][0] == "compare"
-    assert [name for name, *_ in cli.SUBCOMMANDS] == ["compare", "demo", "patches"]
+    assert [name for name, *_ in cli.SUBCOMMANDS] == ["compare", "demo", "patches", "plan"]
 
 
 def test_compare_help_lists_options(capsys):
