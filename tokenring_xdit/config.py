@@ -54,8 +54,9 @@ ENV: dict[str, tuple[str, str, str]] = {
     ),
     "validate": (
         PREFIX + "VALIDATE",
-        "signature",
-        "`always`: exchange the input check on every call (ranks whose lengths change out of step)",
+        "auto",
+        "when ranks exchange the input check: `always` (every call), `signature` (new input "
+        "signatures only), `auto` (always on gloo, signature on NCCL)",
     ),
     "strict": (
         PREFIX + "STRICT",
@@ -67,7 +68,7 @@ ENV: dict[str, tuple[str, str, str]] = {
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 RING_IMPLS = ("default", "token_ring")
-VALIDATE_MODES = ("signature", "always")
+VALIDATE_MODES = ("auto", "always", "signature")
 
 
 @dataclass(frozen=True)
@@ -82,14 +83,14 @@ class RingConfig:
     # -1 marks an invalid environment value: the input check rejects it on every rank, so ranks
     # that disagree fail together instead of one raising alone.
     final_chunks: int = 1
-    validate: str = "signature"
+    validate: str = "auto"
     strict: bool = False
 
     @classmethod
     def from_env(cls, environ: os._Environ | dict | None = None) -> RingConfig:
         environ = os.environ if environ is None else environ
         raw = {name: environ.get(var) for name, (var, _, _) in ENV.items()}
-        validate = (raw["validate"] or "signature").strip().lower()
+        validate = (raw["validate"] or "auto").strip().lower()
         return cls(
             # checked where it is used (hosts.selection), so a typo fails xDiT's ring choice,
             # not every other TokenRing call
@@ -99,7 +100,7 @@ class RingConfig:
             cuda_graph_transformer=_flag(raw["cuda_graph_transformer"], False),
             fused_merge=_flag(raw["fused_merge"], True),
             final_chunks=_positive_or_invalid(raw["final_chunks"]),
-            validate="always" if validate == "always" else "signature",
+            validate=validate if validate in VALIDATE_MODES else "auto",
             strict=(raw["strict"] or "").strip() not in ("", "0"),
         )
 

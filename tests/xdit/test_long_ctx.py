@@ -91,7 +91,7 @@ KV_CACHE_SCRIPT = textwrap.dedent(
     from xfuser.core.long_ctx_attention.ring import xdit_ring_flash_attn_func
     import yunchang
     import tokenring_xdit.patches.xfuser as xfuser_patches
-    from tokenring_xdit import xdit_ring
+    from tokenring_xdit.hosts import xdit as xdit_ring
 
     init = os.path.join(tempfile.mkdtemp(), "rendezvous")
     dist.init_process_group("gloo", init_method="file://" + init, rank=0, world_size=1)

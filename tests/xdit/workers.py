@@ -341,7 +341,7 @@ def _long_ctx_inputs(rank: int, spec: dict) -> dict[str, torch.Tensor]:
 
 
 def _long_ctx_run(calls: _Calls, layer, x: dict, attn=None, **kwargs) -> dict:
-    from tokenring_xdit import xdit_ring
+    from tokenring_xdit.hosts import xdit as xdit_ring
 
     run = _run_counted(calls, lambda: layer(attn, x["q"], x["k"], x["v"], **kwargs))
     run["out"] = _np(run["out"].transpose(1, 2))  # back to (b, h, s, d)

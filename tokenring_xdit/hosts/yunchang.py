@@ -79,9 +79,31 @@ def _kernel_for(attn_type, attn_processor, device_type: str) -> str | BlockKerne
         return "flash_attn"
     if attn_type is AttnType.TORCH_MATH:  # yunchang's returns lse = 0; use an exact one
         return "cpu_flash" if device_type == "cpu" else "math"
+    if device_type == "cpu":
+        if attn_type in _OWN_KERNELS:  # torch's SDPA kernels have one CPU equivalent
+            return "cpu_flash"
+        raise NotImplementedError(_no_kernel(attn_type, device_type, "it has no CPU kernel"))
     if attn_type in _OWN_KERNELS:
         return _OWN_KERNELS[attn_type]
-    return _from_yunchang(select_flash_attn_impl(attn_type, "fwd-only", attn_processor))
+    try:
+        return _from_yunchang(select_flash_attn_impl(attn_type, "fwd-only", attn_processor))
+    except (ImportError, RuntimeError, ValueError) as exc:  # its package or GPU is missing
+        raise NotImplementedError(_no_kernel(attn_type, device_type, f"{exc}")) from exc
+
+
+# attn types served on each device without optional packages (flash-attn, sageattention, ...)
+_WORKING = {
+    "cpu": (AttnType.FA, AttnType.TORCH_MATH, *_OWN_KERNELS),
+    "cuda": (AttnType.FA, AttnType.TORCH_MATH, *_OWN_KERNELS),
+}
+
+
+def _no_kernel(attn_type, device_type: str, why: str) -> str:
+    working = ", ".join(f"AttnType.{t.name}" for t in _WORKING.get(device_type, ()))
+    return (
+        f"TokenRing cannot run yunchang attn_type {attn_type} on {device_type} ({why}); "
+        f"attn types that work there: {working}"
+    )
 
 
 def kernel_for(attn_type, attn_processor, device: torch.device) -> str | BlockKernel:

@@ -57,16 +57,15 @@ def token_ring_attn(
         raise ValueError(f"joint_strategy must be 'front' or 'rear', got {joint_strategy!r}")
     # resolved before the handshake, so ranks that disagree (or a bad setting) fail together
     chunks = final_chunks if final_chunks is not None else cfg.final_chunks
-    shapes = check_inputs(
-        q, k, v, layout, causal, chunks, pos, joint_kv, always=cfg.validate == "always"
-    )
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    shapes = check_inputs(q, k, v, layout, causal, chunks, scale, pos, joint_kv, cfg.validate)
     fn, key = _resolve_kernel(kernel, kernel_key, q, v)
     call = RingCall(
         schedule=NON_CAUSAL,
         kernel=fn,
         kernel_key=key,
         layout=layout,
-        scale=softmax_scale if softmax_scale is not None else q.shape[3] ** -0.5,
+        scale=scale,
         chunks=min(chunks, min(shapes.q_lens)),  # equal piece count on every rank
         joint_strategy=joint_strategy,
         fused_merge=cfg.fused_merge,

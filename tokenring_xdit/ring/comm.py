@@ -1,17 +1,34 @@
-"""The two P2P lanes of TokenRing and the extra communicators they need.
+"""The two P2P lanes of TokenRing, the extra communicators they need, and bounded waits.
 
-Q travels on the ring group itself; returned partials travel on a second communicator made for
-that ring at set-up time, so both transfers run at once (on NCCL: separate streams). Groups are
-made collectively, on all ranks, in the same order, never inside a forward.
+Q travels on the ring group itself; returned partials travel on a second communicator of the
+same ranks, so both transfers run at once (on NCCL: separate streams); the input check of an
+NCCL ring runs on a third, CPU (gloo) one, so it never synchronises the GPU. They are made for
+a ring the first time it is used (or by `setup_token_ring_group`), by the ring's members only
+(`use_local_synchronization`), with the ring group's timeout, so any group works and every wait
+ends within that timeout. A failed or timed-out transfer raises `TokenRingCommError` naming
+this rank, the peers, the step and the likely causes.
 """
 
 from __future__ import annotations
 
+import time
 import weakref
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+
+class TokenRingCommError(RuntimeError):
+    """A TokenRing transfer or check failed or timed out (a peer died, raised, or hangs)."""
+
+
+_LIKELY_CAUSES = (
+    "likely causes: that rank raised or exited before this call (see its log), ranks called "
+    "TokenRing with different inputs or a different number of times, ranks passed different "
+    "groups, or it is slower than the group's timeout ({timeout:.0f} s)"
+)
 
 
 @dataclass
@@ -59,40 +76,78 @@ class RingPosition:
         return cls(group, rank, dist.get_world_size(group))
 
 
-# ring group -> communicator for returned partials; weak keys, so a destroyed group's entry
-# cannot be found again by a new group that reuses its name
-_OUT_GROUPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+def group_timeout(group: dist.ProcessGroup) -> timedelta:
+    """The timeout `group` was created with (our communicators inherit it)."""
+    backend = dist.get_backend(group)
+    device = torch.device("cuda" if backend == "nccl" else "cpu")
+    try:
+        return group._get_backend(device).options._timeout
+    except (AttributeError, RuntimeError):
+        return dist.distributed_c10d._get_default_timeout(backend)
+
+
+@dataclass
+class _RingComms:
+    out: dist.ProcessGroup  # returned partials
+    check: dist.ProcessGroup  # the input check (CPU; the ring group itself on gloo)
+    timeout: timedelta
+
+
+# ring group -> its extra communicators; weak keys, so a destroyed group's entry cannot be found
+# again by a new group that reuses its name
+_COMMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _comms(group: dist.ProcessGroup) -> _RingComms:
+    comms = _COMMS.get(group)
+    if comms is None:
+        ranks = _global_ranks(group)
+        timeout = group_timeout(group)
+        backend = dist.get_backend(group)
+        try:
+            # Members only, same order on each: never involves ranks outside this ring.
+            out = dist.new_group(
+                list(ranks), timeout=timeout, backend=backend, use_local_synchronization=True
+            )
+            check = group
+            if backend != "gloo":
+                check = dist.new_group(
+                    list(ranks), timeout=timeout, backend="gloo", use_local_synchronization=True
+                )
+        except (RuntimeError, dist.DistError) as exc:
+            raise TokenRingCommError(
+                f"TokenRing could not create the return communicator of the ring of global "
+                f"ranks {list(ranks)} on global rank {dist.get_rank()} within "
+                f"{timeout.total_seconds():.0f} s ({str(exc).strip().splitlines()[0][:200]}); "
+                "likely causes: a member of the ring raised or exited, did not call TokenRing "
+                "(or setup_token_ring_group) with this group, or passed a different group"
+            ) from exc
+        comms = _COMMS[group] = _RingComms(out, check, timeout)
+    return comms
 
 
 def setup_token_ring_group(group: dist.ProcessGroup | None) -> None:
-    """Create the out-lane communicator of `group` (and of every other rank's ring group).
+    """Create the extra communicators of `group` now instead of at its first TokenRing call.
 
-    Collective over the default group: every process calls it once after its ring group exists
-    (a rank outside any ring passes None). Calling it again for a ready group is a no-op on every
-    rank, because the decision is taken from the gathered state, not the local one.
+    Optional: a ring call creates them itself. Called by the ring's members only (a rank
+    outside any ring passes None); idempotent.
     """
-    mine = None
     if group is not None and dist.get_world_size(group) > 1:
-        mine = (tuple(dist.get_process_group_ranks(group)), group in _OUT_GROUPS)
-    gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, mine)
-    todo = sorted({ranks for item in gathered if item for ranks, ready in [item] if not ready})
-    for ranks in todo:  # same order on every rank: new_group is collective over the world
-        out_group = dist.new_group(list(ranks))
-        if mine is not None and ranks == mine[0] and not mine[1]:
-            _OUT_GROUPS[group] = out_group
+        _comms(group)
 
 
 def out_group_for(group: dist.ProcessGroup) -> dist.ProcessGroup:
-    try:
-        return _OUT_GROUPS[group]
-    except KeyError:
-        raise ValueError(
-            "TokenRing has no return communicator for this ring group: create the group through "
-            "yunchang.set_seq_parallel_pg (patched by tokenring_xdit) or call "
-            "tokenring_xdit.setup_token_ring_group(group) on every rank right after creating it "
-            f"(group ranks {dist.get_process_group_ranks(group)})"
-        ) from None
+    """The return communicator of `group` (made on first use by the ring's members)."""
+    return _comms(group).out
+
+
+def check_group_for(group: dist.ProcessGroup) -> dist.ProcessGroup:
+    """Where the input check of `group` runs: the group itself on gloo, a CPU group else."""
+    return _comms(group).check
+
+
+def timeout_of(group: dist.ProcessGroup) -> timedelta:
+    return _comms(group).timeout
 
 
 _GLOBAL_RANKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -106,13 +161,28 @@ def _global_ranks(group: dist.ProcessGroup) -> tuple[int, ...]:
     return ranks
 
 
-class Lane:
-    """P2P transfers on one communicator: post a batch, wait for all of it later."""
+def describe_peer(group: dist.ProcessGroup, rank: int) -> str:
+    return f"ring rank {rank} (global rank {_global_ranks(group)[rank]})"
 
-    def __init__(self, group: dist.ProcessGroup):
+
+class Lane:
+    """P2P transfers on one communicator: post a batch, wait for all of it later.
+
+    Every wait is bounded by the communicator's timeout; a failure becomes a TokenRingCommError
+    that names the peers and the step of the batch.
+    """
+
+    def __init__(self, group: dist.ProcessGroup, ring: dist.ProcessGroup, rank: int):
         self.group = group
+        self.ring = ring  # the ring group (names the peers in errors)
+        self.rank = rank
         self._global = _global_ranks(group)
         self._works: list = []
+        self._about: dict[int, str] = {}  # id(work) -> what it carried, for errors
+        self.step = 0
+        # On gloo a wait blocks this thread: give the whole wait one deadline. On NCCL a wait
+        # only orders the stream (the host must not block), and NCCL's watchdog bounds it.
+        self._host_waits = dist.get_backend(group) == "gloo"
 
     def post(
         self,
@@ -128,8 +198,14 @@ class Lane:
         ops += [dist.P2POp(dist.irecv, t, self._global[p], self.group) for t, p in recvs]
         if not ops:
             return []
-        works = dist.batch_isend_irecv(ops)
+        about = self._describe(sends, recvs, what)
+        try:
+            works = dist.batch_isend_irecv(ops)
+        except RuntimeError as exc:
+            raise self._error(about, exc) from exc
         self._works.extend(works)
+        for w in works:
+            self._about[id(w)] = about
         if what == "q":
             COUNTERS.q_messages += len(sends)
         else:
@@ -145,5 +221,26 @@ class Lane:
             works, self._works = self._works, []
         else:
             self._works = [w for w in self._works if all(w is not x for x in works)]
+        deadline = time.monotonic() + timeout_of(self.ring).total_seconds()
         for work in works:
-            work.wait()
+            about = self._about.pop(id(work), "")
+            try:
+                if self._host_waits:
+                    left = max(deadline - time.monotonic(), 0.001)
+                    work.wait(timedelta(seconds=left))
+                else:
+                    work.wait()
+            except RuntimeError as exc:
+                raise self._error(about, exc) from exc
+
+    def _describe(self, sends, recvs, what: str) -> str:
+        parts = [f"send to {describe_peer(self.ring, p)}" for p in {p for _, p in sends}]
+        parts += [f"receive from {describe_peer(self.ring, p)}" for p in {p for _, p in recvs}]
+        return f"{what} transfer at step {self.step} ({', '.join(parts)})"
+
+    def _error(self, about: str, exc: BaseException) -> TokenRingCommError:
+        timeout = timeout_of(self.ring).total_seconds()
+        return TokenRingCommError(
+            f"TokenRing {about} failed on {describe_peer(self.ring, self.rank)}: "
+            f"{str(exc).strip().splitlines()[0][:300]}; " + _LIKELY_CAUSES.format(timeout=timeout)
+        )

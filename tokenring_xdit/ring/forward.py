@@ -72,7 +72,8 @@ def ring_forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of our queries against every rank's K/V. q_lens: every rank's query length."""
     layout, rank, n = call.layout, pos.rank, pos.size
-    q_lane, out_lane = Lane(pos.group), Lane(out_group_for(pos.group))
+    q_lane = Lane(pos.group, pos.group, rank)
+    out_lane = Lane(out_group_for(pos.group), pos.group, rank)
     own_kv = call.join(k, v, joint_kv)
     b, _, h, d = layout.dims(q)
     held_q = q.contiguous()
@@ -84,6 +85,7 @@ def ring_forward(
     )
     merge = prev = None
     for st in call.schedule.steps(rank, n):
+        q_lane.step = out_lane.step = st.step  # named in transfer errors
         next_q = None
         if st.q_send_to is not None:
             next_q = layout.empty(b, q_lens[st.q_recv_owner], h, d, like=q)

@@ -1,0 +1,235 @@
+"""Failures are bounded and named: every live rank raises a clear error within the group's timeout.
+
+Each failing scenario is its own launch with a short gloo timeout (GROUP_TIMEOUT_S); the test
+also bounds the launch, so a hang fails it. Scenarios that must work (any group, lazy set-up,
+lengths changing on one rank, yunchang kernels on CPU) share one launch.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from tests.harness import run_ranks
+from tokenring_xdit.tools.launch import launch_outcomes
+
+GROUP_TIMEOUT_S = 6  # the ring group's timeout in these launches
+LAUNCH_TIMEOUT_S = 60
+
+
+def _qkv(torch, *, s=16, kv=24, h=2, d=32, seed=0, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, s, h, d, generator=gen)
+    k = torch.randn(1, kv, h, d, generator=gen)
+    v = torch.randn(1, kv, h, d, generator=gen)
+    return tuple(x.to(device) for x in (q, k, v))
+
+
+def _exact(torch, qs, ks, vs, scale=None):
+    gq, gk, gv = (torch.cat(x, dim=1).transpose(1, 2).double() for x in (qs, ks, vs))
+    out = torch.nn.functional.scaled_dot_product_attention(gq, gk, gv, scale=scale)
+    return out.transpose(1, 2)
+
+
+def _set_timeout(dist, seconds: int) -> None:
+    # The launcher's world group has the launch's timeout; shorten it to see bounded waits.
+    import datetime
+
+    dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=seconds), dist.group.WORLD)
+
+
+# ---------------------------------------------------------------------------- what must work
+
+
+def _working(rank, n):
+    """Several things a user may do that used to hang or abort; each must give exact output."""
+    import torch
+    import torch.distributed as dist
+
+    from tokenring_xdit.ring import setup_token_ring_group, token_ring_attn
+
+    errors = {}
+    # 1. only rank 0 sets the group up; the others create the communicators on first use
+    if rank == 0:
+        setup_token_ring_group(dist.group.WORLD)
+    q, k, v = _qkv(torch, seed=rank)
+    with torch.no_grad():
+        out, _ = token_ring_attn(q, k, v)
+    ref = _exact(torch, *zip(*(_qkv(torch, seed=r) for r in range(n)), strict=True))
+    errors["setup_on_one_rank"] = (out.double() - ref[:, 16 * rank : 16 * rank + 16]).abs().max()
+
+    # 2. rank 1's query length changes alone, after a good call (no SIGABRT, exact output)
+    lens = [16] * n
+    lens[1] = 9
+    q, k, v = _qkv(torch, s=lens[rank], seed=10 + rank)
+    with torch.no_grad():
+        out, _ = token_ring_attn(q, k, v)
+    ref = _exact(torch, *zip(*(_qkv(torch, s=lens[r], seed=10 + r) for r in range(n)), strict=True))
+    q0 = sum(lens[:rank])
+    errors["q_len_changes_alone"] = (out.double() - ref[:, q0 : q0 + lens[rank]]).abs().max()
+
+    # 3. a yunchang ring function from RING_IMPL_DICT with a group yunchang never saw, and an
+    #    attn_type whose own kernel does not exist on CPU (TORCH_FLASH: the CPU flash kernel runs)
+    import tokenring_xdit
+
+    tokenring_xdit.install()
+    from yunchang.hybrid.utils import RING_IMPL_DICT
+    from yunchang.kernels import AttnType
+
+    fresh = dist.new_group(list(range(n)))
+    q, k, v = _qkv(torch, seed=rank)
+    with torch.no_grad():
+        out = RING_IMPL_DICT["token_ring"](q, k, v, group=fresh, attn_type=AttnType.TORCH_FLASH)
+    ref = _exact(torch, *zip(*(_qkv(torch, seed=r) for r in range(n)), strict=True))
+    errors["yunchang_any_group_torch_flash_on_cpu"] = (
+        (out.double() - ref[:, 16 * rank : 16 * rank + 16]).abs().max()
+    )
+    return {name: float(err) for name, err in errors.items()}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", [2, 3])
+def test_any_group_lazy_setup_and_changing_lengths_work(n):
+    results = run_ranks(_working, n, timeout=LAUNCH_TIMEOUT_S)
+    for r in results:
+        assert r.ok, f"rank {r.rank}: {r.error_type}: {r.error}\n{r.trace}"
+        for name, err in r.value.items():
+            assert err <= 1e-5, f"rank {r.rank} {name}: max err {err}"
+
+
+# ---------------------------------------------------------------- what must fail on every rank
+
+
+def _failing(rank, n, name):
+    import torch
+    import torch.distributed as dist
+
+    from tokenring_xdit.ring import token_ring_attn
+
+    _set_timeout(dist, GROUP_TIMEOUT_S)
+    q, k, v = _qkv(torch, seed=rank)
+    kwargs = {}
+    group = dist.group.WORLD
+    if name == "scale_differs":
+        kwargs["softmax_scale"] = 0.125 if rank == 1 else 0.25
+    elif name == "bad_after_good":
+        with torch.no_grad():
+            token_ring_attn(q, k, v)
+        if rank == 1:
+            q, k, v = _qkv(torch, h=4, seed=rank)
+    elif name == "meta_device":
+        if rank == 1:
+            q, k, v = (x.to("meta") for x in (q, k, v))
+    elif name == "different_group":
+        other = dist.new_group(list(range(n)))  # collective: every rank makes it
+        if rank == 1:
+            group = other
+    elif name == "yunchang_attn_type_without_cpu_kernel":
+        import tokenring_xdit
+
+        tokenring_xdit.install()
+        from yunchang.hybrid.utils import RING_IMPL_DICT
+        from yunchang.kernels import AttnType
+
+        with torch.no_grad():
+            return RING_IMPL_DICT["token_ring"](q, k, v, group=group, attn_type=AttnType.FA3)
+    else:
+        raise AssertionError(name)
+    with torch.no_grad():
+        token_ring_attn(q, k, v, group=group, **kwargs)
+    return "no error"
+
+
+def _assert_all_raise(results, error_type, *needles):
+    for r in results:
+        assert r.error_type == error_type, (
+            f"rank {r.rank}: expected {error_type}, got {r.error_type}: {r.error}\n{r.trace}"
+        )
+        for needle in needles:
+            assert needle in r.error, f"rank {r.rank}: {needle!r} not in error: {r.error}"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "name,error_type,needles",
+    [
+        ("scale_differs", "ValueError", ["softmax_scale differs across ring ranks", "0.125"]),
+        ("bad_after_good", "ValueError", ["head count differs across ring ranks", "[2, 4]"]),
+        ("meta_device", "ValueError", ["rank(s) [1]", "device type", "meta"]),
+        (
+            "different_group",
+            "TokenRingCommError",
+            ["input check failed", "did not take part", "different group"],
+        ),
+        (
+            "yunchang_attn_type_without_cpu_kernel",
+            "NotImplementedError",
+            ["AttnType.FA3", "AttnType.TORCH_FLASH"],
+        ),
+    ],
+)
+def test_mismatch_raises_a_named_error_on_every_rank(name, error_type, needles):
+    start = time.monotonic()
+    results = run_ranks(_failing, 2, name, timeout=LAUNCH_TIMEOUT_S)
+    _assert_all_raise(results, error_type, *needles)
+    # every wait is bounded by the group's timeout (plus start-up), not torch's 30 minutes
+    assert time.monotonic() - start < LAUNCH_TIMEOUT_S - 10
+
+
+# ---------------------------------------------------------------------- a peer fails mid-call
+
+
+def _fault(rank, n, report, mode):
+    """The last rank fails inside the ring (at its second block kernel): it dies (os._exit) or
+    raises and stays alive. Every other rank must raise TokenRingCommError within the timeout."""
+    import torch
+    import torch.distributed as dist
+
+    from tokenring_xdit.ring import setup_token_ring_group, token_ring_attn
+    from tokenring_xdit.ring.kernels import math
+
+    _set_timeout(dist, GROUP_TIMEOUT_S)
+    setup_token_ring_group(dist.group.WORLD)
+    calls = [0]
+
+    def kernel(q, k, v, scale, layout):
+        calls[0] += 1
+        if rank == n - 1 and calls[0] == 2:
+            if mode == "dies":
+                os._exit(17)
+            raise RuntimeError("injected failure")
+        return math(q, k, v, scale, layout)
+
+    q, k, v = _qkv(torch, seed=rank)
+    start = time.monotonic()
+    try:
+        with torch.no_grad():
+            token_ring_attn(q, k, v, kernel=kernel)
+    except RuntimeError as exc:
+        if rank == n - 1:  # the failing rank stays alive past everyone's timeout
+            time.sleep(GROUP_TIMEOUT_S + 4)
+            return ("injected", str(exc), 0.0)
+        return (type(exc).__name__, str(exc), time.monotonic() - start)
+    return ("no error", "", time.monotonic() - start)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("mode", ["dies", "raises_and_stays"])
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_peer_failure_mid_call_is_named_on_every_live_rank(n, mode):
+    outcomes = launch_outcomes(
+        _fault, n, (mode,), timeout=LAUNCH_TIMEOUT_S, env={"OMP_NUM_THREADS": "1"}
+    )
+    failing = outcomes[-1]
+    if mode == "dies":
+        assert not failing.ok and failing.failure.error_type == "ProcessDied", failing
+    else:
+        assert failing.ok and failing.value[0] == "injected", failing
+    for o in outcomes[:-1]:
+        assert o.ok, f"rank {o.rank}: {o.failure}"
+        kind, message, elapsed = o.value
+        assert kind == "TokenRingCommError", (o.rank, kind, message)
+        assert "global rank" in message and "step" in message and "likely causes" in message
+        assert elapsed < GROUP_TIMEOUT_S + 5, (o.rank, elapsed, message)
