@@ -35,18 +35,32 @@ def _case(name, *, causal, b=1, h=2, d=40, layout="bshd", dtype="float32", lens=
 
 CASES = [
     _case("causal-bshd-b1-d40", causal=True, seed=1),
-    _case("causal-bhsd-b2-d72-uneven", causal=True, b=2, d=72, layout="bhsd", lens=[3, 5, 4, 6],
-          seed=2),  # fmt: skip
+    _case(
+        "causal-bhsd-b2-d72-uneven",
+        causal=True,
+        b=2,
+        d=72,
+        layout="bhsd",
+        lens=[3, 5, 4, 6],
+        seed=2,
+    ),  # fmt: skip
     _case("causal-bshd-b2-d128", causal=True, b=2, h=1, d=128, lens=4, seed=3),
     _case("causal-bshd-b1-d40-math", causal=True, kernel="math", seed=4),
     _case("causal-packed-b2-d40", causal=True, b=2, packed=True, seed=5),
-    _case("noncausal-bshd-b2-d40-uneven", causal=False, b=2, lens=[5, 7, 3, 6],
-          kv_lens=[8, 4, 6, 5], seed=6),  # fmt: skip
+    _case(
+        "noncausal-bshd-b2-d40-uneven",
+        causal=False,
+        b=2,
+        lens=[5, 7, 3, 6],
+        kv_lens=[8, 4, 6, 5],
+        seed=6,
+    ),  # fmt: skip
     _case("noncausal-bhsd-b1-d72", causal=False, d=72, layout="bhsd", seed=7),
     _case("noncausal-bshd-b1-d128", causal=False, d=128, lens=[4, 6, 5, 3], seed=8),
     _case("bf16-causal-bshd-b2-d64", causal=True, b=2, d=64, dtype="bfloat16", lens=8, seed=9),
-    _case("bf16-noncausal-bhsd-b1-d72", causal=False, d=72, layout="bhsd", dtype="bfloat16",
-          seed=10),  # fmt: skip
+    _case(
+        "bf16-noncausal-bhsd-b1-d72", causal=False, d=72, layout="bhsd", dtype="bfloat16", seed=10
+    ),  # fmt: skip
 ]
 
 
