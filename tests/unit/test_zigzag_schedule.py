@@ -72,7 +72,11 @@ def test_transfers_pair_up_without_self_sends(schedule, n):
 
 def test_only_the_back_half_travels_after_the_wrap():
     n = 4
-    sends = {(r, st.step): st.q_send_part for r in range(n) for st in CAUSAL_ZIGZAG.block_steps(r, n)
-             if st.q_send_to is not None}  # fmt: skip
+    sends = {
+        (r, st.step): st.q_send_part
+        for r in range(n)
+        for st in CAUSAL_ZIGZAG.block_steps(r, n)
+        if st.q_send_to is not None
+    }
     assert all(part == BACK for (r, _), part in sends.items() if r == 0), sends
     assert sends[(3, 0)] == ALL and sends[(3, 1)] == BACK  # Q_3 full to 2; Q_0.b to 2
