@@ -94,9 +94,13 @@ def _scenario(rank, n, name):
         q, k, v = _qkv(torch)
         if rank == 1:
             v = v[:, :-1]
-    elif name == "requires_grad_all":
+    elif name == "causal_odd_len":
+        q, k, v = _qkv(torch, s=15, kv=15)  # a zigzag shard is two equal halves
+        kwargs["causal"] = True
+    elif name == "requires_grad_joint":
         q, k, v = (x.requires_grad_() for x in _qkv(torch))
-        return token_ring_attn(q, k, v, **kwargs)  # grad mode on
+        joint = _qkv(torch, s=4, kv=4)[1:]
+        return token_ring_attn(q, k, v, joint_kv=joint)  # grad mode on
     elif name == "requires_grad_rank1":
         q, k, v = _qkv(torch)
         q.requires_grad_(rank == 1)
@@ -143,6 +147,8 @@ def _assert_all_raise(results, error_type, *needles):
         ("final_chunks_env_differs", ["final_chunks differs across ring ranks", "[1, 2]"]),
         ("final_chunks_env_bad_rank1", ["rank(s) [1]", "TOKENRING_XDIT_FINAL_CHUNKS"]),
         ("q_3d_rank0", ["rank(s) [0]", "4-d tensors"]),
+        # one rank training, the other not: the two would run different schedules
+        ("requires_grad_rank1", ["gradient mode", "differs across ring ranks: [0, 2]"]),
         ("kv_len_rank1", ["rank(s) [1]", "same sequence length"]),
     ],
 )
@@ -154,10 +160,11 @@ def test_inconsistent_or_invalid_inputs_raise_value_error_everywhere(name, needl
 @pytest.mark.parametrize(
     "name,needles",
     [
-        ("causal_all", ["rank(s) [0, 1]", "causal=True is not supported"]),
-        ("causal_one", ["rank(s) [0]", "causal=True is not supported"]),
-        ("requires_grad_all", ["rank(s) [0, 1]", "forward-only"]),
-        ("requires_grad_rank1", ["rank(s) [1]", "forward-only"]),
+        # causal needs zigzag shards: q and k/v of one (even) length per rank
+        ("causal_all", ["rank(s) [0, 1]", "causal=True needs zigzag shards"]),
+        ("causal_one", ["rank(s) [0]", "causal=True needs zigzag shards"]),
+        ("causal_odd_len", ["rank(s) [0, 1]", "causal=True needs zigzag shards"]),
+        ("requires_grad_joint", ["rank(s) [0, 1]", "gradients through joint K/V"]),
     ],
 )
 def test_unsupported_modes_raise_not_implemented_everywhere(name, needles):

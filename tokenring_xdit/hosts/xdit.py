@@ -48,6 +48,18 @@ def _xdit_kernel(attention_function, attention_kwargs) -> BlockKernel:
     return kernel
 
 
+def _reject_causal(causal: bool) -> None:
+    # xDiT shards the sequence contiguously; TokenRing's causal schedule needs zigzag shards
+    # (a contiguous shard would be silently wrong), so causal calls stop here on every rank.
+    if causal:
+        raise NotImplementedError(
+            "TokenRing through xDiT is non-causal only: xDiT shards the sequence contiguously "
+            "and causal TokenRing needs zigzag shards. For causal attention use yunchang's "
+            "LongContextAttention(ring_impl_type='token_ring') with EXTRACT_FUNC_DICT"
+            "['token_ring'] shards, or xDiT's own ring"
+        )
+
+
 def usp_ring_attn(
     attention_function,
     query: torch.Tensor,
@@ -63,6 +75,7 @@ def usp_ring_attn(
 
     if dropout_p:
         raise NotImplementedError("TokenRing is for inference: dropout_p must be 0")
+    _reject_causal(is_causal)
     if attention_kwargs and attention_kwargs.get("ulysses_extra_inputs"):
         # per-query extra tensors would follow our queries around the ring; not supported yet
         raise NotImplementedError(
@@ -116,6 +129,7 @@ def long_ctx_ring_attn(
 ):
     """`xdit_ring_flash_attn_func` contract: (b, s, h, d); KV cache, joint tensors."""
     reject_unsupported(dropout_p, window_size, 0.0, alibi_slopes)
+    _reject_causal(causal)
     if any(x is not None for x in (q_descale, k_descale, v_descale)):
         raise NotImplementedError("TokenRing does not take FP8 descale factors")
     if attn_layer is not None:  # PipeFusion: K/V grow to the cached sequence, Q stays small

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from yunchang.kernels import AttnType, select_flash_attn_impl
 
 from ..ring import token_ring_attn
+from ..ring.function import reject_unsupported
 from ..ring.kernels import BlockKernel, KeyedKernel, has_flash_attn, lse_bhs
 from ..ring.layout import BHSD, Layout
 
@@ -65,6 +66,8 @@ def _from_yunchang(fn) -> BlockKernel:
 
 @functools.lru_cache(maxsize=64)
 def _kernel_for(attn_type, attn_processor, device_type: str) -> str | BlockKernel:
+    if attn_type is None:  # callers that name no kernel (xDiT's long-context layer may not)
+        return "auto"
     if attn_type in _UNUSABLE:
         raise NotImplementedError(
             f"TokenRing cannot use yunchang attn_type {attn_type}: it {_UNUSABLE[attn_type]}"
@@ -113,22 +116,6 @@ def kernel_for(attn_type, attn_processor, device: torch.device) -> str | BlockKe
     return found if isinstance(found, str) else KeyedKernel(found, (attn_type, attn_processor))
 
 
-def reject_unsupported(dropout_p, window_size, softcap, alibi_slopes) -> None:
-    unsupported = []
-    if dropout_p:
-        unsupported.append(f"dropout_p={dropout_p}")
-    if tuple(window_size) != (-1, -1):
-        unsupported.append(f"window_size={tuple(window_size)}")
-    if softcap:
-        unsupported.append(f"softcap={softcap}")
-    if alibi_slopes is not None:
-        unsupported.append("alibi_slopes")
-    if unsupported:
-        raise NotImplementedError(
-            f"TokenRing supports plain softmax attention only; got {', '.join(unsupported)}"
-        )
-
-
 def token_ring_flash_attn_func(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -145,7 +132,12 @@ def token_ring_flash_attn_func(
     attn_type: AttnType = AttnType.FA,
     attn_processor: torch.nn.Module | None = None,
 ):
-    """yunchang ring function: out (b, s, h, d), or (out, lse (b, h, s) fp32, None)."""
+    """yunchang ring function: out (b, s, h, d), or (out, lse (b, h, s) fp32, None).
+
+    Differentiable; causal=True needs zigzag shards (EXTRACT_FUNC_DICT['token_ring'] gives
+    them). Training and causal calls need a yunchang attn_type whose kernel has a backward
+    (FA, TORCH_FLASH, TORCH_EFFICIENT, TORCH_CUDNN, TORCH_MATH).
+    """
     reject_unsupported(dropout_p, window_size, softcap, alibi_slopes)
     return run_bshd(
         q,
@@ -154,6 +146,7 @@ def token_ring_flash_attn_func(
         group=group,
         softmax_scale=softmax_scale,
         causal=causal,
+        deterministic=deterministic,
         attn_type=attn_type,
         attn_processor=attn_processor,
         return_attn_probs=return_attn_probs,

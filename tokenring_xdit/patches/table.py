@@ -212,7 +212,9 @@ PATCH_TABLE: tuple[PatchPoint, ...] = (
         "yunchang.comm.extract_local:EXTRACT_FUNC_DICT['token_ring']",
         "registry entry",
         YUNCHANG_VERSIONS,
-        "TokenRing shards the sequence contiguously, like 'basic' (maps to basic_extract_local)",
+        "TokenRing takes zigzag shards (maps to zigzag_extract_local: chunks r and 2N-1-r), "
+        "which its causal schedule needs; non-causal TokenRing is exact on any sharding, so "
+        "xDiT's USP keeps its own contiguous shards",
     ),
     PatchPoint(
         "yunchang.set_seq_parallel_pg",

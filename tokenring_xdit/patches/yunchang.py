@@ -81,7 +81,8 @@ def _build(patches: PatchSet) -> None:
         "yunchang.extract_local",
         extract_local.EXTRACT_FUNC_DICT,
         RING_IMPL_NAME,
-        extract_local.basic_extract_local,
+        # zigzag shards: what the causal schedule needs; the non-causal ring is exact on any
+        extract_local.zigzag_extract_local,
     )
     original = ygl.set_seq_parallel_pg
     wrapped = patches.wrapper(

@@ -8,9 +8,10 @@ import torch
 import torch.distributed as dist
 
 from ..config import RingConfig, current
-from .checks import check_inputs
+from .checks import check_inputs, needs_grad
 from .comm import RingPosition
 from .forward import RingCall, local_forward, ring_forward
+from .function import train_attn
 from .graphs import graphs_wanted, run_graphed
 from .kernels import BlockKernel, KeyedKernel, select_kernel
 from .layout import Layout, get_layout
@@ -37,6 +38,7 @@ def token_ring_attn(
     cuda_graph: bool | None = None,
     kernel_key: Hashable | None = None,
     config: RingConfig | None = None,
+    deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact attention of the local queries against the K/V of every rank of `group`.
 
@@ -49,6 +51,9 @@ def token_ring_attn(
     queries attend exactly once, joined before ("front") or after ("rear") the local K/V in the
     step-0 block. `config` defaults to the environment's (`tokenring_xdit.config`); the
     `final_chunks` and `cuda_graph` arguments override its fields.
+
+    causal=True (zigzag shards: see `function.py`) and inputs that require grad run the
+    differentiable block-schedule path (`function.train_attn`); `deterministic` applies there.
     """
     cfg = config if config is not None else current()
     layout = get_layout(layout)
@@ -59,6 +64,8 @@ def token_ring_attn(
     chunks = final_chunks if final_chunks is not None else cfg.final_chunks
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     shapes = check_inputs(q, k, v, layout, causal, chunks, scale, pos, joint_kv, cfg.validate)
+    if causal or needs_grad(q, k, v):
+        return train_attn(q, k, v, pos, shapes.q_lens, layout, scale, causal, kernel, deterministic)
     fn, key = _resolve_kernel(kernel, kernel_key, q, v)
     call = RingCall(
         schedule=NON_CAUSAL,

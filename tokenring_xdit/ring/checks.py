@@ -39,10 +39,12 @@ _PROBLEMS = {
     3: "k and v must match q in batch size and head count (GQA is not supported)",
     4: "k and v must have the same sequence length",
     5: "q and k must have the same head size",
-    6: "causal=True is not supported by TokenRing yet (non-causal DiT attention only); "
-    "use yunchang's 'zigzag' ring for causal attention",
+    6: "causal=True needs zigzag shards: q, k and v of one length per rank, even when the ring "
+    "has more than one rank (chunks r and 2N-1-r of 2N equal chunks: use yunchang's "
+    "EXTRACT_FUNC_DICT['token_ring'], i.e. zigzag_extract_local), and no joint K/V",
     7: "q, k and v must be on one device",
-    8: "TokenRing is forward-only: run it under torch.no_grad() or torch.inference_mode()",
+    8: "gradients through joint K/V are not supported: run joint attention under "
+    "torch.no_grad() or torch.inference_mode()",
     9: "joint K/V must be a (key, value) pair of 4-d tensors matching k/v in batch size, "
     "head count, head sizes, dtype and device",
     10: "final_chunks (argument, or TOKENRING_XDIT_FINAL_CHUNKS) must be a positive integer",
@@ -60,7 +62,7 @@ _MUST_AGREE = {
     4: "value head size",
     7: "dtype",
     8: "layout",
-    9: "causal flag",
+    9: "causal flag / gradient mode (1 causal, 2 requires grad)",
     10: "final_chunks",
     11: "device type",
     12: "softmax_scale",
@@ -93,6 +95,11 @@ def _joint_problem(k, v, joint_kv, layout: Layout) -> bool:
     )
 
 
+def needs_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """True when autograd will want gradients of this call (the training path runs)."""
+    return torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+
+
 def _local_problem(q, k, v, layout: Layout, causal: bool, device_type: str, joint_kv=None) -> int:
     if any(x.dim() != 4 for x in (q, k, v)):
         return 1
@@ -109,9 +116,9 @@ def _local_problem(q, k, v, layout: Layout, causal: bool, device_type: str, join
         return 4
     if dk != d:
         return 5
-    if causal:
+    if causal and (sk != layout.dims(q)[1] or joint_kv is not None):
         return 6
-    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+    if joint_kv is not None and needs_grad(q, k, v):
         return 8
     if joint_kv is not None and _joint_problem(k, v, joint_kv, layout):
         return 9
@@ -133,7 +140,7 @@ def _meta(q, k, v, layout, causal: bool, chunks: int, scale: float, problem: int
         kv_len,
         dtype,
         layout.seq_dim,
-        int(causal),
+        int(causal) | 2 * int(needs_grad(q, k, v)),  # both choose the schedule
         chunks,
         _DEVICE_TYPES.index(q.device.type) if q.device.type in _DEVICE_TYPES else -1,
         struct.unpack("<q", struct.pack("<d", scale))[0],  # the exact float, as 64 bits
@@ -214,6 +221,8 @@ def check_inputs(
         problem = 10
     if not problem and not (scale > 0 and scale != float("inf")):
         problem = 12
+    if not problem and causal and position.size > 1 and q.shape[layout.seq_dim] % 2:
+        problem = 6  # a zigzag shard is two equal halves
     meta = _meta(q, k, v, layout, causal, chunks, scale, problem)
     if position.size == 1:
         _raise_for([meta], 0, layout, device_type)

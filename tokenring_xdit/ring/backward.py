@@ -1,0 +1,102 @@
+"""The TokenRing backward loop: the forward's block schedule with backward payloads.
+
+K/V stay home and so do their gradients: dK/dV of the local K/V are accumulated here (fp32) at
+every step and never travel. What travels one hop per step on the Q lane is the held query part
+with everything its backward needs: (Q, dO, lse, delta = rowsum(dO * O)); the dQ partial of each
+step goes straight back to its owner one step late on the return lane, and the owner sums them
+(fp32). Both lanes are posted before the step's kernel and waited after it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .backward_kernels import row_delta
+from .block_forward import BlockCall
+from .comm import COUNTERS, Lane, RingPosition, out_group_for
+from .schedules.blocks import part_len, part_slice
+
+__all__ = ["block_backward"]
+
+
+def _bundle_buffers(call: BlockCall, like_q, like_do, length: int):
+    """Receive buffers for a travelling (Q, dO, lse, delta) bundle of `length` queries."""
+    b, _, h, d = call.layout.dims(like_q)
+    stats = [torch.empty(b, h, length, dtype=torch.float32, device=like_q.device) for _ in "ld"]
+    return [
+        call.layout.empty(b, length, h, d, like=like_q),
+        call.layout.empty(b, length, h, like_do.shape[3], like=like_do),
+        *stats,
+    ]
+
+
+def _bundle_part(call: BlockCall, bundle, held: str, wanted: str, length: int):
+    """The `wanted` part of a held bundle, as dense tensors (P2P needs them)."""
+    if held == wanted:
+        return bundle
+    sl = part_slice(wanted, length)
+    q, do, lse, delta = bundle
+    seq = call.layout.seq_slice
+    return [
+        seq(q, sl).contiguous(),
+        seq(do, sl).contiguous(),
+        lse[:, :, sl].contiguous(),
+        delta[:, :, sl].contiguous(),
+    ]
+
+
+def block_backward(
+    call: BlockCall, pos: RingPosition, q_lens: tuple[int, ...], dout, q, k, v, out, lse
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of this rank's q, k, v, in their dtypes. out/lse: the forward's result."""
+    layout, rank, n = call.layout, pos.rank, pos.size
+    plan = call.schedule.block_steps(rank, n)
+    dout = dout.contiguous()
+    delta = row_delta(dout, out, layout)
+    if n == 1:
+        COUNTERS.kernel_calls += 1
+        args = (dout, q, k, v, out, lse, delta, call.scale, layout, plan[0].causal)
+        return call.pair.run_backward(*args)
+    q_lane = Lane(pos.group, pos.group, pos.rank)
+    ret_lane = Lane(out_group_for(pos.group), pos.group, pos.rank)
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
+    dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+    held = [q.contiguous(), dout, lse.contiguous(), delta]
+    prev_dq = None
+    for st in plan:
+        q_lane.step = ret_lane.step = st.step  # named in transfer errors
+        next_held = ret = None
+        if st.q_send_to is not None:
+            send = _bundle_part(call, held, st.q_part, st.q_send_part, q_lens[st.q_owner])
+            recv_len = part_len(st.q_recv_part, q_lens[st.q_recv_owner])
+            next_held = _bundle_buffers(call, q, dout, recv_len)
+            q_lane.post(
+                [(t, st.q_send_to) for t in send], [(t, st.q_recv_from) for t in next_held], "q"
+            )
+        if st.ret_send_to is not None:
+            ret_len = part_len(st.ret_recv_part, q_lens[rank])
+            b, _, h, d = layout.dims(q)
+            ret = layout.empty(b, ret_len, h, d, like=q)
+            ret_lane.post([(prev_dq, st.ret_send_to)], [(ret, st.ret_recv_from)], "partial")
+        block_dq = None
+        if st.kernel:
+            COUNTERS.kernel_calls += 1
+            kv_sl = part_slice(st.kv_part, k.shape[layout.seq_dim])
+            k_b, v_b = layout.seq_slice(k, kv_sl), layout.seq_slice(v, kv_sl)
+            q_b, do_b, lse_b, delta_b = held
+            own_out = out if st.step == 0 else None  # elsewhere the kernel gets delta only
+            block_dq, block_dk, block_dv = call.pair.run_backward(
+                do_b, q_b, k_b, v_b, own_out, lse_b, delta_b, call.scale, layout, st.causal
+            )
+            layout.seq_slice(dk, kv_sl).add_(block_dk)
+            layout.seq_slice(dv, kv_sl).add_(block_dv)
+        q_lane.wait()
+        ret_lane.wait()
+        if st.step == 0:
+            dq.add_(block_dq)
+        elif ret is not None:
+            layout.seq_slice(dq, part_slice(st.ret_recv_part, q_lens[rank])).add_(ret)
+        prev_dq = block_dq.contiguous() if block_dq is not None and st.step > 0 else None
+        held = next_held if next_held is not None else held
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)

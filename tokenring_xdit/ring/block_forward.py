@@ -1,0 +1,97 @@
+"""The TokenRing forward loop over block steps: causal zigzag, and the forward of training.
+
+Same shape as `forward.py` (K/V stay, Q moves one hop per step, each partial goes straight home
+one step late; both lanes posted before the kernel, waited after it), but each step's kernel
+covers the parts of Q and K/V its `BlockStep` names, and the loop keeps what the backward needs
+(the final fp32 lse). The no-grad non-causal path keeps using `forward.py` (CUDA graphs, the
+chunked last return, the fused merge).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .backward_kernels import KernelPair
+from .comm import COUNTERS, Lane, RingPosition, out_group_for
+from .layout import Layout
+from .merge import PartialMerge
+from .schedules.blocks import BlockStep, part_len, part_slice, sub_slice
+
+__all__ = ["BlockCall", "block_forward"]
+
+
+@dataclass(frozen=True)
+class BlockCall:
+    """What one training/causal call fixes; the same on every ring rank."""
+
+    schedule: object  # a block schedule: name, causal, block_steps(rank, n)
+    pair: KernelPair
+    layout: Layout
+    scale: float
+
+    def seq(self, x: torch.Tensor, held: str, wanted: str, length: int) -> torch.Tensor:
+        """The `wanted` part of x, which holds the `held` part of a sequence of `length`."""
+        return self.layout.seq_slice(x, sub_slice(held, wanted, length))
+
+    def kv(self, k, v, st: BlockStep) -> tuple[torch.Tensor, torch.Tensor]:
+        length = k.shape[self.layout.seq_dim]
+        sl = part_slice(st.kv_part, length)
+        return self.layout.seq_slice(k, sl), self.layout.seq_slice(v, sl)
+
+
+def block_forward(
+    call: BlockCall, pos: RingPosition, q_lens: tuple[int, ...], q, k, v
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out in q's dtype, lse (b, h, s) fp32) of our queries against every rank's K/V."""
+    layout, rank, n = call.layout, pos.rank, pos.size
+    b, _, h, d = layout.dims(q)
+    dv = v.shape[3]
+    plan = call.schedule.block_steps(rank, n)
+    if n == 1:
+        COUNTERS.kernel_calls += 1
+        out, lse = call.pair.run_forward(q, k, v, call.scale, layout, plan[0].causal)
+        return out.to(q.dtype), lse.float()
+    q_lane = Lane(pos.group, pos.group, pos.rank)
+    ret_lane = Lane(out_group_for(pos.group), pos.group, pos.rank)
+    held = q.contiguous()
+    merge = prev = None
+    for st in plan:
+        q_lane.step = ret_lane.step = st.step  # named in transfer errors
+        next_q = ret = None
+        if st.q_send_to is not None:
+            own_len = q_lens[st.q_owner]
+            send = call.seq(held, st.q_part, st.q_send_part, own_len).contiguous()
+            recv_len = part_len(st.q_recv_part, q_lens[st.q_recv_owner])
+            next_q = layout.empty(b, recv_len, h, d, like=q)
+            q_lane.post([(send, st.q_send_to)], [(next_q, st.q_recv_from)], "q")
+        if st.ret_send_to is not None:
+            ret_len = part_len(st.ret_recv_part, q_lens[rank])
+            ret = (
+                layout.empty(b, ret_len, h, dv, like=q),
+                torch.empty(b, h, ret_len, dtype=torch.float32, device=q.device),
+            )
+            ret_lane.post(
+                [(prev[0], st.ret_send_to), (prev[1], st.ret_send_to)],
+                [(ret[0], st.ret_recv_from), (ret[1], st.ret_recv_from)],
+                "partial",
+            )
+        block = None
+        if st.kernel:
+            COUNTERS.kernel_calls += 1
+            out_b, lse_b = call.pair.run_forward(
+                held, *call.kv(k, v, st), call.scale, layout, st.causal
+            )
+            block = (out_b.contiguous(), lse_b.float().contiguous())  # P2P needs dense buffers
+        q_lane.wait()
+        ret_lane.wait()
+        if merge is None:
+            # step 0: our own Q against our own K/V. The accumulator stays fp32 throughout: a
+            # causal rank merges partials of different parts, so no merge is "last" for all rows.
+            merge = PartialMerge(*block, layout, q.dtype, updates=None, fused=False)
+        elif ret is not None:
+            merge.update(*ret, seq=part_slice(st.ret_recv_part, q_lens[rank]))
+        prev = block if st.step > 0 else None
+        held = next_q if next_q is not None else held
+    return merge.result(q.dtype)
