@@ -17,6 +17,7 @@ __all__ = [
     "install",
     "uninstall",
     "installed_patches",
+    "calls_by_host",
     "__version__",
 ]
 
@@ -27,6 +28,7 @@ _LAZY = {
     "install": "tokenring_xdit.patches",
     "uninstall": "tokenring_xdit.patches",
     "installed_patches": "tokenring_xdit.patches",
+    "calls_by_host": "tokenring_xdit.hosts.calls",
 }
 
 

@@ -10,7 +10,7 @@ import sys
 
 DISABLE_ENV = "TOKENRING_XDIT_AUTOPATCH"
 # Top-level modules whose first import arms the hooks; tests keep this equal to the entry points.
-TRIGGERS = ("yunchang", "xfuser")
+TRIGGERS = ("yunchang", "xfuser", "diffusers")
 
 
 class _FirstHostImport:

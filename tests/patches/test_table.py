@@ -39,7 +39,7 @@ def test_every_patch_point_is_in_the_table_and_applied():
     assert len({(p.id, p.trigger) for p in PATCH_TABLE}) == len(PATCH_TABLE)
     assert [p.trigger for p in PATCH_TABLE if p.switch == RUNTIME] == [FIRST_GRAPH_CAPTURE]
     assert {p.trigger for p in PATCH_TABLE if p.switch == AUTOMATIC} == set(HOOKS)
-    assert all(p.trigger.startswith("xfuser.") for p in PATCH_TABLE if p.switch == CPU_MODE)
+    assert all(p.trigger.startswith(p.host + ".") for p in PATCH_TABLE if p.switch == CPU_MODE)
 
 
 def test_entry_points_hooks_and_triggers_agree():
@@ -61,12 +61,14 @@ EVERYTHING = textwrap.dedent(
     import json, os
     os.environ["TOKENRING_XDIT_AUTOPATCH"] = "0"
     import tokenring_xdit
-    from tokenring_xdit.patches import torch_dist, xfuser_cpu
+    from tokenring_xdit.patches import diffusers_cpu, torch_dist, xfuser_cpu
     xfuser_cpu.enable()
+    diffusers_cpu.enable()
     tokenring_xdit.install()
     import importlib, xfuser
     for name in xfuser_cpu.hooked_modules():
         importlib.import_module(name)
+    import diffusers.models.attention_dispatch  # applies the diffusers rows
     torch_dist.ensure_applied()  # what the first CUDA graph capture does
     report = dict(
         applied=tokenring_xdit.installed_patches(),
@@ -89,5 +91,6 @@ def test_every_row_is_applied_and_nothing_unlisted():
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert sorted(report["applied"]) == sorted({p.id for p in PATCH_TABLE})
-    assert report["cpu_modules"] == sorted({p.trigger for p in PATCH_TABLE if p.switch == CPU_MODE})
+    xfuser_cpu_rows = [p for p in PATCH_TABLE if p.switch == CPU_MODE and p.host == "xfuser"]
+    assert report["cpu_modules"] == sorted({p.trigger for p in xfuser_cpu_rows})
     assert report["after"] == []

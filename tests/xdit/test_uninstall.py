@@ -25,6 +25,8 @@ pytestmark = CPU_MODE_MARKS
 
 XFUSER_IDS = [p.id for p in PATCH_TABLE if p.host == "xfuser"]
 YUNCHANG_IDS = [p.id for p in PATCH_TABLE if p.host == "yunchang"]
+# xfuser imports diffusers' models, so install() patches diffusers too (its own, independent set)
+DIFFUSERS_IDS = [p.id for p in PATCH_TABLE if p.id.startswith("diffusers.")]
 
 PRELUDE = textwrap.dedent(
     """
@@ -133,7 +135,7 @@ def test_nothing_patched_before_install(life_cycle) -> None:
 def test_install_changes_every_xfuser_point(life_cycle) -> None:
     before, once = life_cycle["before"], life_cycle["once"]
     assert set(XFUSER_IDS) <= set(life_cycle["first"]), life_cycle["first"]
-    assert life_cycle["first"] == YUNCHANG_IDS + XFUSER_IDS
+    assert life_cycle["first"] == YUNCHANG_IDS + XFUSER_IDS + DIFFUSERS_IDS
     assert once["usp.ring_attn"] != before["usp.ring_attn"]
     for method in ("add_cli_args", "add_runner_args", "from_cli_args", "from_runner_args"):
         assert once["xFuserArgs"][method] != before["xFuserArgs"][method], method
@@ -179,7 +181,8 @@ GATED = """
     cls = lc.xFuserLongContextAttention
     print(json.dumps({
         "applied": p.PATCHES.applied,
-        "installed": tokenring_xdit.installed_patches(),
+        # diffusers' set is independent of these (patched only where its entry point is installed)
+        "installed": [i for i in tokenring_xdit.installed_patches() if "diffusers" not in i],
         "xdit_ring": ring_attn_is_xdits(),
         "flag": has_flag(),
         "kv_cache_list": list(cls.ring_impl_type_supported_kv_cache),
@@ -219,7 +222,8 @@ YUNCHANG_GATED = """
     import xfuser  # noqa: F401
     import tokenring_xdit
     print(json.dumps({
-        "installed": tokenring_xdit.installed_patches(),
+        # diffusers' set is independent of these (patched only where its entry point is installed)
+        "installed": [i for i in tokenring_xdit.installed_patches() if "diffusers" not in i],
         "xdit_ring": ring_attn_is_xdits(),
         "flag": has_flag(),
     }))

@@ -18,6 +18,7 @@ import torch
 
 from ..ring import token_ring_attn
 from ..ring.kernels import BlockKernel, KeyedKernel, lse_bhs
+from .calls import count_call
 from .yunchang import reject_unsupported, run_bshd
 
 __all__ = ["usp_ring_attn", "long_ctx_ring_attn"]
@@ -102,6 +103,7 @@ def usp_ring_attn(
         joint_kv=joint_kv,
         joint_strategy=strategy,
     )
+    count_call("xdit")
     return out
 
 
@@ -154,6 +156,7 @@ def long_ctx_ring_attn(
         attn_type=attn_type,
         attn_processor=attn_processor,
         return_attn_probs=return_attn_probs,
+        host="xdit",
         group=group,
         softmax_scale=softmax_scale,
         causal=causal,

@@ -18,6 +18,7 @@ from ..ring import token_ring_attn
 from ..ring.function import reject_unsupported
 from ..ring.kernels import BlockKernel, KeyedKernel, has_flash_attn, lse_bhs
 from ..ring.layout import BHSD, Layout
+from .calls import count_call
 
 __all__ = [
     "token_ring_flash_attn_func",
@@ -161,13 +162,16 @@ def run_bshd(
     attn_type,
     attn_processor=None,
     return_attn_probs: bool = False,
+    host: str = "yunchang",
     **ring_kwargs,
 ):
     """TokenRing on (b, s, h, d) with the kernel of yunchang's `attn_type`, returned the way
     flash-attn style ring functions return (shared by yunchang's and xDiT's contracts);
-    `ring_kwargs` go to `token_ring_attn` (group, softmax_scale, causal, joint_kv, ...)."""
+    `ring_kwargs` go to `token_ring_attn` (group, softmax_scale, causal, joint_kv, ...);
+    `host` is what `tokenring_xdit.calls_by_host()` counts the call under."""
     kernel = kernel_for(attn_type, attn_processor, q.device)
     out, lse = token_ring_attn(q, k, v, layout="bshd", kernel=kernel, **ring_kwargs)
+    count_call(host)
     return (out, lse, None) if return_attn_probs else out
 
 

@@ -96,8 +96,13 @@ def installed_patches() -> list[str]:
 
 
 # Patch sets applied by something other than a host import: our first graph capture (torch),
-# xDiT's opt-in CPU mode. Each module has `applied()` and `revert()`, like the host sets.
-OTHER_PATCH_SETS = ("tokenring_xdit.patches.torch_dist", "tokenring_xdit.patches.xfuser_cpu")
+# the opt-in CPU modes of xDiT and diffusers. Each module has `applied()` and `revert()`, like
+# the host sets.
+OTHER_PATCH_SETS = (
+    "tokenring_xdit.patches.torch_dist",
+    "tokenring_xdit.patches.xfuser_cpu",
+    "tokenring_xdit.patches.diffusers_cpu",
+)
 
 
 def _loaded_patch_sets() -> list[ModuleType]:

@@ -28,10 +28,15 @@ YUNCHANG_VERSIONS = ">=0.6.4,<0.7"
 XFUSER_VERSIONS = ">=0.7.0,<0.8"
 TORCH_VERSIONS = ">=2.5"
 XFUSER_CPU_VERSIONS = "==0.7.0"
+# Tested with 0.42.1; the parameter names of both wrapped functions are checked at apply time.
+DIFFUSERS_VERSIONS = ">=0.36"
+# The CPU shims wrap _native_flash_attention_forward_op, which diffusers 0.37 introduced.
+DIFFUSERS_CPU_VERSIONS = ">=0.37"
+_DISPATCH = "diffusers.models.attention_dispatch"
 # Trigger of patches that our own runtime applies (not a host import).
 FIRST_GRAPH_CAPTURE = "first CUDA graph capture"
 AUTOMATIC = "automatic"  # when the trigger module is imported (bootstrap) or by install()
-CPU_MODE = "CPU mode"  # tokenring_xdit.patches.xfuser_cpu.enable(), then the trigger's import
+CPU_MODE = "CPU mode"  # patches.xfuser_cpu / patches.diffusers_cpu .enable(), then the import
 RUNTIME = "runtime"  # by tokenring_xdit itself, at the trigger event
 
 # xfuser modules CPU mode patches (each when it is imported), by what they need.
@@ -311,6 +316,31 @@ PATCH_TABLE: tuple[PatchPoint, ...] = (
         "refused, with a warning, under PipeFusion, step caches or torch.compile",
     ),
     PatchPoint(
+        "diffusers.cp_ring",
+        "diffusers",
+        "diffusers",
+        f"{_DISPATCH}:_templated_context_parallel_attention",
+        "wrapper",
+        DIFFUSERS_VERSIONS,
+        "the context-parallel call of every CP-capable attention backend: when TokenRing is "
+        "selected and ring_degree > 1, the ring (ring-only, ring_anything, and inside ulysses x "
+        "ring) runs TokenRing on the ring mesh's group with the backend's forward op as the "
+        "block kernel (backends without an lse are refused); diffusers' own code otherwise; "
+        "says once on rank 0 which ring runs. Applied when diffusers.models.attention_dispatch "
+        "is imported",
+    ),
+    PatchPoint(
+        "diffusers.cp_setup",
+        "diffusers",
+        "diffusers",
+        "diffusers.models._modeling_parallel:ContextParallelConfig.setup",
+        "wrapper",
+        DIFFUSERS_VERSIONS,
+        "after diffusers derives the ring/ulysses meshes (enable_parallelism and "
+        "from_pretrained(parallel_config=...)), creates TokenRing's communicators for the ring "
+        "group when TokenRing is selected (an optimisation: the first ring call would)",
+    ),
+    PatchPoint(
         "torch.destroy_process_group",
         "torch",
         FIRST_GRAPH_CAPTURE,
@@ -323,6 +353,39 @@ PATCH_TABLE: tuple[PatchPoint, ...] = (
         RUNTIME,
     ),
     *_CPU_ROWS,
+    *(
+        PatchPoint(
+            pid, "diffusers", _DISPATCH, target, "wrapper", DIFFUSERS_CPU_VERSIONS, why, CPU_MODE
+        )
+        for pid, target, why in (
+            (
+                "diffusers_cpu.device_index",
+                "diffusers.models.modeling_utils:ModelMixin._resolve_parallel_config",
+                "without an accelerator, torch.accelerator.device_count() reads 1 during the "
+                "call, which computes rank % device_count() (ZeroDivisionError on CPU)",
+            ),
+            (
+                "diffusers_cpu.native_flash_forward",
+                f"{_DISPATCH}:_native_flash_attention_forward_op",
+                "on CPU tensors runs torch's CPU flash kernel, which returns out and lse, instead "
+                "of the CUDA-only op, so the '_native_flash' backend serves CP rings on gloo (no "
+                "CP backend has a CPU kernel with an lse)",
+            ),
+            (
+                "diffusers_cpu.native_flash_backward",
+                f"{_DISPATCH}:_native_flash_attention_backward_op",
+                "on CPU tensors raises a clear NotImplementedError (CPU mode is forward-only) "
+                "instead of failing in the CUDA-only backward kernel",
+            ),
+            (
+                "diffusers_cpu.gather_anything",
+                "diffusers.hooks.context_parallel:_all_gather_anything",
+                "on gloo, pads uneven shards (ring_anything) to the longest before the output "
+                "all-gather and cuts them back after; gloo refuses unequal all_gather sizes, NCCL "
+                "does not",
+            ),
+        )
+    ),
 )
 
 PATCH_IDS = frozenset(p.id for p in PATCH_TABLE)

@@ -52,7 +52,9 @@ __all__ = [
 
 XFUSER_VERSIONS = XFUSER_CPU_VERSIONS
 # This mode's rows of the one patch table.
-CPU_PATCHES: tuple[PatchPoint, ...] = tuple(p for p in PATCH_TABLE if p.switch == CPU_MODE)
+CPU_PATCHES: tuple[PatchPoint, ...] = tuple(
+    p for p in PATCH_TABLE if p.switch == CPU_MODE and p.host == "xfuser"
+)
 _ENVS = "xfuser.envs"
 
 

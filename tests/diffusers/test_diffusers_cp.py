@@ -1,0 +1,90 @@
+"""diffusers' own context parallelism (`enable_parallelism`) with TokenRing as its ring, on real
+gloo ranks: tiny random Flux and Wan transformers and a tiny Flux pipeline, no download, fp32.
+
+Each world size is launched once (a module-scoped fixture); the tests read its results. Every
+rank compares TokenRing and diffusers' own ring with one process, and counts TokenRing's calls
+with `tokenring_xdit.calls_by_host()`. Workers: tests/diffusers/workers.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.diffusers import workers
+from tests.harness import run_ranks, values
+
+TOL = 1e-5  # fp32, max |err| on the transformer output
+
+
+def _launch(fn, world_size: int) -> list[dict]:
+    return values(run_ranks(fn, world_size, env=workers.ENV, timeout=240))
+
+
+@pytest.fixture(scope="module")
+def ring2() -> list[dict]:
+    return _launch(workers.ring2, 2)
+
+
+def _assert_matches(result: dict, calls: int) -> None:
+    assert result["token_ring"] <= TOL, result
+    assert result["diffusers_ring"] <= TOL, result
+    assert result["token_ring_vs_diffusers"] <= TOL, result
+    assert result["calls"] == calls, result  # one TokenRing forward per CP attention layer
+    assert result["calls_with_diffusers_ring"] == 0, result
+
+
+@pytest.mark.parametrize("model, calls", [("flux", 2), ("wan", 1)])
+def test_ring2_matches_one_process_and_diffusers_ring(ring2, model, calls):
+    for result in ring2:
+        _assert_matches(result[model], calls)
+
+
+def test_ring2_pipeline_image(ring2):
+    for result in ring2:
+        assert result["pipeline"]["psnr_db"] >= 60.0, result["pipeline"]
+        assert result["pipeline"]["calls"] == 4  # 2 steps x 2 attention layers
+
+
+def test_refusals_on_every_rank(ring2):
+    for result in ring2:
+        assert "forward-only" in result["grad_error"], result["grad_error"]
+        assert "torch.no_grad()" in result["grad_error"]
+        no_lse = result["no_lse_error"]
+        assert "'native'" in no_lse and "log-sum-exp" in no_lse, no_lse
+        assert "_native_cudnn" in no_lse and "_native_flash" in no_lse, no_lse
+
+
+def test_selected_after_enable_parallelism_works(ring2):
+    for result in ring2:
+        late = result["late_selection"]
+        assert late["calls"] > 0 and late["max_err"] <= 1e-5, late
+
+
+def test_rank0_says_once_which_ring_runs(ring2):
+    assert sorted(ring2[0]["log"]) == [
+        "context-parallel ring attention: TokenRing (tokenring_xdit), selected by "
+        "set_xdit_ring_impl()",
+        "context-parallel ring attention: diffusers' own, selected by set_xdit_ring_impl()",
+    ]
+    assert ring2[1]["log"] == []
+
+
+def test_uninstall_restores_diffusers_ring(ring2):
+    for result in ring2:
+        assert result["uninstall"] == dict(
+            calls=0, same_as_diffusers_ring=True, restored=True, installed=[]
+        )
+
+
+def test_ring3_even_and_ring_anything():
+    for result in _launch(workers.ring3, 3):
+        _assert_matches(result["even"], 2)
+        uneven = result["ring_anything"]
+        _assert_matches(uneven, 2)
+        # the same model, other lengths, one rank's shard unchanged: no stale handshake, no hang
+        assert uneven["new_lengths"] <= TOL and uneven["new_lengths_calls"] == 2, uneven
+
+
+def test_ulysses2_ring2():
+    for result in _launch(workers.ulysses2_ring2, 4):
+        _assert_matches(result, 2)

@@ -1,0 +1,238 @@
+"""TokenRing behind diffusers' native context parallelism (diffusers >= 0.36).
+
+diffusers' contract: every attention backend that supports context parallelism hands its call to
+`attention_dispatch._templated_context_parallel_attention(query, key, value, attn_mask,
+dropout_p, is_causal, scale, enable_gqa, return_lse, *, forward_op, backward_op,
+_parallel_config)` with this rank's shards in (b, s, h, d). `forward_op(ctx, q, k, v, attn_mask,
+dropout_p, is_causal, scale, enable_gqa, return_lse, _save_ctx=, _parallel_config=)` is the
+backend's own kernel; with return_lse=True it returns (out (b, s, h, d), lse (b, s, h)), some
+backends/torch versions lse (b, s, h, 1).
+
+`context_parallel_attention` runs the ring dimension of that call as TokenRing (the ring-only
+path, ring_anything's uneven lengths, and the ring inside ulysses x ring), on the ring mesh's
+process group, with the backend's forward op as TokenRing's per-block kernel. Ulysses'
+all-to-alls stay diffusers' own (`SeqAllToAllDim`). Whether to call it at all is decided by
+`patches/diffusers.py`.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from collections.abc import Callable, Hashable
+
+import torch
+
+from .. import config
+from ..ring import token_ring_attn
+from ..ring.kernels import BlockKernel
+from ..ring.layout import BSHD
+from .calls import count_call
+
+__all__ = ["context_parallel_attention", "block_kernel", "HOST"]
+
+HOST = "diffusers"
+
+# Forward ops of diffusers' CP-capable backends that cannot return an lse -> backend name.
+_NO_LSE_OPS = {"_native_attention_forward_op": "native", "_npu_attention_forward_op": "_native_npu"}
+_USE_DIFFUSERS_RING = "or keep diffusers' own ring: TOKENRING_XDIT_RING_IMPL=default"
+
+# (forward op, device type, dtype, head sizes) -> True once a probe returned a usable lse
+_PROBED: dict[Hashable, bool] = {}
+
+
+def context_parallel_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    dropout_p: float,
+    scale: float | None,
+    return_lse: bool,
+    forward_op: Callable,
+    parallel_config,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """diffusers' templated CP attention with TokenRing as the ring.
+
+    query/key/value: this rank's (b, s, h, d) shards (lengths may differ across ring ranks).
+    Returns out (b, s, h, d) in query's dtype, plus lse (b, s, h) fp32 when `return_lse`.
+    """
+    _refuse_unsupported(query, key, value, attn_mask, dropout_p)
+    _require_lse(forward_op, parallel_config, query, key, value, scale)
+    kernel = block_kernel(forward_op, parallel_config)
+    cp = parallel_config.context_parallel_config
+    if cp.ulysses_degree > 1:
+        return _unified(query, key, value, scale, return_lse, kernel, forward_op, cp)
+    out, lse = _ring(query, key, value, scale, kernel, forward_op, cp)
+    return (out, lse.transpose(1, 2)) if return_lse else out
+
+
+def block_kernel(forward_op: Callable, parallel_config) -> BlockKernel:
+    """diffusers' forward op as a TokenRing block kernel: (q, k, v, scale, layout) in (b, s, h, d)
+    -> (out (b, s, h, d), lse (b, h, s) fp32)."""
+
+    def kernel(q, k, v, scale, layout):
+        if layout is not BSHD:
+            raise ValueError("diffusers' forward ops take (b, s, h, d) tensors")
+        return _call_forward_op(forward_op, parallel_config, q, k, v, scale)
+
+    return kernel
+
+
+def _call_forward_op(forward_op, parallel_config, q, k, v, scale):
+    # _save_ctx=False: the op keeps nothing for a backward, so a throwaway ctx will do.
+    result = forward_op(
+        types.SimpleNamespace(),
+        q,
+        k,
+        v,
+        None,
+        0.0,
+        False,
+        scale,
+        False,
+        True,
+        _save_ctx=False,
+        _parallel_config=parallel_config,
+    )
+    if not isinstance(result, tuple) or len(result) != 2 or result[1] is None:
+        raise _no_lse_error(forward_op)
+    out, lse = result
+    b, s, h, _ = q.shape
+    if lse.dim() == 4 and lse.shape[-1] == 1:
+        lse = lse.squeeze(-1)
+    if tuple(lse.shape) != (b, s, h):
+        raise RuntimeError(
+            f"diffusers' {_backend_name(forward_op)!r} forward op returned lse of shape "
+            f"{tuple(lse.shape)}; expected (b, s, h) = {(b, s, h)}, its model layout"
+        )
+    return out, lse.transpose(1, 2).float()
+
+
+def _ring(query, key, value, scale, kernel, forward_op, cp) -> tuple[torch.Tensor, torch.Tensor]:
+    """TokenRing over the ring mesh: out (b, s, h, d), lse (b, h, s) fp32."""
+    group = cp._ring_mesh.get_group()
+    cfg = config.current()
+    if getattr(cp, "ring_anything", False):
+        # uneven shards whose lengths can change out of step between calls: check every call
+        cfg = cfg.replace(validate="always")
+    out, lse = token_ring_attn(
+        query,
+        key,
+        value,
+        group=group,
+        layout="bshd",
+        softmax_scale=scale,
+        kernel=kernel,
+        kernel_key=_kernel_key(forward_op),
+        config=cfg,
+    )
+    count_call(HOST)
+    return out, lse
+
+
+def _unified(query, key, value, scale, return_lse, kernel, forward_op, cp):
+    """Ulysses x ring: diffusers' own all-to-alls around TokenRing (heads scattered over the
+    ulysses group, sequence gathered), as `_templated_unified_attention` does around its ring."""
+    import diffusers.models.attention_dispatch as attention_dispatch
+
+    a2a = getattr(attention_dispatch, "SeqAllToAllDim", None)
+    if a2a is None:  # diffusers 0.36 has no ulysses x ring at all (its config refuses it)
+        raise NotImplementedError("ulysses x ring context parallelism needs diffusers >= 0.37")
+    group = cp._ulysses_mesh.get_group()
+    q, k, v = (a2a.apply(group, x, 2, 1) for x in (query, key, value))
+    out, lse = _ring(q, k, v, scale, kernel, forward_op, cp)
+    out = a2a.apply(group, out, 1, 2)
+    if not return_lse:
+        return out
+    # (b, h/u, s*u) -> (b, s*u, h/u, 1): the all-to-all takes 4-d tensors
+    lse = a2a.apply(group, lse.transpose(1, 2).unsqueeze(-1).contiguous(), 1, 2)
+    return out, lse.squeeze(-1)
+
+
+def _refuse_unsupported(query, key, value, attn_mask, dropout_p) -> None:
+    """Local checks, before any collective; every rank of a CP model sees the same answer."""
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value)):
+        raise NotImplementedError(
+            "TokenRing is forward-only under diffusers (its training backward is not written "
+            "yet), but gradients are requested: run inference under torch.no_grad() or "
+            f"torch.inference_mode(), {_USE_DIFFUSERS_RING} for training"
+        )
+    if attn_mask is not None:
+        raise NotImplementedError(
+            "TokenRing does not take an attention mask yet (diffusers passed one to the "
+            f"context-parallel attention); call the model without one, {_USE_DIFFUSERS_RING}"
+        )
+    if dropout_p:
+        raise NotImplementedError(
+            f"TokenRing is for inference: dropout_p must be 0, got {dropout_p}"
+        )
+
+
+def _require_lse(forward_op, parallel_config, query, key, value, scale) -> None:
+    """Refuse a backend whose forward op has no lse, before the ring posts anything: a kernel
+    failing inside the ring would leave transfers in flight on every rank."""
+    if _op_name(forward_op) in _NO_LSE_OPS:
+        raise _no_lse_error(forward_op)
+    cache_key = (
+        _kernel_key(forward_op) or id(forward_op),
+        query.device.type,
+        query.dtype,
+        query.shape[3],
+        value.shape[3],
+    )
+    if _PROBED.get(cache_key) or query.shape[1] == 0 or key.shape[1] == 0:
+        return
+    try:
+        with torch.no_grad():
+            _call_forward_op(
+                forward_op,
+                parallel_config,
+                *(x[:, :1].contiguous() for x in (query, key, value)),
+                scale,
+            )
+    except (ValueError, NotImplementedError) as exc:
+        if "lse" in str(exc).lower():
+            raise _no_lse_error(forward_op) from exc
+        raise
+    _PROBED[cache_key] = True
+
+
+def _no_lse_error(forward_op) -> NotImplementedError:
+    return NotImplementedError(
+        "TokenRing needs a per-block attention kernel that returns its log-sum-exp, and "
+        f"diffusers' attention backend {_backend_name(forward_op)!r} does not. Pick one that "
+        "does before enable_parallelism, e.g. transformer.set_attention_backend('_native_cudnn') "
+        f"(CP backends with an lse: {', '.join(_lse_backends())}); on CPU use '_native_flash' "
+        "with tokenring_xdit.patches.diffusers_cpu.enable()"
+    )
+
+
+def _lse_backends() -> list[str]:
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+    capable = getattr(_AttentionBackendRegistry, "_supports_context_parallel", set())
+    return sorted(set(capable) - set(_NO_LSE_OPS.values()))
+
+
+def _op_name(forward_op) -> str:
+    func = forward_op.func if isinstance(forward_op, functools.partial) else forward_op
+    return getattr(func, "__name__", repr(func))
+
+
+def _backend_name(forward_op) -> str:
+    name = _op_name(forward_op)
+    return _NO_LSE_OPS.get(name, name.removesuffix("_forward_op").lstrip("_"))
+
+
+def _kernel_key(forward_op) -> Hashable | None:
+    """A name for the op that is stable across calls (backends build a new functools.partial
+    per call), so TokenRing can keep one CUDA graph per op and shapes; None if unhashable."""
+    key: Hashable = forward_op
+    if isinstance(forward_op, functools.partial):
+        key = (forward_op.func, forward_op.args, tuple(sorted(forward_op.keywords.items())))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return ("diffusers", key)

@@ -1,0 +1,191 @@
+"""Opt-in CPU mode for diffusers' context parallelism (gloo): for tests and development.
+
+What breaks on CPU with diffusers 0.42.1 and a CPU build of torch (found by running a tiny Flux
+under `enable_parallelism` on gloo ranks), and what each shim changes (rows `diffusers_cpu.*`):
+
+1. `ModelMixin._resolve_parallel_config` computes `rank % torch.accelerator.device_count()`,
+   which is 0 without an accelerator: ZeroDivisionError before any mesh exists. While it runs on
+   a machine without an accelerator, `torch.accelerator.device_count()` reads 1 (the device
+   becomes cpu:0); restored when it returns. With an accelerator it calls straight through.
+2. No CP-capable backend has a CPU kernel that returns an lse, which every ring needs: 'native'
+   refuses return_lse, '_native_flash' calls the CUDA-only
+   `aten._scaled_dot_product_flash_attention`, cuDNN / flash-attn / sage are CUDA-only. On CPU
+   tensors `_native_flash_attention_forward_op` runs torch's CPU flash kernel
+   (`aten._scaled_dot_product_flash_attention_for_cpu`, which returns out and lse) instead, so
+   `set_attention_backend("_native_flash")` serves diffusers' ring, TokenRing and Ulysses alike
+   (outside CP diffusers already runs that backend through SDPA, which works on CPU).
+3. Its backward op would call the CUDA-only backward kernel: on CPU tensors it raises a clear
+   NotImplementedError instead (CPU mode is forward-only).
+4. With `ring_anything` (uneven sequence shards) the output gather
+   (`hooks.context_parallel._all_gather_anything`) calls `dist.all_gather` with tensors of
+   different lengths, which NCCL accepts and gloo refuses ("invalid tensor size"). On gloo the
+   shards are zero-padded to the longest, gathered, and cut back to their true lengths.
+
+Everything else of diffusers' CP runs on gloo as is. `enable()` applies the shims once
+`diffusers.models.attention_dispatch` is imported (at once if it is); `disable()` reverts them.
+They are separate from the TokenRing patches: `tokenring_xdit.uninstall()` leaves them alone.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from .base import PatchSet
+from .table import DIFFUSERS_CPU_VERSIONS
+
+PATCHES = PatchSet("diffusers", DIFFUSERS_CPU_VERSIONS)
+_state = {"enabled": False, "armed": False}
+
+
+def _no_accelerator() -> bool:
+    import torch
+
+    return torch.accelerator.current_accelerator() is None
+
+
+def _one_device(wrapped, instance, args, kwargs):
+    if not _no_accelerator():
+        return wrapped(*args, **kwargs)
+    import torch
+
+    count = torch.accelerator.device_count
+    torch.accelerator.device_count = lambda: 1
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        torch.accelerator.device_count = count
+
+
+def _forward_arguments(
+    ctx,
+    query,
+    key,
+    value,
+    attn_mask=None,
+    dropout_p=0.0,
+    is_causal=False,
+    scale=None,
+    enable_gqa=False,
+    return_lse=False,
+    _save_ctx=True,
+    _parallel_config=None,
+) -> dict:
+    return locals()
+
+
+def _cpu_flash_forward(wrapped, instance, args, kwargs):
+    call = _forward_arguments(*args, **kwargs)
+    if call["query"].device.type != "cpu":
+        return wrapped(*args, **kwargs)
+    import torch
+
+    if call["attn_mask"] is not None or call["enable_gqa"]:
+        raise ValueError("diffusers' CPU mode: _native_flash takes no attn_mask and no GQA")
+    q, k, v = (call[n].transpose(1, 2) for n in ("query", "key", "value"))
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, call["dropout_p"], call["is_causal"], scale=call["scale"]
+    )[:2]
+    # model layout, as the CUDA op's callers expect: out (b, s, h, d), lse (b, s, h)
+    out, lse = out.transpose(1, 2).contiguous(), lse.transpose(1, 2).contiguous()
+    return (out, lse) if call["return_lse"] else out
+
+
+def _cpu_flash_backward(wrapped, instance, args, kwargs):
+    grad_out = args[1] if len(args) > 1 else kwargs.get("grad_out")
+    if grad_out is not None and grad_out.device.type == "cpu":
+        raise NotImplementedError(
+            "diffusers' CPU mode (tokenring_xdit.patches.diffusers_cpu) is forward-only: "
+            "run under torch.no_grad() / torch.inference_mode()"
+        )
+    return wrapped(*args, **kwargs)
+
+
+def _gloo_gather_anything(wrapped, instance, args, kwargs):
+    tensor, dim, group = _gather_arguments(*args, **kwargs)
+    import torch
+    import torch.distributed as dist
+
+    if tensor.device.type != "cpu" or "gloo" not in str(dist.get_backend(group)):
+        return wrapped(*args, **kwargs)
+    from diffusers.models._modeling_parallel import gather_size_by_comm
+
+    lengths = gather_size_by_comm(tensor.shape[dim], group)
+    shape = list(tensor.shape)
+    shape[dim] = max(lengths) - tensor.shape[dim]
+    padded = torch.cat([tensor, tensor.new_zeros(shape)], dim=dim).contiguous()
+    pieces = [torch.empty_like(padded) for _ in lengths]
+    dist.all_gather(pieces, padded, group=group)
+    return torch.cat([p.narrow(dim, 0, n) for p, n in zip(pieces, lengths, strict=True)], dim=dim)
+
+
+def _gather_arguments(tensor, dim, group):
+    return tensor, dim, group
+
+
+def _build(patches: PatchSet) -> None:
+    import diffusers.hooks.context_parallel as context_parallel
+    import diffusers.models.attention_dispatch as attention_dispatch
+    import diffusers.models.modeling_utils as modeling_utils
+
+    if hasattr(modeling_utils.ModelMixin, "_resolve_parallel_config"):  # diffusers >= 0.42
+        patches.wrapper(
+            "diffusers_cpu.device_index",
+            modeling_utils,
+            "ModelMixin._resolve_parallel_config",
+            _one_device,
+        )
+    patches.wrapper(
+        "diffusers_cpu.native_flash_forward",
+        attention_dispatch,
+        "_native_flash_attention_forward_op",
+        _cpu_flash_forward,
+    )
+    patches.wrapper(
+        "diffusers_cpu.native_flash_backward",
+        attention_dispatch,
+        "_native_flash_attention_backward_op",
+        _cpu_flash_backward,
+    )
+    patches.wrapper(
+        "diffusers_cpu.gather_anything",
+        context_parallel,
+        "_all_gather_anything",
+        _gloo_gather_anything,
+    )
+
+
+def _on_attention_dispatch(module) -> None:
+    if _state["enabled"]:
+        PATCHES.apply(_build)
+
+
+def enable() -> list[str]:
+    """Switch CPU mode on (idempotent); returns the ids applied so far (none until diffusers'
+    attention dispatcher is imported)."""
+    _state["enabled"] = True
+    if "diffusers.models.attention_dispatch" in sys.modules:
+        PATCHES.apply(_build)
+    elif not _state["armed"]:
+        import wrapt
+
+        _state["armed"] = True
+        wrapt.register_post_import_hook(
+            _on_attention_dispatch, "diffusers.models.attention_dispatch"
+        )
+    return list(PATCHES.applied)
+
+
+def disable() -> None:
+    """Revert every CPU shim; hooks not yet fired apply nothing. Idempotent."""
+    _state["enabled"] = False
+    PATCHES.revert()
+
+
+def applied() -> list[str]:
+    """Patch-set protocol (patches/__init__): the ids applied now."""
+    return list(PATCHES.applied)
+
+
+def revert() -> None:
+    """Patch-set protocol: undo everything (uninstall)."""
+    disable()
