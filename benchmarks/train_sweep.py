@@ -37,7 +37,7 @@ def _contiguous(x, rank, n, dim=1):
 
 def _impls(n: int):
     """name -> fn(q, k, v, causal) with q/k/v (b, s_local, h, d), differentiable."""
-    from tokenring_xdit.ring.function import token_ring_attn_func
+    from tokenring_xdit.ring import token_ring_attn_func
 
     impls = {"token_ring": lambda q, k, v, c: token_ring_attn_func(q, k, v, causal=c)}
     try:

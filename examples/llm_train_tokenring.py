@@ -100,21 +100,23 @@ def local_attention(q, k, v):
     return out.transpose(1, 2)
 
 
-def _attn_type(device: torch.device):
+def _attn_type(device: torch.device, dtype: torch.dtype):
     from yunchang.kernels import AttnType
 
     if device.type == "cpu":
         return AttnType.TORCH_MATH  # TokenRing runs torch's CPU flash kernel (exact lse) for it
+    if dtype == torch.float32:
+        return AttnType.TORCH_MATH  # torch's CUDA flash kernels are half-precision only
     import importlib.util
 
     return AttnType.FA if importlib.util.find_spec("flash_attn") else AttnType.TORCH_FLASH
 
 
-def sp_attention(impl: str, device: torch.device):
+def sp_attention(impl: str, device: torch.device, dtype: torch.dtype = torch.float32):
     """yunchang's ulysses x ring layer with ring `impl`, as attn(q, k, v) (causal)."""
     from yunchang import LongContextAttention
 
-    layer = LongContextAttention(ring_impl_type=impl, attn_type=_attn_type(device))
+    layer = LongContextAttention(ring_impl_type=impl, attn_type=_attn_type(device, dtype))
     return lambda q, k, v: layer(q, k, v, causal=True)
 
 
@@ -154,7 +156,7 @@ def train(
         def shard(x):
             return extract(x, rank, world_size=world, rd=world // ulysses, ud=ulysses)
 
-        attn = sp_attention(impl, dev)
+        attn = sp_attention(impl, dev, dtype)
     model = TinyLlama(cfg, attn).to(dev, dtype)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     losses, first_grads = [], {}

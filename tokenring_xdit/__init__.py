@@ -12,6 +12,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "token_ring_attn",
+    "token_ring_attn_func",
+    "token_ring_attn_qkvpacked_func",
     "setup_token_ring_group",
     "RingConfig",
     "install",
@@ -23,6 +25,8 @@ __all__ = [
 
 _LAZY = {
     "token_ring_attn": "tokenring_xdit.ring.api",
+    "token_ring_attn_func": "tokenring_xdit.ring.api",
+    "token_ring_attn_qkvpacked_func": "tokenring_xdit.ring.api",
     "setup_token_ring_group": "tokenring_xdit.ring.comm",
     "RingConfig": "tokenring_xdit.config",
     "install": "tokenring_xdit.patches",

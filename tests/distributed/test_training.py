@@ -100,8 +100,8 @@ def _shards(case, n):
 
 
 def _run_case(case, rank, n, torch):
+    from tokenring_xdit.ring import token_ring_attn_func, token_ring_attn_qkvpacked_func
     from tokenring_xdit.ring.comm import COUNTERS
-    from tokenring_xdit.ring.function import token_ring_attn_func, token_ring_attn_qkvpacked_func
 
     dtype = getattr(torch, case["dtype"])
     (q, k, v, do), q_pos, kv_pos = _shards(case, n)
@@ -140,7 +140,7 @@ def _rejections(torch):
     """Options yunchang passes that TokenRing does not implement: every rank must refuse them."""
     import torch.distributed as dist
 
-    from tokenring_xdit.ring.function import token_ring_attn_func
+    from tokenring_xdit.ring import token_ring_attn_func
 
     q, k, v = (torch.randn(1, 8, 2, 16, requires_grad=True) for _ in range(3))
     found = {}

@@ -19,11 +19,11 @@ import textwrap
 import pytest
 
 from tests.xdit.launches import CPU_MODE_MARKS
-from tokenring_xdit.patches.table import PATCH_TABLE
+from tokenring_xdit.patches.table import AUTOMATIC, PATCH_TABLE
 
 pytestmark = CPU_MODE_MARKS
 
-XFUSER_IDS = [p.id for p in PATCH_TABLE if p.host == "xfuser"]
+XFUSER_IDS = [p.id for p in PATCH_TABLE if p.host == "xfuser" and p.switch == AUTOMATIC]
 YUNCHANG_IDS = [p.id for p in PATCH_TABLE if p.host == "yunchang"]
 # xfuser imports diffusers' models, so install() patches diffusers too (its own, independent set)
 DIFFUSERS_IDS = [p.id for p in PATCH_TABLE if p.id.startswith("diffusers.")]
@@ -68,6 +68,12 @@ PRELUDE = textwrap.dedent(
         return "--ring_impl_type" in xFuserArgs.add_cli_args(
             FlexibleArgumentParser())._option_string_actions
 
+    def host_ids():
+        # installed_patches() lists CPU mode's rows too (this prelude enables it)
+        import tokenring_xdit
+        return [i for i in tokenring_xdit.installed_patches()
+                if not i.startswith(("xfuser_cpu.", "diffusers_cpu."))]
+
     def ring_attn_is_xdits():
         import xfuser.model_executor.layers.usp as usp
         fn = vars(usp)["ring_attn"]
@@ -95,21 +101,24 @@ def run_py(code: str, **env: str) -> tuple[int, dict | None, str]:
 LIFE_CYCLE = """
     import xfuser  # noqa: F401
     import tokenring_xdit
-    report = {"applied_before": tokenring_xdit.installed_patches(), "before": snapshot(),
+    report = {"applied_before": host_ids(), "before": snapshot(),
               "flag_before": has_flag(), "xdit_ring_before": ring_attn_is_xdits()}
-    report["first"] = tokenring_xdit.install()
+    tokenring_xdit.install()
+    report["first"] = host_ids()
     report["once"] = snapshot()
     report["flag_installed"] = has_flag()
-    report["second"] = tokenring_xdit.install()
+    tokenring_xdit.install()
+    report["second"] = host_ids()
     report["twice"] = snapshot()
     tokenring_xdit.uninstall()
     report["after"] = snapshot()
-    report["applied_after"] = tokenring_xdit.installed_patches()
+    report["applied_after"] = tokenring_xdit.installed_patches()  # CPU mode's rows too
     report["flag_after"] = has_flag()
     report["xdit_ring_after"] = ring_attn_is_xdits()
     tokenring_xdit.uninstall()
     report["after_twice"] = snapshot()
-    report["again"] = tokenring_xdit.install()
+    tokenring_xdit.install()
+    report["again"] = host_ids()
     report["flag_again"] = has_flag()
     report["again_snapshot_matches_once"] = {
         k: snapshot()[k] == report["once"][k] for k in report["once"]}
@@ -181,8 +190,8 @@ GATED = """
     cls = lc.xFuserLongContextAttention
     print(json.dumps({
         "applied": p.PATCHES.applied,
-        # diffusers' set is independent of these (patched only where its entry point is installed)
-        "installed": [i for i in tokenring_xdit.installed_patches() if "diffusers" not in i],
+        # diffusers' set is independent of these; CPU mode's rows come from the prelude
+        "installed": [i for i in host_ids() if "diffusers" not in i],
         "xdit_ring": ring_attn_is_xdits(),
         "flag": has_flag(),
         "kv_cache_list": list(cls.ring_impl_type_supported_kv_cache),
@@ -222,8 +231,8 @@ YUNCHANG_GATED = """
     import xfuser  # noqa: F401
     import tokenring_xdit
     print(json.dumps({
-        # diffusers' set is independent of these (patched only where its entry point is installed)
-        "installed": [i for i in tokenring_xdit.installed_patches() if "diffusers" not in i],
+        # diffusers' set is independent of these; CPU mode's rows come from the prelude
+        "installed": [i for i in host_ids() if "diffusers" not in i],
         "xdit_ring": ring_attn_is_xdits(),
         "flag": has_flag(),
     }))

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from yunchang.kernels import AttnType, select_flash_attn_impl
 
 from ..ring import token_ring_attn
-from ..ring.function import reject_unsupported
+from ..ring.api import reject_unsupported
 from ..ring.kernels import BlockKernel, KeyedKernel, has_flash_attn, lse_bhs
 from ..ring.layout import BHSD, Layout
 from .calls import count_call

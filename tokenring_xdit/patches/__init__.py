@@ -92,12 +92,18 @@ def uninstall() -> None:
 
 def installed_patches() -> list[str]:
     """Ids (see PATCH_TABLE) of the patch points currently applied."""
-    return [p for patch_set in _loaded_patch_sets() for p in patch_set.applied()]
+    return [p for patch_set in _loaded_patch_sets() for p in _applied_ids(patch_set)]
+
+
+def _applied_ids(patch_set: ModuleType) -> list[str]:
+    # a host set's PatchSet, or a CPU mode's own list (one PatchSet per hooked module)
+    own = getattr(patch_set, "applied", None)
+    return own() if own is not None else list(patch_set.PATCHES.applied)
 
 
 # Patch sets applied by something other than a host import: our first graph capture (torch),
-# the opt-in CPU modes of xDiT and diffusers. Each module has `applied()` and `revert()`, like
-# the host sets.
+# the opt-in CPU modes of xDiT and diffusers. Each module has `revert()` and either PATCHES, like
+# the host sets, or `applied()`.
 OTHER_PATCH_SETS = (
     "tokenring_xdit.patches.torch_dist",
     "tokenring_xdit.patches.xfuser_cpu",

@@ -37,6 +37,18 @@ def check_host_version(dist: str, spec: str) -> str:
     return version
 
 
+def post_import_hook(trigger: str) -> Callable[[Any], None]:
+    """The entry-point hook of a host's patch set: apply it when `trigger` has been imported."""
+
+    def on_import(module: Any) -> None:
+        from . import apply_from_hook  # the package decides (enabled? strict?)
+
+        apply_from_hook(trigger, module)
+
+    on_import.__doc__ = f"Post-import hook (entry point `{trigger}`)."
+    return on_import
+
+
 class PatchSet:
     """The patches of one host. `apply` runs a build function; on any failure it undoes what was
     done so far, so the host is never left half-patched."""

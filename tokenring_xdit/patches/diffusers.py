@@ -148,10 +148,6 @@ def apply() -> bool:
     return PATCHES.apply(_build)
 
 
-def applied() -> list[str]:
-    return list(PATCHES.applied)
-
-
 def revert() -> None:
     PATCHES.revert()
     _announced.clear()

@@ -47,10 +47,6 @@ def ensure_applied() -> None:
     PATCHES.apply(_build)
 
 
-def applied() -> list[str]:
-    return list(PATCHES.applied)
-
-
 def revert() -> None:
     release_graphs()  # the unpatched destroy_process_group would hang on them
     PATCHES.revert()

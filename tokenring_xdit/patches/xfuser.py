@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import logging
 import weakref
-from types import ModuleType
 
 from ..hosts import selection
-from .base import PatchSet
+from .base import PatchSet, post_import_hook
 from .table import XFUSER_VERSIONS
 
 PATCHES = PatchSet("xfuser", XFUSER_VERSIONS)
@@ -171,17 +170,9 @@ def apply() -> bool:
     return PATCHES.apply(_build)
 
 
-def applied() -> list[str]:
-    return list(PATCHES.applied)
-
-
 def revert() -> None:
     PATCHES.revert()
     _announced.clear()
 
 
-def on_import(module: ModuleType) -> None:
-    """Post-import hook (entry point `xfuser`)."""
-    from . import apply_from_hook
-
-    apply_from_hook("xfuser", module)
+on_import = post_import_hook("xfuser")

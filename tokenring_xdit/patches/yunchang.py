@@ -7,9 +7,8 @@ nothing; the points are listed in table.py.
 from __future__ import annotations
 
 import inspect
-from types import ModuleType
 
-from .base import PatchSet
+from .base import PatchSet, post_import_hook
 from .table import YUNCHANG_VERSIONS
 
 RING_IMPL_NAME = "token_ring"
@@ -111,16 +110,8 @@ def apply() -> bool:
     return PATCHES.apply(_build)
 
 
-def applied() -> list[str]:
-    return list(PATCHES.applied)
-
-
 def revert() -> None:
     PATCHES.revert()
 
 
-def on_import(module: ModuleType) -> None:
-    """Post-import hook (entry point `yunchang`)."""
-    from . import apply_from_hook
-
-    apply_from_hook("yunchang", module)
+on_import = post_import_hook("yunchang")

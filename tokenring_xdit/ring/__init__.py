@@ -3,7 +3,13 @@
 Nothing here imports from hosts/, patches/ or tools/ (a test checks it).
 """
 
-from .api import token_ring_attn
+from .api import token_ring_attn, token_ring_attn_func, token_ring_attn_qkvpacked_func
 from .comm import COUNTERS, setup_token_ring_group
 
-__all__ = ["token_ring_attn", "setup_token_ring_group", "COUNTERS"]
+__all__ = [
+    "token_ring_attn",
+    "token_ring_attn_func",
+    "token_ring_attn_qkvpacked_func",
+    "setup_token_ring_group",
+    "COUNTERS",
+]

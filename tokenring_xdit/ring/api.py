@@ -17,7 +17,12 @@ from .kernels import BlockKernel, KeyedKernel, select_kernel
 from .layout import Layout, get_layout
 from .schedules import NON_CAUSAL
 
-__all__ = ["token_ring_attn"]
+__all__ = [
+    "token_ring_attn",
+    "token_ring_attn_func",
+    "token_ring_attn_qkvpacked_func",
+    "reject_unsupported",
+]
 
 _JOINT_STRATEGIES = ("front", "rear")
 
@@ -98,3 +103,62 @@ def _resolve_kernel(kernel, kernel_key, q, v) -> tuple[BlockKernel, Hashable | N
         return kernel, kernel_key
     name, fn = select_kernel(kernel, q.device, q.dtype, q.shape[3], v.shape[3])
     return fn, kernel
+
+
+# --- flash-attn style functional API (ring-flash-attention's keyword names) ---------------
+
+
+def reject_unsupported(dropout_p, window_size, softcap, alibi_slopes) -> None:
+    """Raise for flash-attn options TokenRing does not implement (same on every rank)."""
+    unsupported = []
+    if dropout_p:
+        unsupported.append(f"dropout_p={dropout_p} (use 0.0)")
+    if window_size is not None and tuple(window_size) != (-1, -1):
+        unsupported.append(f"window_size={tuple(window_size)} (use (-1, -1))")
+    if softcap:
+        unsupported.append(f"softcap={softcap} (use 0.0)")
+    if alibi_slopes is not None:
+        unsupported.append("alibi_slopes (use None)")
+    if unsupported:
+        raise NotImplementedError(
+            f"TokenRing supports plain softmax attention only; got {', '.join(unsupported)}"
+        )
+
+
+def token_ring_attn_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    group: dist.ProcessGroup | None = None,
+    *,
+    layout: str = "bshd",
+    kernel: str = "auto",
+):
+    """Differentiable TokenRing: out (layout of q), or (out, lse (b, h, s) fp32, None) when
+    return_attn_probs. `kernel`: "auto" or a name from `backward_kernels.PAIRS`."""
+    reject_unsupported(dropout_p, window_size, softcap, alibi_slopes)
+    out, lse = token_ring_attn(
+        q,
+        k,
+        v,
+        group=group,
+        layout=layout,
+        softmax_scale=softmax_scale,
+        causal=causal,
+        kernel=kernel,
+        deterministic=deterministic,
+    )
+    return (out, lse, None) if return_attn_probs else out
+
+
+def token_ring_attn_qkvpacked_func(qkv: torch.Tensor, *args, **kwargs):
+    """Packed variant: qkv (b, s, 3, h, d); the other arguments as token_ring_attn_func."""
+    return token_ring_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], *args, **kwargs)

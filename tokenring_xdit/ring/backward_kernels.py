@@ -250,6 +250,10 @@ PAIRS: dict[str, KernelPair] = {
 _DETERMINISTIC_FA = KernelPair("flash_attn", _fa_forward, _fa_backward_deterministic, True)
 
 
+# forward kernels whose backward TokenRing cannot use on CUDA (see select_pair)
+_NO_RING_BACKWARD = ("cudnn", "torch_efficient")
+
+
 def select_pair(
     kernel: str, device: torch.device, dtype: torch.dtype, d_qk: int, d_v: int, deterministic: bool
 ) -> KernelPair:
@@ -264,6 +268,11 @@ def select_pair(
             "no attn_processor)"
         )
     name = select_kernel(kernel, device, dtype, d_qk, d_v)[0] if kernel == "auto" else kernel
+    if name in _NO_RING_BACKWARD:
+        # Checked on one H100 (torch 2.11, docs/training.md): cuDNN's backward is exact only with
+        # the real O, which TokenRing does not move (it sends delta); the efficient backward
+        # was wrong even with O. Their forward's equivalent with a usable backward runs instead.
+        name = "torch_flash" if dtype in (torch.float16, torch.bfloat16) else "math"
     if name not in PAIRS:
         raise ValueError(f"unknown kernel {name!r}; use 'auto' or one of {sorted(PAIRS)}")
     if name == "flash_attn" and importlib.util.find_spec("flash_attn") is None:

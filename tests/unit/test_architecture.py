@@ -1,0 +1,123 @@
+"""The package's shape: one config object reads the environment, the ring is host-agnostic, no
+import circles, README's environment table is the config's."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from tokenring_xdit import config
+
+ROOT = Path(__file__).resolve().parents[2]
+PKG = ROOT / "tokenring_xdit"
+# Modules that may touch os.environ: the config (reads ours), the bootstrap (must not import
+# the config at interpreter start-up), and the launchers (set the children's environment).
+ENV_MODULES = {"config", "_bootstrap", "tools.launch", "tools.compare.run"}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in PKG.rglob("*.py"):
+        parts = path.relative_to(PKG).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """tokenring_xdit modules `name` imports anywhere in its body (functions included)."""
+    package = name.rsplit(".", 1)[0] if path.name != "__init__.py" else name
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".") if package else []
+                base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
+                mod = ".".join([*base, *(node.module.split(".") if node.module else [])])
+            elif node.module and node.module.startswith("tokenring_xdit"):
+                mod = node.module.removeprefix("tokenring_xdit").lstrip(".")
+            else:
+                continue
+            out.add(mod)
+            out.update(f"{mod}.{a.name}".strip(".") for a in node.names)
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("tokenring_xdit."):
+                    out.add(a.name.removeprefix("tokenring_xdit."))
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    return {n: {m for m in _imports(n, p) if m in mods and m != n} for n, p in mods.items()}
+
+
+def test_only_the_config_reads_our_environment():
+    readers = {
+        name
+        for name, path in _modules().items()
+        if "os.environ" in path.read_text() or "getenv" in path.read_text()
+    }
+    assert readers <= ENV_MODULES, readers - ENV_MODULES
+    for name, path in _modules().items():
+        if name in ("config", "_bootstrap"):
+            continue
+        tree = ast.parse(path.read_text())
+        names = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)}
+        read = [v for v in names if isinstance(v, str) and v.startswith("TOKENRING_XDIT_")]
+        assert not read, f"{name} names {read}: read it through tokenring_xdit.config"
+
+
+def test_the_ring_imports_no_host_patch_or_tool_module():
+    graph = _graph()
+    for name, deps in graph.items():
+        if name.startswith("ring"):
+            bad = {d for d in deps if d.split(".")[0] in ("hosts", "patches", "tools", "planner")}
+            assert not bad, f"{name} imports {bad}"
+
+
+def test_no_import_circles():
+    graph = _graph()
+    # a package imports its own submodules to re-export them: not a circle
+    edges = {n: {d for d in deps if not d.startswith(n + ".")} for n, deps in graph.items()}
+    state: dict[str, int] = {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for dep in sorted(edges.get(node, ())):
+            if state.get(dep) == 1:
+                cycle = stack[stack.index(dep) :] + [dep]
+                pytest.fail(f"import circle: {' -> '.join(cycle)}")
+            if dep not in state:
+                visit(dep, [*stack, dep])
+        state[node] = 2
+
+    for name in sorted(edges):
+        if name not in state:
+            visit(name, [name])
+
+
+def test_readme_environment_table_is_the_config():
+    assert config.env_table_markdown() in (ROOT / "README.md").read_text(), (
+        "README's table of environment variables differs from tokenring_xdit.config.ENV"
+    )
+
+
+def test_config_reads_the_environment_and_rereads_when_it_changes(monkeypatch):
+    monkeypatch.setenv("TOKENRING_XDIT_FINAL_CHUNKS", "3")
+    monkeypatch.setenv("TOKENRING_XDIT_CUDA_GRAPHS", "off")
+    monkeypatch.setenv("TOKENRING_XDIT_VALIDATE", "Always")
+    cfg = config.current()
+    assert (cfg.final_chunks, cfg.cuda_graphs, cfg.validate) == (3, False, "always")
+    assert config.current() is cfg  # unchanged environment: the same object
+    monkeypatch.setenv("TOKENRING_XDIT_FINAL_CHUNKS", "zero")
+    assert config.current().final_chunks == -1  # rejected on every rank by the input check
+    monkeypatch.delenv("TOKENRING_XDIT_FINAL_CHUNKS")
+    monkeypatch.delenv("TOKENRING_XDIT_CUDA_GRAPHS")
+    monkeypatch.delenv("TOKENRING_XDIT_VALIDATE")
+    cfg = config.current()
+    assert (cfg.final_chunks, cfg.cuda_graphs, cfg.validate) == (1, True, "auto")
+    assert config.RingConfig().replace(validate="signature").validate == "signature"
