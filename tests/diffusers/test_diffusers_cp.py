@@ -45,10 +45,15 @@ def test_ring2_pipeline_image(ring2):
         assert result["pipeline"]["calls"] == 4  # 2 steps x 2 attention layers
 
 
+def test_training_through_diffusers_ring_matches_one_process(ring2):
+    for result in ring2:
+        grads = result["grads"]
+        assert grads["calls"] > 0, grads  # TokenRing ran the forward
+        assert grads["loss_err"] <= 1e-6 and grads["grad_rel_err"] <= 1e-4, grads
+
+
 def test_refusals_on_every_rank(ring2):
     for result in ring2:
-        assert "forward-only" in result["grad_error"], result["grad_error"]
-        assert "torch.no_grad()" in result["grad_error"]
         no_lse = result["no_lse_error"]
         assert "'native'" in no_lse and "log-sum-exp" in no_lse, no_lse
         assert "_native_cudnn" in no_lse and "_native_flash" in no_lse, no_lse

@@ -116,6 +116,10 @@ def _ring(query, key, value, scale, kernel, forward_op, cp) -> tuple[torch.Tenso
     if getattr(cp, "ring_anything", False):
         # uneven shards whose lengths can change out of step between calls: check every call
         cfg = cfg.replace(validate="always")
+    if _needs_grad(query, key, value):
+        # Training: TokenRing's own forward/backward kernel pair for the device (the backend's
+        # forward op has no per-block backward TokenRing could pair with it).
+        kernel = "auto"
     out, lse = token_ring_attn(
         query,
         key,
@@ -129,6 +133,10 @@ def _ring(query, key, value, scale, kernel, forward_op, cp) -> tuple[torch.Tenso
     )
     count_call(HOST)
     return out, lse
+
+
+def _needs_grad(*xs: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and any(x.requires_grad for x in xs)
 
 
 def _unified(query, key, value, scale, return_lse, kernel, forward_op, cp):
@@ -152,12 +160,6 @@ def _unified(query, key, value, scale, return_lse, kernel, forward_op, cp):
 
 def _refuse_unsupported(query, key, value, attn_mask, dropout_p) -> None:
     """Local checks, before any collective; every rank of a CP model sees the same answer."""
-    if torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value)):
-        raise NotImplementedError(
-            "TokenRing is forward-only under diffusers (its training backward is not written "
-            "yet), but gradients are requested: run inference under torch.no_grad() or "
-            f"torch.inference_mode(), {_USE_DIFFUSERS_RING} for training"
-        )
     if attn_mask is not None:
         raise NotImplementedError(
             "TokenRing does not take an attention mask yet (diffusers passed one to the "
