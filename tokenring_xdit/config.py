@@ -25,7 +25,14 @@ ENV: dict[str, tuple[str, str, str]] = {
     "ring_impl": (
         PREFIX + "RING_IMPL",
         "",
-        "`token_ring` or `default`: the ring xDiT runs, like `--ring_impl_type`",
+        "`token_ring`, `default` or `auto` (per call, from the planner's model): the ring xDiT "
+        "and diffusers run, like `--ring_impl_type`",
+    ),
+    "fabric": (
+        PREFIX + "FABRIC",
+        "",
+        "the links `auto` predicts with (`nvswitch`, `nvlink-pair`, `pcie`, `p2p-off`, `ib`); "
+        "unset: `p2p-off` if `NCCL_P2P_DISABLE=1`, else `nvswitch`",
     ),
     "autopatch": (
         PREFIX + "AUTOPATCH",
@@ -67,7 +74,9 @@ ENV: dict[str, tuple[str, str, str]] = {
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
-RING_IMPLS = ("default", "token_ring")
+RING_IMPLS = ("default", "token_ring", "auto")
+# Not ours, but it changes the links `auto` predicts with; read here like our own variables.
+NCCL_P2P_DISABLE = "NCCL_P2P_DISABLE"
 VALIDATE_MODES = ("auto", "always", "signature")
 
 
@@ -76,6 +85,8 @@ class RingConfig:
     """Every TokenRing setting. Fields are documented in `ENV` (and README's table)."""
 
     ring_impl: str | None = None  # None: not chosen by the environment
+    fabric: str | None = None  # None: `auto` derives it (auto_fabric)
+    nccl_p2p_disabled: bool = False
     autopatch: bool = True
     cuda_graphs: bool = True
     cuda_graph_transformer: bool = False
@@ -95,6 +106,9 @@ class RingConfig:
             # checked where it is used (hosts.selection), so a typo fails xDiT's ring choice,
             # not every other TokenRing call
             ring_impl=(raw["ring_impl"] or "").strip() or None,
+            # checked by the planner when `auto` first predicts, identically on every rank
+            fabric=(raw["fabric"] or "").strip().lower() or None,
+            nccl_p2p_disabled=_flag(environ.get(NCCL_P2P_DISABLE), False),
             autopatch=_flag(raw["autopatch"], True),
             cuda_graphs=_flag(raw["cuda_graphs"], True),
             cuda_graph_transformer=_flag(raw["cuda_graph_transformer"], False),
@@ -106,6 +120,14 @@ class RingConfig:
 
     def replace(self, **changes) -> RingConfig:
         return dataclasses.replace(self, **changes)
+
+    def auto_fabric(self) -> str:
+        """The fabric `auto` predicts with: from the environment only (cheap, and the same on
+        every rank, which inherits the launcher's), never from probing the links."""
+        if self.fabric:
+            return self.fabric
+        # NCCL then stages every transfer through host memory: the planner's "p2p-off" links
+        return "p2p-off" if self.nccl_p2p_disabled else "nvswitch"
 
 
 def _flag(raw: str | None, default: bool) -> bool:
@@ -129,7 +151,7 @@ def _positive_or_invalid(raw: str | None) -> int:
     return value if value >= 1 else -1
 
 
-_VARS = tuple(var for var, _, _ in ENV.values())
+_VARS = (*(var for var, _, _ in ENV.values()), NCCL_P2P_DISABLE)
 _cache: list = [None, None]  # [environment snapshot, RingConfig]
 
 

@@ -93,3 +93,17 @@ def test_ring3_even_and_ring_anything():
 def test_ulysses2_ring2():
     for result in _launch(workers.ulysses2_ring2, 4):
         _assert_matches(result, 2)
+
+
+def test_auto_with_uneven_shards_runs_token_ring_and_logs_once():
+    results = _launch(workers.auto_ring_anything, 2)
+    for result in results:
+        assert result["max_err"] <= TOL and result["calls"] == 4, result  # 2 layers x 2 calls
+    lines = results[0]["log"]
+    # both layers share one signature; 19 tokens on the longer shard, so "38 tokens" on rank 0
+    # and rank 1 alike (rank 1 holds 18)
+    assert lines == [
+        "context-parallel ring attention: auto -> TokenRing for 4x8, 38 tokens, ring 2 "
+        "(cpu: no calibration to predict from, TokenRing by rule)"
+    ], lines
+    assert results[1]["log"] == []

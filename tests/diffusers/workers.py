@@ -425,3 +425,26 @@ def ring_degree_one(device: str, dtype: torch.dtype, backends: list[str]) -> dic
             calls=_calls() - before,
         )
     return results
+
+
+def auto_ring_anything(rank: int, world_size: int) -> dict:
+    """`auto` under diffusers with uneven shards (ring_anything, 19/18 tokens): the ranks agree
+    on one signature (the longest shard), TokenRing runs (CPU rule), rank 0 logs it once."""
+    from diffusers import ContextParallelConfig
+
+    from tokenring_xdit.hosts import selection
+
+    _, lines = set_up()
+    inputs = flux_inputs(25, 12)
+    with torch.no_grad():
+        reference = flux_model()(**inputs)[0]
+        model = flux_model()
+        model.set_attention_backend(BACKEND)
+        model.enable_parallelism(config=ContextParallelConfig(ring_degree=2, ring_anything=True))
+        selection.set_xdit_ring_impl("auto")
+        before = _calls()
+        out = model(**inputs)[0]
+        out = model(**inputs)[0]  # same signatures again: no new decision, no new line
+    return dict(
+        max_err=(out - reference).abs().max().item(), calls=_calls() - before, log=lines.lines
+    )

@@ -9,6 +9,8 @@ TOKENRING_XDIT_RING_IMPL environment variable, their precedence, errors, and the
     fails every rank with a ValueError listing the valid values.
 (c) The announcement "ring attention: ... selected by ..." on logger xfuser.tokenring_xdit:
     once, on global rank 0 only, however many ring calls follow.
+(d) `--ring_impl_type auto` on CPU: every call runs TokenRing (no calibration on CPU: the rule),
+    and rank 0 logs one "ring attention: auto -> ..." line per distinct call signature.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from tests.xdit.launches import CPU_MODE_MARKS, launch, part
 pytestmark = CPU_MODE_MARKS
 
 ENV = "TOKENRING_XDIT_RING_IMPL"
-VALID = "valid values: default, token_ring"
+VALID = "valid values: default, token_ring, auto"
 
 PARSER_SCRIPT = textwrap.dedent(
     """
@@ -53,6 +55,8 @@ PARSER_SCRIPT = textwrap.dedent(
     report["cli_absent"] = [args.ring_impl_type, selection.xdit_ring_impl()]
     args, _ = cli(["--model", "m", "--ring_impl_type", "default"])
     report["cli_default"] = selection.xdit_ring_impl()
+    args, _ = cli(["--model", "m", "--ring_impl_type", "auto"])
+    report["cli_auto"] = selection.xdit_ring_impl()
 
     stderr = io.StringIO()
     try:
@@ -104,6 +108,7 @@ def test_cli_flag_selects_token_ring() -> None:
     assert report["cli"] == ["token_ring", "xFuserArgs", ["token_ring", "--ring_impl_type"]]
     assert report["cli_absent"] == [None, ["default", "default"]]
     assert report["cli_default"] == ["default", "--ring_impl_type"]
+    assert report["cli_auto"] == ["auto", "--ring_impl_type"]
     assert report["dashes"] == ["token_ring", ["token_ring", "--ring_impl_type"]]
     assert report["help"] is True
     assert report["python_over_flag"] == ["default", "set_xdit_ring_impl()"]
@@ -115,7 +120,7 @@ def test_cli_flag_rejects_unknown_value_listing_the_valid_ones() -> None:
     code, stderr = report["bad"]
     assert code == 2
     assert "--ring_impl_type" in stderr and "invalid choice: 'tokenring'" in stderr, stderr
-    assert "'default'" in stderr and "'token_ring'" in stderr, stderr
+    assert "'default'" in stderr and "'token_ring'" in stderr and "'auto'" in stderr, stderr
 
 
 def test_runner_parser_accepts_the_flag() -> None:
@@ -131,6 +136,8 @@ def test_precedence_python_then_flag_then_env(monkeypatch) -> None:
     try:
         selection.reset()
         assert selection.xdit_ring_impl() == ("default", "default")
+        monkeypatch.setenv(ENV, "auto")
+        assert selection.xdit_ring_impl() == ("auto", ENV)
         monkeypatch.setenv(ENV, "token_ring")
         assert selection.xdit_ring_impl() == ("token_ring", ENV)
         selection.set_from_flag("default")
@@ -221,3 +228,37 @@ def test_invalid_env_value_fails_every_rank_with_the_valid_values() -> None:
             assert f"'tokenring' (from {ENV})" in got["error"], (rank, name, got["error"])
             assert VALID in got["error"], (rank, name, got["error"])
         assert result["announced"] == [], (rank, result["announced"])
+
+
+# --- (d) auto ------------------------------------------------------------------------------
+
+
+@functools.cache
+def _auto_launch() -> list[dict]:
+    spec = dict(_SPEC, argv=["--ring_impl_type", "auto"], usp_cases=("plain", "joint_front"))
+    return launch(spec, 2, env={ENV: ""})
+
+
+def test_auto_runs_token_ring_on_cpu_and_logs_each_signature_once() -> None:
+    results = _auto_launch()
+    for result in results:
+        rank = result["rank"]
+        assert result["selection"] == ["auto", "--ring_impl_type"], (rank, result["selection"])
+        usp = part(result, "usp")
+        for case in ("plain", "joint_front"):
+            got = usp[f"None/{case}"]
+            assert got["usp_ring_attn"] == 1 and got["templated_ring"] == 0, (rank, case, got)
+        assert part(result, "long_ctx_env")["kernel_calls"] == 2, rank
+        pixart = part(result, "pixart")
+        got, calls = pixart["None"], pixart["expected_ring_calls"]
+        assert got["usp_ring_attn"] == calls and got["templated_ring"] == 0, (rank, got)
+    lines = results[0]["announced"]
+    # signatures: USP plain (its long-context twin has the same one), USP with joint tokens,
+    # PixArt's self-attention; each logged once although PixArt alone makes many calls
+    assert len(lines) == len(set(lines)) == 3, lines
+    for line in lines:
+        assert line.startswith("ring attention: auto -> TokenRing for "), line
+        assert ", ring 2 (cpu: no calibration" in line, line
+    assert "4x16, batch 2, 12 tokens, ring 2" in lines[0], lines
+    for result in results[1:]:
+        assert result["announced"] == [], (result["rank"], result["announced"])

@@ -1,16 +1,24 @@
-"""Which ring xDiT runs: its own (torch's all-gather ring) or TokenRing.
+"""Which ring xDiT (and diffusers' context parallelism) runs: its own, TokenRing, or `auto`.
 
 Sources, strongest first: `set_xdit_ring_impl()` (Python), the `--ring_impl_type` flag of xDiT's
 parsers (read when xFuserArgs.from_cli_args / from_runner_args runs, so in every torchrun worker),
 the TOKENRING_XDIT_RING_IMPL environment variable (inherited by every worker), then "default".
+
+`auto` decides per call signature (`RingCall`), from the planner's cost model
+(`planner.choose`). Every input of the decision is the same on every rank of a ring (shapes of a
+call the rings accept, the device model, the environment), so the ranks never disagree: one
+picking TokenRing while its peer all-gathers would hang both. Decisions are cached per signature.
 """
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
 from .. import config
 
 RING_IMPL_ENV = config.ENV["ring_impl"][0]
-DEFAULT, TOKEN_RING = config.RING_IMPLS
+DEFAULT, TOKEN_RING, AUTO = config.RING_IMPLS
 XDIT_RING_IMPLS = config.RING_IMPLS
 
 _chosen: dict[str, str | None] = {"python": None, "flag": None}
@@ -26,7 +34,8 @@ def validate_ring_impl(name: str, source: str) -> str:
 
 
 def set_xdit_ring_impl(name: str | None) -> None:
-    """Choose xDiT's ring for this process ("token_ring" or "default"); None clears the choice."""
+    """Choose xDiT's ring for this process ("token_ring", "default" or "auto"); None clears
+    the choice."""
     _chosen["python"] = None if name is None else validate_ring_impl(name, "set_xdit_ring_impl")
 
 
@@ -35,7 +44,7 @@ def set_from_flag(name: str | None) -> None:
 
 
 def xdit_ring_impl() -> tuple[str, str]:
-    """(implementation, where the choice came from)."""
+    """(implementation, where the choice came from); "auto" is resolved per call (decide)."""
     if _chosen["python"]:
         return _chosen["python"], "set_xdit_ring_impl()"
     if _chosen["flag"]:
@@ -48,3 +57,137 @@ def xdit_ring_impl() -> tuple[str, str]:
 
 def reset() -> None:
     _chosen.update(python=None, flag=None)
+
+
+# --- auto ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RingCall:
+    """One ring call as `auto` sees it. Lengths are tokens per ring rank (the max over the ring
+    where shards may be uneven); heads are this rank's, after ulysses."""
+
+    batch: int
+    heads: int
+    head_dim: int
+    q_len: int
+    kv_len: int
+    ring: int
+    dtype: str
+    device_type: str
+    device_name: str
+    fabric: str
+    graphs: bool
+    refused: str = ""  # why TokenRing cannot run this call; "" when it can
+
+
+@dataclass(frozen=True)
+class Decision:
+    impl: str  # TOKEN_RING or DEFAULT
+    why: str
+
+
+def ring_call(
+    tensor,
+    batch: int,
+    heads: int,
+    head_dim: int,
+    q_len: int,
+    kv_len: int,
+    ring: int,
+    refused: str = "",
+) -> RingCall:
+    """A call's signature: the shapes a host read, dtype and device from `tensor` (its query),
+    fabric and graphs from the configuration."""
+    cfg = config.current()
+    device_type = tensor.device.type
+    return RingCall(
+        batch=batch,
+        heads=heads,
+        head_dim=head_dim,
+        q_len=q_len,
+        kv_len=kv_len,
+        ring=ring,
+        dtype=str(tensor.dtype).removeprefix("torch."),
+        device_type=device_type,
+        device_name=_cuda_name(tensor.device.index) if device_type == "cuda" else device_type,
+        fabric=cfg.auto_fabric(),
+        graphs=cfg.cuda_graphs,
+        refused=refused,
+    )
+
+
+@functools.cache
+def _cuda_name(index: int | None) -> str:
+    import torch
+
+    return torch.cuda.get_device_name(index)
+
+
+_DECISIONS: dict[RingCall, Decision] = {}
+
+
+def decide(call: RingCall) -> Decision:
+    """`auto`'s choice for one call signature (cached: the planner runs once per signature)."""
+    decision = _DECISIONS.get(call)
+    if decision is None:
+        decision = _DECISIONS[call] = _decide(call)
+    return decision
+
+
+def _decide(call: RingCall) -> Decision:
+    if call.refused:
+        return Decision(DEFAULT, f"TokenRing does not run {call.refused}")
+    if call.ring <= 1:
+        return Decision(DEFAULT, "no ring")
+    if call.device_type == "cpu":
+        # gloo on CPU has no kernel table or link model; TokenRing is what CPU runs exist to test
+        return Decision(TOKEN_RING, "cpu: no calibration to predict from, TokenRing by rule")
+    if call.device_type != "cuda":
+        return Decision(DEFAULT, f"{call.device_type}: no calibration, the host's ring by rule")
+    from ..planner.choose import choose_ring, ring_times  # numpy/scipy: only when auto runs
+
+    # batch counts as heads in the planner's kernel table (one kernel launch covers both)
+    args = (
+        call.batch * call.heads,
+        call.head_dim,
+        call.q_len,
+        call.kv_len,
+        call.ring,
+        call.dtype,
+        call.device_name,
+        call.fabric,
+        call.graphs,
+    )
+    tr_ms, host_ms = ring_times(*args)
+    mode = "graphed" if call.graphs else "eager"
+    why = f"predicted {tr_ms:.3f} ms vs {host_ms:.3f} ms, {call.device_name}, {call.fabric}, {mode}"
+    return Decision(choose_ring(*args), why)
+
+
+def describe(call: RingCall, decision: Decision, host_ring: str) -> str:
+    """The rank-0 log line of one decision."""
+    what = "TokenRing" if decision.impl == TOKEN_RING else host_ring
+    shape = f"{call.heads}x{call.head_dim}" + (f", batch {call.batch}" if call.batch > 1 else "")
+    tokens = f"{call.q_len * call.ring} tokens"
+    if call.kv_len != call.q_len:
+        tokens += f" (K/V {call.kv_len * call.ring})"
+    return (
+        f"ring attention: auto -> {what} for {shape}, {tokens}, ring {call.ring} ({decision.why})"
+    )
+
+
+def reset_decisions() -> None:
+    _DECISIONS.clear()
+
+
+def log_once(log, seen: set, key, message: str) -> None:
+    """Log `message` at INFO on global rank 0 the first time `key` is seen in this process
+    (every rank records the key, so a later rank-0 change of mind cannot happen silently)."""
+    if key in seen:
+        return
+    seen.add(key)
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        log.info("%s", message)

@@ -30,7 +30,8 @@ ATTENTION_DISPATCH = "diffusers.models.attention_dispatch"
 
 # A child of diffusers' logger: the line follows diffusers' own format and verbosity.
 log = logging.getLogger("diffusers.tokenring_xdit")
-_announced: set[str] = set()
+_announced: set = set()  # implementations, and `auto`'s call signatures, already announced
+HOST_RING = "diffusers' own ring"
 
 _CP_PARAMS = (
     "query",
@@ -70,14 +71,62 @@ def _cp_arguments(
 
 def _announce(impl: str, source: str) -> None:
     """Say once per process, on global rank 0, which ring diffusers runs."""
-    if impl in _announced:
-        return
-    _announced.add(impl)
+    what = "TokenRing (tokenring_xdit)" if impl == selection.TOKEN_RING else "diffusers' own"
+    message = f"context-parallel ring attention: {what}, selected by {source}"
+    selection.log_once(log, _announced, impl, message)
+
+
+def _resolve(call: dict, cp) -> str:
+    """TOKEN_RING or DEFAULT for this call; `auto` asks the planner once per call signature."""
+    impl, source = selection.xdit_ring_impl()
+    if impl != selection.AUTO:
+        _announce(impl, source)
+        return impl
+    ring_call = _ring_call(call, cp)
+    decision = selection.decide(ring_call)
+    message = "context-parallel " + selection.describe(ring_call, decision, HOST_RING)
+    selection.log_once(log, _announced, ring_call, message)
+    return decision.impl
+
+
+def _ring_call(call: dict, cp) -> selection.RingCall:
+    """`auto`'s signature: the ring's view of this (b, s, h, d) call, after ulysses (heads / u,
+    sequence x u). With ring_anything the ring ranks' lengths differ, so they agree on the
+    longest first (one small all-gather over the ring; the all-gather ring pads to it too)."""
+    query, key = call["query"], call["key"]
+    b, s, h, d = query.shape
+    u = cp.ulysses_degree
+    q_len, kv_len = s * u, key.shape[1] * u
+    if getattr(cp, "ring_anything", False):
+        q_len, kv_len = _longest_over_ring(query, q_len, kv_len, cp._ring_mesh.get_group())
+    return selection.ring_call(query, b, h // u, d, q_len, kv_len, cp.ring_degree, _refusal(call))
+
+
+def _longest_over_ring(query, q_len: int, kv_len: int, group) -> tuple[int, int]:
+    import torch
     import torch.distributed as dist
 
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        what = "TokenRing (tokenring_xdit)" if impl == selection.TOKEN_RING else "diffusers' own"
-        log.info("context-parallel ring attention: %s, selected by %s", what, source)
+    mine = torch.tensor([q_len, kv_len], device=query.device)
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(every, mine, group=group)
+    longest = torch.stack(every).amax(dim=0).tolist()
+    return int(longest[0]), int(longest[1])
+
+
+def _refusal(call: dict) -> str:
+    """What TokenRing does not run under diffusers: `auto` keeps diffusers' ring for it (the
+    same answer on every rank of a CP model)."""
+    import torch
+
+    unsupported = {
+        "causal calls": call["is_causal"],
+        "GQA": call["enable_gqa"],
+        "attention masks": call["attn_mask"] is not None,
+        "dropout": bool(call["dropout_p"]),
+        "training (gradients)": torch.is_grad_enabled()
+        and any(call[n].requires_grad for n in ("query", "key", "value")),
+    }
+    return ", ".join(name for name, present in unsupported.items() if present)
 
 
 def _cp_dispatch(wrapped, instance, args, kwargs):
@@ -86,8 +135,7 @@ def _cp_dispatch(wrapped, instance, args, kwargs):
     cp = getattr(config, "context_parallel_config", None)
     if cp is None or cp.ring_degree <= 1:  # ulysses only: there is no ring to replace
         return wrapped(*args, **kwargs)
-    impl, source = selection.xdit_ring_impl()
-    _announce(impl, source)
+    impl = _resolve(call, cp)
     if impl != selection.TOKEN_RING or call["is_causal"] or call["enable_gqa"]:
         return wrapped(*args, **kwargs)
     from ..hosts.diffusers import context_parallel_attention

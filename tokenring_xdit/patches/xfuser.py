@@ -18,27 +18,67 @@ PATCHES = PatchSet("xfuser", XFUSER_VERSIONS)
 
 # A child of xDiT's logger, so the line appears in xDiT's own log format and level.
 log = logging.getLogger("xfuser.tokenring_xdit")
-_announced: set[str] = set()
+_announced: set = set()  # implementations, and `auto`'s call signatures, already announced
 # xFuserLongContextAttention layers whose ring function we replaced -> the one xDiT chose
 _TAKEN_OVER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+HOST_RING = "xDiT's own ring"
 
 
 def _announce(impl: str, source: str) -> None:
     """Say once per process, on global rank 0, which ring xDiT runs."""
-    if impl in _announced:
-        return
-    _announced.add(impl)
-    import torch.distributed as dist
+    what = "TokenRing (tokenring_xdit)" if impl == selection.TOKEN_RING else HOST_RING
+    selection.log_once(log, _announced, impl, f"ring attention: {what}, selected by {source}")
 
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        what = "TokenRing (tokenring_xdit)" if impl == selection.TOKEN_RING else "xDiT's own ring"
-        log.info("ring attention: %s, selected by %s", what, source)
+
+def _resolve(signature, args, kwargs) -> str:
+    """TOKEN_RING or DEFAULT for this call; `auto` asks the planner once per call signature."""
+    impl, source = selection.xdit_ring_impl()
+    if impl != selection.AUTO:
+        _announce(impl, source)
+        return impl
+    call = signature(*args, **kwargs)
+    decision = selection.decide(call)
+    selection.log_once(log, _announced, call, selection.describe(call, decision, HOST_RING))
+    return decision.impl
+
+
+def _usp_call(
+    attention_function,
+    query,
+    key,
+    value,
+    dropout_p=0.0,
+    is_causal=False,
+    joint_attn_kwargs=None,
+    attention_kwargs=None,
+) -> selection.RingCall:
+    """`auto`'s signature of a `usp.ring_attn` call (same parameters): (b, h, s, d) shards of
+    equal length on every ring rank (both rings need that), heads already split by ulysses."""
+    import torch.distributed as dist
+    from yunchang.globals import PROCESS_GROUP
+
+    ring = dist.get_world_size(PROCESS_GROUP.RING_PG)
+    b, h, s, d = query.shape
+    joint = 0 if joint_attn_kwargs is None else joint_attn_kwargs["joint_key"].shape[2]
+    refused = _usp_refusal(dropout_p, is_causal, attention_kwargs)
+    # every query meets the joint K/V once: as K/V per rank, 1/ring of it each
+    kv_len = key.shape[2] + -(-joint // ring)
+    return selection.ring_call(query, b, h, d, s, kv_len, ring, refused)
+
+
+def _usp_refusal(dropout_p, is_causal, attention_kwargs) -> str:
+    """What usp_ring_attn would raise on: `auto` keeps xDiT's ring for it instead."""
+    if dropout_p:
+        return "dropout"
+    if is_causal:
+        return "causal calls under xDiT"
+    if attention_kwargs and attention_kwargs.get("ulysses_extra_inputs"):
+        return "per-query extra inputs"
+    return ""
 
 
 def _ring_attn_dispatch(wrapped, instance, args, kwargs):
-    impl, source = selection.xdit_ring_impl()
-    _announce(impl, source)
-    if impl == selection.TOKEN_RING:
+    if _resolve(_usp_call, args, kwargs) == selection.TOKEN_RING:
         from ..hosts.xdit import usp_ring_attn
 
         return usp_ring_attn(*args, **kwargs)
@@ -53,8 +93,9 @@ def _add_flag(wrapped, instance, args, kwargs):
         type=str,
         default=None,
         choices=list(selection.XDIT_RING_IMPLS),
-        help="Ring attention of the ring dimension: 'default' (xDiT's own) or 'token_ring' "
-        f"(TokenRing, from tokenring_xdit). Overrides ${selection.RING_IMPL_ENV}.",
+        help="Ring attention of the ring dimension: 'default' (xDiT's own), 'token_ring' "
+        "(TokenRing, from tokenring_xdit) or 'auto' (per call shape, the faster of the two by "
+        f"tokenring_xdit's cost model). Overrides ${selection.RING_IMPL_ENV}.",
     )
     return parser
 
@@ -77,11 +118,71 @@ def _long_ctx_init(wrapped, instance, args, kwargs):
     import inspect
 
     requested = inspect.signature(wrapped).bind(*args, **kwargs).arguments.get("ring_impl_type")
-    if requested == selection.TOKEN_RING or selection.xdit_ring_impl()[0] == selection.TOKEN_RING:
+    selected = selection.xdit_ring_impl()[0]
+    if requested == selection.TOKEN_RING or selected == selection.TOKEN_RING:
         from ..hosts.xdit import long_ctx_ring_attn
 
         _TAKEN_OVER[instance] = instance.ring_attn_fn
         instance.ring_attn_fn = long_ctx_ring_attn
+    elif selected == selection.AUTO:
+        _TAKEN_OVER[instance] = instance.ring_attn_fn
+        instance.ring_attn_fn = _auto_long_ctx(instance.ring_attn_fn)
+
+
+def _auto_long_ctx(own_ring_fn):
+    """A ring function that runs TokenRing or xDiT's `own_ring_fn`, per call signature."""
+    import functools
+
+    from ..hosts.xdit import long_ctx_ring_attn
+
+    @functools.wraps(long_ctx_ring_attn)
+    def ring_fn(*args, **kwargs):
+        impl = _resolve(_long_ctx_call, args, kwargs)
+        chosen = long_ctx_ring_attn if impl == selection.TOKEN_RING else own_ring_fn
+        return chosen(*args, **kwargs)
+
+    return ring_fn
+
+
+def _long_ctx_call(
+    q,
+    k,
+    v,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    group=None,
+    attn_type=None,
+    attn_processor=None,
+    attn_layer=None,
+    joint_tensor_key=None,
+    joint_tensor_value=None,
+    joint_strategy="none",
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
+) -> selection.RingCall:
+    """`auto`'s signature of a long-context ring call (long_ctx_ring_attn's parameters):
+    (b, s, h, d), K/V before any PipeFusion cache (the cached length is known only inside the
+    ring function; the uncached one is equal on every rank)."""
+    import torch.distributed as dist
+
+    ring = dist.get_world_size(group)
+    b, s, h, d = q.shape
+    joint = 0 if joint_tensor_key is None else joint_tensor_key.shape[1]
+    unsupported = {
+        "dropout": dropout_p,
+        "causal calls under xDiT": causal,
+        "a sliding window": tuple(window_size) != (-1, -1),
+        "ALiBi": alibi_slopes is not None,
+        "FP8 descale factors": any(x is not None for x in (q_descale, k_descale, v_descale)),
+    }
+    refused = ", ".join(name for name, present in unsupported.items() if present)
+    return selection.ring_call(q, b, h, d, s, k.shape[1] + -(-joint // ring), ring, refused)
 
 
 def _give_back_ring_fns() -> None:

@@ -11,11 +11,37 @@ from functools import lru_cache
 from .machine import make_machine
 from .schedules import Block, allgather_ring, token_ring
 
-__all__ = ["choose_ring"]
+__all__ = ["choose_ring", "ring_times"]
 
 # TokenRing must win by this much to be picked: the model's errors are ~10 %, and the default
 # ring is the one users already run.
 MARGIN = 0.02
+
+
+@lru_cache(maxsize=256)
+def ring_times(
+    heads: int,
+    head_dim: int,
+    q_len_local: int,
+    kv_len_local: int,
+    ring_degree: int,
+    dtype: str = "bfloat16",
+    device_name: str = "NVIDIA H200",
+    fabric: str = "nvswitch",
+    graphs: bool = True,
+) -> tuple[float, float]:
+    """Predicted ms of one call: (TokenRing, all-gather K/V ring). Arguments as choose_ring's."""
+    m = make_machine(ring_degree, fabric_name=fabric, gpu=device_name)
+    block = Block(
+        heads=heads,
+        head_dim=head_dim,
+        q_len=q_len_local,
+        kv_len=kv_len_local,
+        dtype_bytes=4 if dtype == "float32" else 2,
+        dtype=dtype,
+    )
+    ranks = list(range(ring_degree))
+    return token_ring(m, block, ranks, graphs=graphs).ms, allgather_ring(m, block, ranks).ms
 
 
 @lru_cache(maxsize=256)
@@ -38,16 +64,15 @@ def choose_ring(
     """
     if ring_degree <= 1:
         return "default"
-    m = make_machine(ring_degree, fabric_name=fabric, gpu=device_name)
-    block = Block(
-        heads=heads,
-        head_dim=head_dim,
-        q_len=q_len_local,
-        kv_len=kv_len_local,
-        dtype_bytes=4 if dtype == "float32" else 2,
-        dtype=dtype,
+    tr, ag = ring_times(
+        heads,
+        head_dim,
+        q_len_local,
+        kv_len_local,
+        ring_degree,
+        dtype,
+        device_name,
+        fabric,
+        graphs,
     )
-    ranks = list(range(ring_degree))
-    tr = token_ring(m, block, ranks, graphs=graphs).ms
-    ag = allgather_ring(m, block, ranks).ms
     return "token_ring" if tr < ag * (1 - MARGIN) else "default"
