@@ -210,3 +210,39 @@ def test_image_metrics_and_gain():
     heat = diff_map(b, a, 2000.0)  # 1e-3 x 2000 clips to white
     assert heat.shape == a.shape and heat[0, 0].tolist() == [1.0, 1.0, 1.0]
     assert heat[1:, 1:].max() == 0.0
+
+
+# ------------------------------------------------------------------------------------------
+# --host diffusers (the end-to-end run: test_compare_diffusers.py)
+
+
+def test_diffusers_host_defaults_to_flux():
+    cfg = _resolve(["--host", "diffusers"])
+    assert (cfg.host, cfg.model, cfg.nproc, cfg.ring) == ("diffusers", "flux", 2, 2)
+    assert cfg.name == "flux-tiny-diffusers"  # its files do not overwrite the xDiT run's
+    assert _resolve([]).host == "xdit" and _resolve(["--model", "flux"]).name == "flux-tiny"
+
+
+def test_diffusers_host_refuses_pixart_with_exit_2(monkeypatch, capsys):
+    """diffusers' context parallelism needs a _cp_plan, which PixArt has not."""
+    monkeypatch.setattr("tokenring_xdit.tools.launch.launch", _no_launch)
+    code = cli.main(["compare", "--host", "diffusers", "--model", "pixart", "--no-progress"])
+    assert code == compare.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "--host diffusers cannot run --model pixart" in err and "_cp_plan" in err
+
+
+def test_diffusers_path_check_uses_its_own_ring_counter():
+    from tokenring_xdit.tools.compare.report import path_checks
+
+    def runs(ring: dict, token_ring: dict) -> dict:
+        return {
+            "ring": {"ring_calls_per_rank": [ring] * 2},
+            "token_ring": {"ring_calls_per_rank": [token_ring] * 2},
+        }
+
+    good = runs({"token_ring": 0, "diffusers_ring": 6}, {"token_ring": 6, "diffusers_ring": 0})
+    assert path_checks(good, "diffusers") == []
+    fell_back = runs({"token_ring": 0, "diffusers_ring": 6}, {"token_ring": 0, "diffusers_ring": 6})
+    problems = path_checks(fell_back, "diffusers")
+    assert len(problems) == 2 and problems[0].startswith("diffusers CP + TokenRing rank 0")

@@ -1,7 +1,8 @@
 """`tokenring-xdit`: argument parsing and subcommands only.
 
 With no subcommand it runs `compare`: one image made by plain diffusers, by xDiT with its own ring
-and by xDiT with TokenRing, compared pixel by pixel (CPU processes over gloo, or one GPU per rank
+and by xDiT with TokenRing (or, with `--host diffusers`, by diffusers' context parallelism with its
+ring and with TokenRing), compared pixel by pixel (CPU processes over gloo, or one GPU per rank
 over NCCL). `demo` times the attention alone. Importing this module is cheap: torch, rich and the
 workers load inside the subcommand that needs them.
 """
@@ -373,8 +374,9 @@ SUBCOMMANDS.insert(
     0,
     (
         "compare",
-        "one image three ways (diffusers in 1 process, xDiT's ring, xDiT + TokenRing): "
-        "images, difference maps, PSNR/SSIM report (random-weight PixArt or Flux)",
+        "one image three ways (diffusers in 1 process, xDiT's ring, xDiT + TokenRing; with "
+        "--host diffusers: diffusers' context-parallel ring and TokenRing): images, difference "
+        "maps, PSNR/SSIM report (random-weight PixArt or Flux)",
         _add_compare_args,
         _run_compare,
     ),

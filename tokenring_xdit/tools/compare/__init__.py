@@ -4,6 +4,11 @@
 2. "ring": xDiT (xfuser 0.7.0) on N ranks with its own ring (`--ring_impl_type default`);
 3. "token_ring": the same xDiT launch with TokenRing (`--ring_impl_type token_ring`).
 
+With `--host diffusers` (Flux only: diffusers' CP needs the model's `_cp_plan`) runs 2 and 3 are
+diffusers' own context parallelism instead, `transformer.enable_parallelism(config=
+ContextParallelConfig(ring_degree=N))`, with diffusers' ring and with TokenRing selected
+(`set_xdit_ring_impl`); TokenRing's calls are counted by `tokenring_xdit.calls_by_host()`.
+
 Each run is its own launch (tokenring_xdit.tools.launch: gloo on CPU with xDiT's CPU mode, NCCL
 with one GPU per rank) and builds the same pipeline from tokenring_xdit.tools.pipelines: real
 PixArt-alpha / Flux.1 architectures with seeded random weights ("tiny" or "full" size), prompt
@@ -44,6 +49,7 @@ from .run import run_cli, run_compare
 from .workers import (
     StepTimer,
     build_pipeline,
+    diffusers_worker,
     initial_latents,
     sharpen_attention,
     single_worker,
@@ -64,6 +70,7 @@ __all__ = [
     "Thresholds",
     "add_arguments",
     "build_pipeline",
+    "diffusers_worker",
     "initial_latents",
     "latent_rel_diff",
     "resolve",

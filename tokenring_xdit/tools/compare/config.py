@@ -11,10 +11,30 @@ from ..cli_args import add_device_and_dtype, positive_int
 
 MODELS = ("pixart", "flux")
 SIZES = ("tiny", "full")
+# Who runs the two ring runs: xDiT's pipeline wrappers, or diffusers' own context parallelism
+# (`enable_parallelism`), which only models with a `_cp_plan` support.
+HOSTS = ("xdit", "diffusers")
+DEFAULT_MODEL = {"xdit": "pixart", "diffusers": "flux"}
+CP_PLAN_MODELS = ("flux",)  # diffusers 0.42.1: Flux has a _cp_plan, PixArt has none
 RUNS = ("single", "ring", "token_ring")
 LABELS = {"single": "diffusers, 1 process", "ring": "xDiT ring", "token_ring": "xDiT + TokenRing"}
+HOST_LABELS = {
+    "xdit": LABELS,
+    "diffusers": {
+        "single": "diffusers, 1 process",
+        "ring": "diffusers CP ring",
+        "token_ring": "diffusers CP + TokenRing",
+    },
+}
+HOST_NAMES = {"xdit": "xDiT", "diffusers": "diffusers' context parallelism"}
 SHORT = {"single": "single", "ring": "ring", "token_ring": "TokenRing"}
-RING_IMPL = {"ring": "default", "token_ring": "token_ring"}  # xDiT's --ring_impl_type
+# The ring each run selects: xDiT's --ring_impl_type, or set_xdit_ring_impl() under diffusers
+RING_IMPL = {"ring": "default", "token_ring": "token_ring"}
+# The call counter (workers) that proves a ring run took the host's own ring
+OWN_RING = {"xdit": "xdit_ring", "diffusers": "diffusers_ring"}
+# diffusers' CP attention backends that return the lse every ring needs (on CPU through
+# tokenring_xdit.patches.diffusers_cpu)
+CP_BACKEND = {"cpu": "_native_flash", "cuda": "_native_cudnn"}
 MODEL_NAMES = {"pixart": "PixArt-alpha", "flux": "Flux.1"}
 GUIDANCE = {"pixart": 4.5, "flux": 3.5}
 DEFAULT_PIXELS = {"tiny": 128, "full": 1024}
@@ -44,6 +64,7 @@ class CompareConfig:
 
     model: str = "pixart"
     size: str = "tiny"
+    host: str = "xdit"
     device: str = "cpu"
     dtype: str = "float32"
     nproc: int = 2
@@ -60,7 +81,13 @@ class CompareConfig:
 
     @property
     def name(self) -> str:
-        return f"{self.model}-{self.size}"
+        """Prefix of the output files; the xDiT host keeps the names it always had."""
+        base = f"{self.model}-{self.size}"
+        return base if self.host == "xdit" else f"{base}-{self.host}"
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return HOST_LABELS[self.host]
 
 
 @dataclass(frozen=True)
@@ -96,7 +123,21 @@ def _gain(text: str) -> float:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", choices=MODELS, default="pixart", help="pipeline (default pixart)")
+    p.add_argument(
+        "--model",
+        choices=MODELS,
+        default=None,
+        help="pipeline (default: pixart with --host xdit, flux with --host diffusers)",
+    )
+    p.add_argument(
+        "--host",
+        choices=HOSTS,
+        default="xdit",
+        help="what runs the two ring runs: xdit (xDiT's pipeline wrapper, --ring_impl_type "
+        "default / token_ring) or diffusers (diffusers' own context parallelism, "
+        "enable_parallelism(ContextParallelConfig(ring_degree=N)), its ring / TokenRing; "
+        "models with a _cp_plan only: flux). Default xdit",
+    )
     p.add_argument(
         "--size",
         choices=SIZES,
@@ -108,15 +149,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--nproc",
         type=positive_int,
         default=None,
-        help="ranks of the xDiT runs (default: ulysses x ring if given, else the GPU count "
+        help="ranks of the ring runs (default: ulysses x ring if given, else the GPU count "
         "with CUDA, at least 2; 2 on CPU)",
     )
-    p.add_argument("--ulysses-degree", type=positive_int, default=1, help="xDiT ulysses degree (1)")
+    p.add_argument("--ulysses-degree", type=positive_int, default=1, help="ulysses degree (1)")
     p.add_argument(
         "--ring-degree",
         type=positive_int,
         default=None,
-        help="xDiT ring degree, at least 2 (default: nproc / ulysses)",
+        help="ring degree, at least 2 (default: nproc / ulysses)",
     )
     p.add_argument(
         "--steps",
@@ -203,6 +244,8 @@ def resolve(args: argparse.Namespace, gpus: int | None = None) -> CompareConfig:
         import torch
 
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    host = getattr(args, "host", "xdit")
+    model = _model_for(host, args.model)
     ulysses = args.ulysses_degree
     if args.nproc is not None:
         nproc = args.nproc
@@ -228,22 +271,27 @@ def resolve(args: argparse.Namespace, gpus: int | None = None) -> CompareConfig:
         raise ValueError(f"--device cuda needs one GPU per rank: {nproc} ranks, {gpus} GPU(s)")
     dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
     if device == "cpu" and dtype != "float32":
-        raise ValueError("on CPU use --dtype float32 (xDiT's CPU kernel is float32)")
+        kernel = "xDiT's" if host == "xdit" else "the ring runs'"
+        raise ValueError(f"on CPU use --dtype float32 ({kernel} CPU kernel is float32)")
     size = args.size
     height = args.height or args.width or DEFAULT_PIXELS[size]
     width = args.width or height
-    _check_pixels(args.model, size, height, width, nproc)
-    text_len = args.text_len or DEFAULT_TEXT_LEN[(args.model, size)]
-    if args.model == "flux" and text_len % nproc:
+    _check_pixels(model, size, height, width, nproc)
+    text_len = args.text_len or DEFAULT_TEXT_LEN[(model, size)]
+    if model == "flux" and text_len % nproc:
+        why = {
+            "xdit": "xDiT splits the prompt tokens over the sequence-parallel ranks only then",
+            "diffusers": "diffusers' context parallelism splits the prompt tokens evenly",
+        }[host]
         raise ValueError(
-            f"--text-len {text_len} must be a multiple of ulysses x ring = {nproc} for Flux: "
-            "xDiT splits the prompt tokens over the sequence-parallel ranks only then"
+            f"--text-len {text_len} must be a multiple of ulysses x ring = {nproc} for Flux: {why}"
         )
     if args.warmup_steps < 0:
         raise ValueError("--warmup-steps must be >= 0")
     return CompareConfig(
-        model=args.model,
+        model=model,
         size=size,
+        host=host,
         device=device,
         dtype=dtype,
         nproc=nproc,
@@ -253,11 +301,25 @@ def resolve(args: argparse.Namespace, gpus: int | None = None) -> CompareConfig:
         height=height,
         width=width,
         seed=args.seed,
-        guidance=args.guidance if args.guidance is not None else GUIDANCE[args.model],
+        guidance=args.guidance if args.guidance is not None else GUIDANCE[model],
         text_len=text_len,
         qk_gain=args.qk_gain,
         warmup_steps=args.warmup_steps,
     )
+
+
+def _model_for(host: str, model: str | None) -> str:
+    """The model for `host` (its default when not given); ValueError when the host cannot run
+    it: diffusers' context parallelism needs the model's `_cp_plan`, which PixArt lacks."""
+    if model is None:
+        return DEFAULT_MODEL[host]
+    if host == "diffusers" and model not in CP_PLAN_MODELS:
+        raise ValueError(
+            f"--host diffusers cannot run --model {model}: diffusers' context parallelism needs "
+            f"a model with a _cp_plan, which {MODEL_NAMES[model]} has not in diffusers "
+            f"(use --model {' / '.join(CP_PLAN_MODELS)}, or --host xdit)"
+        )
+    return model
 
 
 def _check_pixels(model: str, size: str, height: int, width: int, sp: int) -> None:
@@ -292,6 +354,7 @@ def thresholds_for(args: argparse.Namespace, dtype: str) -> Thresholds:
 def command_line(cfg: CompareConfig, out: str) -> str:
     """A command that repeats this comparison exactly (every setting spelled out)."""
     argv = ["tokenring-xdit", "compare", "--model", cfg.model, "--size", cfg.size]
+    argv += ["--host", cfg.host]
     argv += ["--device", cfg.device, "--dtype", cfg.dtype, "--nproc", str(cfg.nproc)]
     argv += ["--ulysses-degree", str(cfg.ulysses), "--ring-degree", str(cfg.ring)]
     argv += ["--steps", str(cfg.steps), "--height", str(cfg.height), "--width", str(cfg.width)]

@@ -11,8 +11,9 @@ from dataclasses import asdict
 
 from .config import (
     CHECKED,
-    LABELS,
+    HOST_LABELS,
     MODEL_NAMES,
+    OWN_RING,
     RING_IMPL,
     RUNS,
     SHORT,
@@ -23,7 +24,7 @@ from .config import (
 from .workers import host_versions
 
 
-def merge_ranks(name: str, values: list[dict]) -> dict:
+def merge_ranks(name: str, values: list[dict], host: str = "xdit") -> dict:
     """One run's summary from its ranks: the slowest rank per step, the image of the rank
     that has it, every rank's ring-call counts."""
     with_image = [v for v in values if v["image"] is not None]
@@ -32,7 +33,7 @@ def merge_ranks(name: str, values: list[dict]) -> dict:
     steps = [max(col) for col in zip(*(v["step_s"] for v in values), strict=True)]
     first = values[0]
     summary = dict(
-        label=LABELS[name],
+        label=HOST_LABELS[host][name],
         ranks=first["ranks"],
         s_per_step=statistics.median(steps),
         mean_s_per_step=statistics.fmean(steps),
@@ -54,23 +55,24 @@ def merge_ranks(name: str, values: list[dict]) -> dict:
 
 def _gather_latents(parts: list):
     """The whole final latents from the ranks' parts: xDiT's sequence parallelism splits them
-    along dim -2 (PixArt: latent rows; Flux: packed tokens) in rank order."""
+    along dim -2 (PixArt: latent rows; Flux: packed tokens) in rank order. diffusers' context
+    parallelism gathers them on every rank: one rank returns them whole, the others None."""
     import numpy as np
 
+    parts = [p for p in parts if p is not None]
     return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-2)
 
 
-def path_checks(runs: dict) -> list[str]:
+def path_checks(runs: dict, host: str = "xdit") -> list[str]:
     """A run that did not take the ring path it claims (a silent fall-back would compare a
-    ring with itself)."""
+    ring with itself): every rank of the ring run called only the host's own ring, every rank
+    of the TokenRing run only TokenRing."""
+    own = OWN_RING[host]
     bad = []
-    for name, expect, other in (
-        ("ring", "xdit_ring", "token_ring"),
-        ("token_ring", "token_ring", "xdit_ring"),
-    ):
+    for name, expect, other in (("ring", own, "token_ring"), ("token_ring", "token_ring", own)):
         for rank, calls in enumerate(runs[name]["ring_calls_per_rank"]):
             if calls[expect] == 0 or calls[other] != 0:
-                bad.append(f"{LABELS[name]} rank {rank}: ring calls {calls}")
+                bad.append(f"{HOST_LABELS[host][name]} rank {rank}: ring calls {calls}")
     return bad
 
 
@@ -163,8 +165,8 @@ def write_outputs(cfg, runs, comparisons, report, out_dir, gain) -> None:
         ranks = f"{r['ranks']} rank" + ("s" if r["ranks"] > 1 else "")
         lines = [f"{r['s_per_step'] * 1e3:.1f} ms/step, {ranks}"]
         if name != "single":
-            lines.append(f"--ring_impl_type {RING_IMPL[name]}")
-        panels.append(Panel(r["image"], LABELS[name], lines))
+            lines.append(_selection_text(cfg, name))
+        panels.append(Panel(r["image"], cfg.labels[name], lines))
     for c in diffs:
         test, ref = runs[c["test"]]["image"], runs[c["reference"]]["image"]
         title = f"|{SHORT[c['test']]} - {SHORT[c['reference']]}| x {_gain_text(gain)}"
@@ -178,8 +180,8 @@ def write_outputs(cfg, runs, comparisons, report, out_dir, gain) -> None:
     dev = "CPU" if cfg.device == "cpu" else runs["ring"].get("gpu", "GPU")
     heading = (
         f"{MODEL_NAMES[cfg.model]} ({cfg.size}, random weights), {cfg.width}x{cfg.height}, "
-        f"{cfg.steps} steps, {dev} {cfg.dtype}, ulysses {cfg.ulysses} x ring {cfg.ring}: "
-        + ("PASSED" if report["passed"] else "FAILED")
+        f"{cfg.steps} steps, {dev} {cfg.dtype}, {_host_text(cfg)}ulysses {cfg.ulysses} x ring "
+        f"{cfg.ring}: " + ("PASSED" if report["passed"] else "FAILED")
     )
     t = report["thresholds"]
     v = report["versions"]
@@ -242,6 +244,18 @@ def print_summary(console, report: dict) -> None:
             ok if c["checked"] else "[dim]info[/]",
         )
     console.print(images)
+
+
+def _host_text(cfg) -> str:
+    """The heading names the host when it is not xDiT (the xDiT figure stays as it was)."""
+    return "" if cfg.host == "xdit" else "diffusers CP, "
+
+
+def _selection_text(cfg, name: str) -> str:
+    """How the run chose its ring, as the user would write it."""
+    if cfg.host == "xdit":
+        return f"--ring_impl_type {RING_IMPL[name]}"
+    return f"ring_degree={cfg.ring}, ring impl {RING_IMPL[name]}"
 
 
 def _psnr_text(psnr: float) -> str:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from ..cli_args import EXIT_FAILED, EXIT_OK, EXIT_USAGE, EXIT_WORKER
 from .config import (
-    LABELS,
+    HOST_NAMES,
     MODEL_NAMES,
     RING_IMPL,
     RUNS,
@@ -26,7 +26,9 @@ from .report import (
     print_summary,
     write_outputs,
 )
-from .workers import single_worker, xdit_worker
+from .workers import diffusers_worker, single_worker, xdit_worker
+
+RING_WORKERS = {"xdit": xdit_worker, "diffusers": diffusers_worker}
 
 
 def run_compare(
@@ -50,17 +52,19 @@ def run_compare(
 
     launcher = launcher or launch
     progress = rank_progress("{task.fields[run]:<18}", console, quiet)
+    ring_worker = RING_WORKERS[cfg.host]
     plan = [
         ("single", single_worker, 1, (cfg,)),
-        ("ring", xdit_worker, cfg.nproc, (cfg, RING_IMPL["ring"])),
-        ("token_ring", xdit_worker, cfg.nproc, (cfg, RING_IMPL["token_ring"])),
+        ("ring", ring_worker, cfg.nproc, (cfg, RING_IMPL["ring"])),
+        ("token_ring", ring_worker, cfg.nproc, (cfg, RING_IMPL["token_ring"])),
     ]
     runs: dict[str, dict] = {}
     load_before = _load_average()
     started = time.perf_counter()
     with progress:
         tasks = {
-            name: progress.add_task("waiting", total=None, run=LABELS[name]) for name, *_ in plan
+            name: progress.add_task("waiting", total=None, run=cfg.labels[name])
+            for name, *_ in plan
         }
         for name, worker, nproc, worker_args in plan:
             task = tasks[name]
@@ -77,11 +81,11 @@ def run_compare(
                 env=None if verbose else _quiet_env(),
                 on_progress=on_progress,
             )
-            runs[name] = merge_ranks(name, values)
+            runs[name] = merge_ranks(name, values, cfg.host)
             progress.update(task, description="done")
     wall = time.perf_counter() - started
     comparisons = compare_runs(runs, thresholds)
-    problems = path_checks(runs)
+    problems = path_checks(runs, cfg.host)
     passed = not problems and not any(c["failures"] for c in comparisons)
     report = build_report(cfg, thresholds, runs, comparisons, problems, passed, out_dir, wall)
     # other work on the machine moves the times (not the images): say how busy it was
@@ -127,8 +131,8 @@ def run_cli(args: argparse.Namespace) -> int:
     console.print(
         f"[bold]tokenring-xdit compare[/]: {MODEL_NAMES[cfg.model]} ({cfg.size}, random "
         f"weights), {cfg.width}x{cfg.height}, {cfg.steps} steps, {cfg.device} {cfg.dtype}; "
-        f"diffusers in 1 process, then xDiT on {cfg.nproc} ranks (ulysses {cfg.ulysses} x "
-        f"ring {cfg.ring}) with its ring and with TokenRing"
+        f"diffusers in 1 process, then {HOST_NAMES[cfg.host]} on {cfg.nproc} ranks (ulysses "
+        f"{cfg.ulysses} x ring {cfg.ring}) with its ring and with TokenRing"
     )
     try:
         report = run_compare(

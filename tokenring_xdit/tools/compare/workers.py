@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .config import CompareConfig
+from .config import CP_BACKEND, CompareConfig
 
 # ------------------------------------------------------------------------------------------
 # The pipeline, identical in every process
@@ -245,8 +245,75 @@ def xdit_worker(rank: int, nproc: int, report, cfg: CompareConfig, impl: str) ->
     )
 
 
+def diffusers_worker(rank: int, nproc: int, report, cfg: CompareConfig, impl: str) -> dict:
+    """diffusers' own context parallelism on `nproc` ranks:
+    `transformer.enable_parallelism(ContextParallelConfig(ring_degree, ulysses_degree))`, with
+    TokenRing selected ("token_ring") or not ("default": diffusers' ring) by
+    set_xdit_ring_impl before enable_parallelism (TokenRing's communicators are made there)."""
+    report(description="importing diffusers", total=cfg.warmup_steps + cfg.steps, completed=0)
+    if cfg.device == "cpu":
+        from ...patches import diffusers_cpu
+
+        diffusers_cpu.enable()  # gloo, no accelerator, a CPU kernel that returns an lse
+    import tokenring_xdit
+
+    tokenring_xdit.install()  # also done by the .pth unless TOKENRING_XDIT_AUTOPATCH=0
+    from diffusers import ContextParallelConfig
+
+    from ...hosts import selection
+
+    # explicit for both runs: an inherited TOKENRING_XDIT_RING_IMPL must not pick the ring
+    selection.set_xdit_ring_impl(impl)
+    device = f"cuda:{rank}" if cfg.device == "cuda" else "cpu"
+    report(description="building the pipeline")
+    pipe, kwargs = build_pipeline(cfg, device)
+    backend = CP_BACKEND[cfg.device]
+    pipe.transformer.set_attention_backend(backend)
+    pipe.transformer.enable_parallelism(
+        config=ContextParallelConfig(ring_degree=cfg.ring, ulysses_degree=cfg.ulysses)
+    )
+    own_ring = _count_diffusers_ring_calls()
+    token_ring_before = tokenring_xdit.calls_by_host().get("diffusers", 0)
+    # CP gathers the transformer's output on every rank, so every rank holds the whole latents
+    # and image: the last rank returns them (as under xDiT), the others only their timings
+    last = rank == nproc - 1
+    timer = StepTimer(device, report if last else None)
+    result = _timed_call(pipe, kwargs, cfg, timer, report if last else _quiet)
+    if not last:
+        result.update(image=None, latents=None)
+    token_ring = tokenring_xdit.calls_by_host().get("diffusers", 0) - token_ring_before
+    return dict(
+        result,
+        rank=rank,
+        ranks=nproc,
+        ring_calls=dict(token_ring=token_ring, **own_ring),
+        ring_impl=list(selection.xdit_ring_impl()),
+        attention_backend=backend,
+        **_environment(),
+    )
+
+
 def _quiet(**fields) -> None:
     return None
+
+
+def _count_diffusers_ring_calls() -> dict[str, int]:
+    """Count calls into diffusers' own ring: `TemplatedRingAttention.apply`, which its templated
+    CP attention looks up at call time for the ring (ring_degree > 1) and for ulysses x ring.
+    TokenRing's own calls are counted by tokenring_xdit.calls_by_host()."""
+    import diffusers.models.attention_dispatch as attention_dispatch
+
+    calls = {"diffusers_ring": 0}
+    original = attention_dispatch.TemplatedRingAttention
+
+    class CountedRing(original):  # an autograd.Function: subclassed, its forward is inherited
+        @classmethod
+        def apply(cls, *args, **kwargs):
+            calls["diffusers_ring"] += 1
+            return super().apply(*args, **kwargs)
+
+    attention_dispatch.TemplatedRingAttention = CountedRing
+    return calls
 
 
 def _count_ring_calls() -> dict[str, int]:
