@@ -16,9 +16,9 @@ from tokenring_xdit.planner.choose import choose_ring, ring_times
 H200_P2P_OFF = dict(dtype="bfloat16", device_name="NVIDIA H200", fabric="p2p-off", graphs=True)
 
 
-def _h200_call(q_len: int, fabric: str = "p2p-off") -> selection.RingCall:
+def _h200_call(q_len: int, fabric: str = "p2p-off") -> selection.AutoSignature:
     """A Flux-like (24 x 128) ring-2 signature as a CUDA rank on an H200 would build it."""
-    return selection.RingCall(
+    return selection.AutoSignature(
         batch=1,
         heads=24,
         head_dim=128,

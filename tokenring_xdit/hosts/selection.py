@@ -4,7 +4,7 @@ Sources, strongest first: `set_xdit_ring_impl()` (Python), the `--ring_impl_type
 parsers (read when xFuserArgs.from_cli_args / from_runner_args runs, so in every torchrun worker),
 the TOKENRING_XDIT_RING_IMPL environment variable (inherited by every worker), then "default".
 
-`auto` decides per call signature (`RingCall`), from the planner's cost model
+`auto` decides per call signature (`AutoSignature`), from the planner's cost model
 (`planner.choose`). Every input of the decision is the same on every rank of a ring (shapes of a
 call the rings accept, the device model, the environment), so the ranks never disagree: one
 picking TokenRing while its peer all-gathers would hang both. Decisions are cached per signature.
@@ -63,7 +63,7 @@ def reset() -> None:
 
 
 @dataclass(frozen=True)
-class RingCall:
+class AutoSignature:
     """One ring call as `auto` sees it. Lengths are tokens per ring rank (the max over the ring
     where shards may be uneven); heads are this rank's, after ulysses."""
 
@@ -96,12 +96,12 @@ def ring_call(
     kv_len: int,
     ring: int,
     refused: str = "",
-) -> RingCall:
+) -> AutoSignature:
     """A call's signature: the shapes a host read, dtype and device from `tensor` (its query),
     fabric and graphs from the configuration."""
     cfg = config.current()
     device_type = tensor.device.type
-    return RingCall(
+    return AutoSignature(
         batch=batch,
         heads=heads,
         head_dim=head_dim,
@@ -124,10 +124,10 @@ def _cuda_name(index: int | None) -> str:
     return torch.cuda.get_device_name(index)
 
 
-_DECISIONS: dict[RingCall, Decision] = {}
+_DECISIONS: dict[AutoSignature, Decision] = {}
 
 
-def decide(call: RingCall) -> Decision:
+def decide(call: AutoSignature) -> Decision:
     """`auto`'s choice for one call signature (cached: the planner runs once per signature)."""
     decision = _DECISIONS.get(call)
     if decision is None:
@@ -135,7 +135,7 @@ def decide(call: RingCall) -> Decision:
     return decision
 
 
-def _decide(call: RingCall) -> Decision:
+def _decide(call: AutoSignature) -> Decision:
     if call.refused:
         return Decision(DEFAULT, f"TokenRing does not run {call.refused}")
     if call.ring <= 1:
@@ -165,7 +165,7 @@ def _decide(call: RingCall) -> Decision:
     return Decision(choose_ring(*args), why)
 
 
-def describe(call: RingCall, decision: Decision, host_ring: str) -> str:
+def describe(call: AutoSignature, decision: Decision, host_ring: str) -> str:
     """The rank-0 log line of one decision."""
     what = "TokenRing" if decision.impl == TOKEN_RING else host_ring
     shape = f"{call.heads}x{call.head_dim}" + (f", batch {call.batch}" if call.batch > 1 else "")

@@ -89,7 +89,7 @@ def _resolve(call: dict, cp) -> str:
     return decision.impl
 
 
-def _ring_call(call: dict, cp) -> selection.RingCall:
+def _ring_call(call: dict, cp) -> selection.AutoSignature:
     """`auto`'s signature: the ring's view of this (b, s, h, d) call, after ulysses (heads / u,
     sequence x u). With ring_anything the ring ranks' lengths differ, so they agree on the
     longest first (one small all-gather over the ring; the all-gather ring pads to it too)."""

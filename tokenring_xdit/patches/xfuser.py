@@ -51,7 +51,7 @@ def _usp_call(
     is_causal=False,
     joint_attn_kwargs=None,
     attention_kwargs=None,
-) -> selection.RingCall:
+) -> selection.AutoSignature:
     """`auto`'s signature of a `usp.ring_attn` call (same parameters): (b, h, s, d) shards of
     equal length on every ring rank (both rings need that), heads already split by ulysses."""
     import torch.distributed as dist
@@ -165,7 +165,7 @@ def _long_ctx_call(
     q_descale=None,
     k_descale=None,
     v_descale=None,
-) -> selection.RingCall:
+) -> selection.AutoSignature:
     """`auto`'s signature of a long-context ring call (long_ctx_ring_attn's parameters):
     (b, s, h, d), K/V before any PipeFusion cache (the cached length is known only inside the
     ring function; the uncached one is equal on every rank)."""
