@@ -10,9 +10,9 @@ every model with a `_cp_plan` imports attention_dispatch, which imports `_modeli
   GQA calls (which diffusers refuses itself), diffusers' own code runs untouched.
 - `ContextParallelConfig.setup`, where diffusers derives the ring and ulysses meshes: it runs on
   every rank, in the same order, for both `enable_parallelism` and `from_pretrained(...,
-  parallel_config=...)`, so TokenRing's return communicator is made there, collectively, right
-  after the ring group exists (only when TokenRing is selected at that moment, so installing the
-  package adds no collective to a diffusers run that keeps its own ring).
+  parallel_config=...)`, so TokenRing's communicators are made there by the ring's members,
+  right after the ring group exists (only when TokenRing is selected at that moment; otherwise
+  the first TokenRing call makes them, and a run that keeps diffusers' ring makes none).
 """
 
 from __future__ import annotations
