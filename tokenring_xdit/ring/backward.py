@@ -13,7 +13,7 @@ import torch
 
 from .backward_kernels import row_delta
 from .block_forward import BlockCall
-from .comm import COUNTERS, Lane, RingPosition, out_group_for
+from .comm import COUNTERS, RingPosition, lanes
 from .schedules.blocks import part_len, part_slice
 
 __all__ = ["block_backward"]
@@ -57,8 +57,7 @@ def block_backward(
         COUNTERS.kernel_calls += 1
         args = (dout, q, k, v, out, lse, delta, call.scale, layout, plan[0].causal)
         return call.pair.run_backward(*args)
-    q_lane = Lane(pos.group, pos.group, pos.rank)
-    ret_lane = Lane(out_group_for(pos.group), pos.group, pos.rank)
+    q_lane, ret_lane = lanes(pos)
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
     dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from .backward_kernels import KernelPair
-from .comm import COUNTERS, Lane, RingPosition, out_group_for
+from .comm import COUNTERS, RingPosition, lanes
 from .layout import Layout
 from .merge import PartialMerge
 from .schedules.blocks import BlockStep, part_len, part_slice, sub_slice
@@ -53,8 +53,7 @@ def block_forward(
         COUNTERS.kernel_calls += 1
         out, lse = call.pair.run_forward(q, k, v, call.scale, layout, plan[0].causal)
         return out.to(q.dtype), lse.float()
-    q_lane = Lane(pos.group, pos.group, pos.rank)
-    ret_lane = Lane(out_group_for(pos.group), pos.group, pos.rank)
+    q_lane, ret_lane = lanes(pos)
     held = q.contiguous()
     merge = prev = None
     for st in plan:

@@ -25,6 +25,7 @@ from .comm import (
     COUNTERS,
     RingPosition,
     TokenRingCommError,
+    backend_of,
     check_group_for,
     describe_peer,
     timeout_of,
@@ -167,7 +168,7 @@ def _exchange(pos: RingPosition, meta: list[int]) -> list[list[int]]:
     return torch.stack(everyone).tolist()
 
 
-def _raise_for(metas: list[list[int]], rank: int, layout: Layout, device_type: str) -> None:
+def _raise_for(metas: list[list[int]], layout: Layout, device_type: str) -> None:
     bad = [(r, m[0]) for r, m in enumerate(metas) if m[0]]
     if bad:
         lines = [
@@ -225,7 +226,7 @@ def check_inputs(
         problem = 6  # a zigzag shard is two equal halves
     meta = _meta(q, k, v, layout, causal, chunks, scale, problem)
     if position.size == 1:
-        _raise_for([meta], 0, layout, device_type)
+        _raise_for([meta], layout, device_type)
         return RingShapes((meta[_Q_LEN],))
     always = validate == "always" or (validate == "auto" and device_type == "cpu")
     # Our K/V length is nobody else's business (K/V never move), so a KV cache growing on one
@@ -235,7 +236,7 @@ def check_inputs(
         _CACHE.move_to_end(key)
         return _CACHE[key]
     metas = _exchange(position, meta)
-    _raise_for(metas, position.rank, layout, device_type)
+    _raise_for(metas, layout, device_type)
     shapes = RingShapes(tuple(m[_Q_LEN] for m in metas))
     _CACHE[key] = shapes
     if len(_CACHE) > _CACHE_SIZE:
@@ -247,4 +248,4 @@ def _ring_device_type(position: RingPosition) -> str:
     """The device type the ring's backend moves: cpu for gloo, cuda for NCCL (and others)."""
     if position.size == 1:
         return "any"  # nothing moves
-    return "cpu" if dist.get_backend(position.group) == "gloo" else "cuda"
+    return "cpu" if backend_of(position.group) == "gloo" else "cuda"

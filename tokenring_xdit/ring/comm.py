@@ -88,9 +88,12 @@ def group_timeout(group: dist.ProcessGroup) -> timedelta:
 
 @dataclass
 class _RingComms:
+    """What a ring needs besides its own group, looked up or made once per group."""
+
     out: dist.ProcessGroup  # returned partials
     check: dist.ProcessGroup  # the input check (CPU; the ring group itself on gloo)
     timeout: timedelta
+    backend: str
 
 
 # ring group -> its extra communicators; weak keys, so a destroyed group's entry cannot be found
@@ -122,7 +125,7 @@ def _comms(group: dist.ProcessGroup) -> _RingComms:
                 "likely causes: a member of the ring raised or exited, did not call TokenRing "
                 "(or setup_token_ring_group) with this group, or passed a different group"
             ) from exc
-        comms = _COMMS[group] = _RingComms(out, check, timeout)
+        comms = _COMMS[group] = _RingComms(out, check, timeout, backend)
     return comms
 
 
@@ -150,6 +153,16 @@ def timeout_of(group: dist.ProcessGroup) -> timedelta:
     return _comms(group).timeout
 
 
+def backend_of(group: dist.ProcessGroup) -> str:
+    return _comms(group).backend
+
+
+def lanes(pos: RingPosition) -> tuple[Lane, Lane]:
+    """(Q lane on the ring group, return lane on its second communicator) for one ring call."""
+    comms = _comms(pos.group)
+    return Lane(pos.group, pos, comms), Lane(comms.out, pos, comms)
+
+
 _GLOBAL_RANKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -168,21 +181,21 @@ def describe_peer(group: dist.ProcessGroup, rank: int) -> str:
 class Lane:
     """P2P transfers on one communicator: post a batch, wait for all of it later.
 
-    Every wait is bounded by the communicator's timeout; a failure becomes a TokenRingCommError
-    that names the peers and the step of the batch.
+    Every wait is bounded by the ring's timeout; a failure becomes a TokenRingCommError that
+    names the peers and the step of the batch. Per post only the facts are kept (the message is
+    written if a transfer fails): this runs at every step of every ring call.
     """
 
-    def __init__(self, group: dist.ProcessGroup, ring: dist.ProcessGroup, rank: int):
+    def __init__(self, group: dist.ProcessGroup, pos: RingPosition, comms: _RingComms):
         self.group = group
-        self.ring = ring  # the ring group (names the peers in errors)
-        self.rank = rank
+        self.pos = pos  # names this rank and the peers (ring ranks) in errors
         self._global = _global_ranks(group)
-        self._works: list = []
-        self._about: dict[int, str] = {}  # id(work) -> what it carried, for errors
+        # (work, (what, step, send peers, receive peers)) of every post not waited for yet
+        self._works: list[tuple] = []
         self.step = 0
         # On gloo a wait blocks this thread: give the whole wait one deadline. On NCCL a wait
         # only orders the stream (the host must not block), and NCCL's watchdog bounds it.
-        self._host_waits = dist.get_backend(group) == "gloo"
+        self._timeout_s = comms.timeout.total_seconds() if comms.backend == "gloo" else None
 
     def post(
         self,
@@ -198,14 +211,12 @@ class Lane:
         ops += [dist.P2POp(dist.irecv, t, self._global[p], self.group) for t, p in recvs]
         if not ops:
             return []
-        about = self._describe(sends, recvs, what)
+        about = (what, self.step, [p for _, p in sends], [p for _, p in recvs])
         try:
             works = dist.batch_isend_irecv(ops)
         except RuntimeError as exc:
             raise self._error(about, exc) from exc
-        self._works.extend(works)
-        for w in works:
-            self._about[id(w)] = about
+        self._works.extend((w, about) for w in works)
         if what == "q":
             COUNTERS.q_messages += len(sends)
         else:
@@ -218,29 +229,27 @@ class Lane:
     def wait(self, works: list | None = None) -> None:
         """Wait for `works` (one post's handles), or for everything posted so far."""
         if works is None:
-            works, self._works = self._works, []
+            pending, self._works = self._works, []
         else:
-            self._works = [w for w in self._works if all(w is not x for x in works)]
-        deadline = time.monotonic() + timeout_of(self.ring).total_seconds()
-        for work in works:
-            about = self._about.pop(id(work), "")
+            pending = [e for e in self._works if any(e[0] is w for w in works)]
+            self._works = [e for e in self._works if all(e[0] is not w for w in works)]
+        deadline = None if self._timeout_s is None else time.monotonic() + self._timeout_s
+        for work, about in pending:
             try:
-                if self._host_waits:
-                    left = max(deadline - time.monotonic(), 0.001)
-                    work.wait(timedelta(seconds=left))
-                else:
+                if deadline is None:
                     work.wait()
+                else:
+                    work.wait(timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
             except RuntimeError as exc:
                 raise self._error(about, exc) from exc
 
-    def _describe(self, sends, recvs, what: str) -> str:
-        parts = [f"send to {describe_peer(self.ring, p)}" for p in {p for _, p in sends}]
-        parts += [f"receive from {describe_peer(self.ring, p)}" for p in {p for _, p in recvs}]
-        return f"{what} transfer at step {self.step} ({', '.join(parts)})"
-
-    def _error(self, about: str, exc: BaseException) -> TokenRingCommError:
-        timeout = timeout_of(self.ring).total_seconds()
+    def _error(self, about: tuple, exc: BaseException) -> TokenRingCommError:
+        what, step, sends, recvs = about
+        ring = self.pos.group
+        parts = [f"send to {describe_peer(ring, p)}" for p in dict.fromkeys(sends)]
+        parts += [f"receive from {describe_peer(ring, p)}" for p in dict.fromkeys(recvs)]
         return TokenRingCommError(
-            f"TokenRing {about} failed on {describe_peer(self.ring, self.rank)}: "
-            f"{str(exc).strip().splitlines()[0][:300]}; " + _LIKELY_CAUSES.format(timeout=timeout)
+            f"TokenRing {what} transfer at step {step} ({', '.join(parts)}) failed on "
+            f"{describe_peer(ring, self.pos.rank)}: {str(exc).strip().splitlines()[0][:300]}; "
+            + _LIKELY_CAUSES.format(timeout=timeout_of(ring).total_seconds())
         )

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .comm import COUNTERS, Lane, RingPosition, out_group_for
+from .comm import COUNTERS, Lane, RingPosition, lanes
 from .kernels import BlockKernel, run_block
 from .layout import Layout
 from .merge import PartialMerge
@@ -72,8 +72,7 @@ def ring_forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of our queries against every rank's K/V. q_lens: every rank's query length."""
     layout, rank, n = call.layout, pos.rank, pos.size
-    q_lane = Lane(pos.group, pos.group, rank)
-    out_lane = Lane(out_group_for(pos.group), pos.group, rank)
+    q_lane, out_lane = lanes(pos)
     own_kv = call.join(k, v, joint_kv)
     b, _, h, d = layout.dims(q)
     held_q = q.contiguous()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import weakref
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,7 +49,7 @@ class _Graph:
     graph: torch.cuda.CUDAGraph
     inputs: list[Any]  # flattened inputs; tensors are the static input buffers
     outputs: list[Any]
-    out_spec: Any
+    out_spec: Any  # None: the outputs were a plain tuple of tensors (a ring call's (out, lse))
 
 
 _MISSING = object()
@@ -74,7 +74,7 @@ class GraphCache:
         _LIVE.add(self)
 
     def __call__(
-        self, key: Hashable, leaves: list[Any], run: Callable[[list[Any]], Any], group
+        self, key: Hashable, leaves: Sequence[Any], run: Callable[[Sequence[Any]], Any], group
     ) -> Any:
         entry = self._graphs.get(key, _MISSING)
         if entry is _MISSING and self.max_entries is not None:
@@ -92,6 +92,8 @@ class GraphCache:
                 static.copy_(x)
         entry.graph.replay()
         self.stats.replays += 1
+        if entry.out_spec is None:  # the per-call ring path: no pytree work on every replay
+            return tuple(x.clone() for x in entry.outputs)
         outs = [x.clone() if isinstance(x, torch.Tensor) else x for x in entry.outputs]
         return tree_unflatten(outs, entry.out_spec)
 
@@ -123,6 +125,8 @@ class GraphCache:
             self.stats.refused.append(reason or "capture failed on another rank")
             return None
         self.stats.captures += 1
+        if type(outputs) is tuple and all(isinstance(x, torch.Tensor) for x in outputs):
+            return _Graph(graph, static, list(outputs), None)
         out_leaves, out_spec = tree_flatten(outputs)
         return _Graph(graph, static, out_leaves, out_spec)
 
@@ -167,7 +171,7 @@ RING_GRAPHS = GraphCache()
 
 def run_graphed(key: Hashable, inputs: tuple[torch.Tensor, ...], run, group) -> Any:
     """run(inputs) through the ring's graph cache under `key` (same key on every ring rank)."""
-    return RING_GRAPHS(key, list(inputs), lambda xs: run(tuple(xs)), group)
+    return RING_GRAPHS(key, inputs, run, group)
 
 
 def clear_graphs() -> None:

@@ -230,15 +230,19 @@ def xdit_worker(rank: int, nproc: int, report, cfg: CompareConfig, impl: str) ->
     pipe, kwargs = build_pipeline(cfg, device)
     wrapper = {"pixart": xFuserPixArtAlphaPipeline, "flux": xFuserFluxPipeline}[cfg.model]
     xpipe = wrapper(pipe, engine_config)
-    calls = _count_ring_calls()
+    from ...hosts.calls import calls_by_host
+
+    own_ring = _count_xdit_ring_calls()
+    token_ring_before = calls_by_host().get("xdit", 0)
     last = rank == nproc - 1
     timer = StepTimer(device, report if last else None)
     result = _timed_call(xpipe, kwargs, cfg, timer, report if last else _quiet)
+    token_ring = calls_by_host().get("xdit", 0) - token_ring_before
     return dict(
         result,
         rank=rank,
         ranks=nproc,
-        ring_calls=dict(calls),
+        ring_calls=dict(token_ring=token_ring, **own_ring),
         ring_impl=list(selection.xdit_ring_impl()),
         attention_backend=get_runtime_state().attention_backend.name,
         **_environment(),
@@ -316,25 +320,20 @@ def _count_diffusers_ring_calls() -> dict[str, int]:
     return calls
 
 
-def _count_ring_calls() -> dict[str, int]:
-    """Count calls into TokenRing's xDiT entry point and into xDiT's own ring (torch's
-    templated ring under `usp.ring_attn`): both module globals are looked up at call time."""
+def _count_xdit_ring_calls() -> dict[str, int]:
+    """Count calls into xDiT's own ring (torch's templated ring under `usp.ring_attn`, a module
+    global looked up at call time); TokenRing's come from tokenring_xdit.calls_by_host()."""
     import xfuser.model_executor.layers.usp as usp
 
-    from ...hosts import xdit as xdit_ring
+    calls = {"xdit_ring": 0}
+    templated = usp._templated_ring_attention
 
-    calls = {"token_ring": 0, "xdit_ring": 0}
+    def counted(*args, **kwargs):
+        calls["xdit_ring"] += 1
+        return templated(*args, **kwargs)
 
-    def counting(fn, key):
-        def counted(*args, **kwargs):
-            calls[key] += 1
-            return fn(*args, **kwargs)
-
-        counted.__wrapped__ = fn
-        return counted
-
-    xdit_ring.usp_ring_attn = counting(xdit_ring.usp_ring_attn, "token_ring")
-    usp._templated_ring_attention = counting(usp._templated_ring_attention, "xdit_ring")
+    counted.__wrapped__ = templated
+    usp._templated_ring_attention = counted
     return calls
 
 
