@@ -155,9 +155,26 @@ _VARS = (*(var for var, _, _ in ENV.values()), NCCL_P2P_DISABLE)
 _cache: list = [None, None]  # [environment snapshot, RingConfig]
 
 
+# CPython's os.environ keeps encoded values in `_data`; other Pythons take the public path.
+_DATA = getattr(os.environ, "_data", None)
+_KEYS = (
+    tuple(os.environ.encodekey(var) for var in _VARS)
+    if _DATA is not None and hasattr(os.environ, "encodekey")
+    else None
+)
+
+
+def _snapshot() -> tuple:
+    """Our variables' raw values. current() runs on every ring call: reading `_data` directly
+    is ~20x cheaper than os.environ.get, which encodes the key and decodes the value."""
+    if _KEYS is None:
+        return tuple(os.environ.get(var) for var in _VARS)
+    return tuple([_DATA.get(key) for key in _KEYS])
+
+
 def current() -> RingConfig:
     """The configuration the environment gives now (re-parsed only when it changed)."""
-    snapshot = tuple(os.environ.get(var) for var in _VARS)
+    snapshot = _snapshot()
     if snapshot != _cache[0]:
         _cache[1] = RingConfig.from_env()
         _cache[0] = snapshot
