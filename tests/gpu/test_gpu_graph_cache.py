@@ -35,13 +35,14 @@ def test_replays_equal_eager(nested: bool) -> None:
     eager.load_state_dict(block.state_dict())
     graph_transformer(block)
     with torch.no_grad():
-        for i in range(4):
+        for _ in range(4):
             x = torch.randn(8, 64, device="cuda")
             got, want = block(x, scale=2.0), eager(x, scale=2.0)
             if nested:
                 assert torch.equal(got["out"], want["out"]) and got["extra"][1] == 3
                 assert torch.equal(got["extra"][0], want["extra"][0])
             else:
-                assert type(got) is tuple and all(torch.equal(a, b) for a, b in zip(got, want))
+                assert type(got) is tuple
+                assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
     stats = graph_stats(block)
     assert (stats.captures, stats.replays) == (1, 3), stats
