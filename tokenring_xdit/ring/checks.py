@@ -61,6 +61,7 @@ _PROBLEMS = {
     11: "q, k and v must be on the ring backend's device type ({device} for this group), not {got}",
     12: "softmax_scale must be a finite positive number",
     13: "the kernel could not be used on this rank ({detail})",
+    16: "the kernel does not support this call on this rank ({detail})",
     14: "causal=True: `positions` are not this rank's zigzag positions (rank r holds chunks r "
     "and 2N-1-r of 2N equal chunks); cut the shards with tokenring_xdit.shard(x, group, "
     "causal=True), whose positions are tokenring_xdit.ring.sharding.zigzag_positions(...)",
@@ -69,7 +70,7 @@ _PROBLEMS = {
     "yunchang's EXTRACT_FUNC_DICT['token_ring'] (both record the split for the group), or "
     "pass the shard's global token positions as positions=",
 }
-_NOT_IMPLEMENTED = (6, 8)
+_NOT_IMPLEMENTED = (6, 8, 16)
 
 # header slots (int64 each); one size for every exchange on a check communicator
 _KIND, _PROBLEM, _B, _H, _HK, _D, _DV, _SQ, _SKV = range(9)
@@ -131,7 +132,7 @@ class CallSpec:
     validate: str
     joint_kv: tuple[torch.Tensor, torch.Tensor] | None = None
     positions: torch.Tensor | None = None
-    problem: int = 0  # a problem found before the check (13: the kernel), with its text
+    problem: int = 0  # found before the check (13/16: the kernel's ValueError/NotImplemented)
     detail: str = ""
 
 
