@@ -206,7 +206,7 @@ def test_causal_layout_and_kernel_are_checked_everywhere(name, needles):
     results = _launch(name)
     _assert_all_raise(results, "ValueError", *needles)
     if name == "kernel_name_rank1":  # the rank that has the problem says what it is
-        assert "unknown kernel 'no_such_kernel'" in results[1].error, results[1].error
+        assert "unknown kernel 'no_such_kernel'" in results[1].trace, results[1].trace
 
 
 @pytest.mark.timeout(90)
