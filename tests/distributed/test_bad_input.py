@@ -199,14 +199,21 @@ def test_unsupported_modes_raise_not_implemented_everywhere(name, needles):
         ("causal_torch_chunk", ["local lengths [4, 6]", "torch.chunk makes unequal chunks"]),
         ("causal_wrong_positions", ["rank(s) [0, 1]", "not this rank's zigzag positions"]),
         # a kernel name only one rank cannot use: every rank raises, naming that rank
-        ("kernel_name_rank1", ["rank(s) [1]", "kernel could not be used on this rank"]),
     ],
 )
 def test_causal_layout_and_kernel_are_checked_everywhere(name, needles):
-    results = _launch(name)
-    _assert_all_raise(results, "ValueError", *needles)
-    if name == "kernel_name_rank1":  # the rank that has the problem says what it is
-        assert "unknown kernel 'no_such_kernel'" in results[1].trace, results[1].trace
+    _assert_all_raise(_launch(name), "ValueError", *needles)
+
+
+@pytest.mark.timeout(90)
+def test_a_kernel_name_only_one_rank_cannot_use_fails_every_rank():
+    """Every rank raises; the rank that has the problem says what it is, the others point to it."""
+    r0, r1 = _launch("kernel_name_rank1")
+    for r in (r0, r1):
+        assert r.error_type == "ValueError" and "rank(s) [1]" in r.error, (r.rank, r.error)
+        assert "the kernel cannot be used" in r.error, r.error
+    assert "unknown kernel 'no_such_kernel'" in r1.error, r1.error
+    assert "that rank's own error says why" in r0.error, r0.error
 
 
 @pytest.mark.timeout(90)

@@ -60,8 +60,8 @@ _PROBLEMS = {
     10: "final_chunks (argument, or TOKENRING_XDIT_FINAL_CHUNKS) must be a positive integer",
     11: "q, k and v must be on the ring backend's device type ({device} for this group), not {got}",
     12: "softmax_scale must be a finite positive number",
-    13: "the kernel could not be used on this rank (the reason: that rank's {detail})",
-    16: "the kernel does not support this call on this rank (the reason: that rank's {detail})",
+    13: "the kernel cannot be used: {detail}",
+    16: "the kernel does not support this call: {detail}",
     14: "causal=True: `positions` are not this rank's zigzag positions (rank r holds chunks r "
     "and 2N-1-r of 2N equal chunks); cut the shards with tokenring_xdit.shard(x, group, "
     "causal=True), whose positions are tokenring_xdit.ring.sharding.zigzag_positions(...)",
@@ -285,18 +285,18 @@ def _raise_for(metas: list[list[int]], spec: CallSpec, rank: int, device_type: s
         lines = []
         for r, c in bad:
             got = _device_name(metas[r][_DEVICE])
+            # only the rank itself knows a kernel's reason; the others point to its error
+            detail = spec.detail if r == rank else "that rank's own error says why"
             text = _PROBLEMS[c].format(
-                layout=spec.layout.name, device=device_type, got=got, detail="its error's cause"
+                layout=spec.layout.name, device=device_type, got=got, detail=detail
             )
             lines.append(f"rank {r}: {text}")
         kind = NotImplementedError if all(c in _NOT_IMPLEMENTED for _, c in bad) else ValueError
-        # the same message on every rank; the rank that knows more chains it as the cause
-        cause = ValueError(spec.detail) if spec.detail else None
         raise kind(
             "TokenRing input rejected on ring rank(s) {}:\n  {}".format(
                 [r for r, _ in bad], "\n  ".join(lines)
             )
-        ) from cause
+        )
     for i, name in _MUST_AGREE.items():
         values = [m[i] for m in metas]
         if len(set(values)) > 1:
