@@ -46,21 +46,31 @@ def _bundle_part(call: BlockCall, bundle, held: str, wanted: str, length: int):
 
 
 def block_backward(
-    call: BlockCall, pos: RingPosition, q_lens: tuple[int, ...], dout, q, k, v, out, lse
+    call: BlockCall,
+    pos: RingPosition,
+    q_lens: tuple[int, ...],
+    dout,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    transport=lanes,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of this rank's q, k, v, in their dtypes. out/lse: the forward's result."""
+    """(dq, dk, dv) of this rank's q, k, v, in their dtypes. out/lse: the forward's result;
+    `transport` as in `block_forward`."""
     layout, rank, n = call.layout, pos.rank, pos.size
     plan = call.schedule.block_steps(rank, n)
     dout = dout.contiguous()
-    delta = row_delta(dout, out, layout)
     if n == 1:
+        # the kernel reads O itself: no delta, no accumulators, no copies (what SDPA does)
         COUNTERS.kernel_calls += 1
-        args = (dout, q, k, v, out, lse, delta, call.scale, layout, plan[0].causal)
+        args = (dout, q, k, v, out, lse, None, call.scale, layout, plan[0].causal)
         return call.pair.run_backward(*args)
-    q_lane, ret_lane = lanes(pos)
-    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
-    dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+    delta = row_delta(dout, out, layout)  # travels instead of O (one fp32 per row)
+    q_lane, ret_lane = transport(pos)
+    # fp32 sums, started from step 0's block (our own Q against all our K/V: every position)
+    dq = dk = dv = None
     held = [q.contiguous(), dout, lse.contiguous(), delta]
     prev_dq = None
     for st in plan:
@@ -88,14 +98,24 @@ def block_backward(
             block_dq, block_dk, block_dv = call.pair.run_backward(
                 do_b, q_b, k_b, v_b, own_out, lse_b, delta_b, call.scale, layout, st.causal
             )
-            layout.seq_slice(dk, kv_sl).add_(block_dk)
-            layout.seq_slice(dv, kv_sl).add_(block_dv)
+            if st.step == 0:
+                dk, dv = _fp32(block_dk, k), _fp32(block_dv, v)
+            else:
+                layout.seq_slice(dk, kv_sl).add_(block_dk)
+                layout.seq_slice(dv, kv_sl).add_(block_dv)
         q_lane.wait()
         ret_lane.wait()
         if st.step == 0:
-            dq.add_(block_dq)
+            dq = _fp32(block_dq, q)
         elif ret is not None:
             layout.seq_slice(dq, part_slice(st.ret_recv_part, q_lens[rank])).add_(ret)
         prev_dq = block_dq.contiguous() if block_dq is not None and st.step > 0 else None
         held = next_held if next_held is not None else held
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def _fp32(grad: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """An fp32 accumulator holding `grad` (a new tensor: the kernel's output may be a view)."""
+    if grad.dtype == torch.float32 and grad.shape == like.shape and grad.is_contiguous():
+        return grad  # fp32 kernels (math, CPU) return a fresh tensor we may add into
+    return grad.to(torch.float32, copy=True)

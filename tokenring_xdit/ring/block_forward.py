@@ -42,9 +42,12 @@ class BlockCall:
 
 
 def block_forward(
-    call: BlockCall, pos: RingPosition, q_lens: tuple[int, ...], q, k, v
+    call: BlockCall, pos: RingPosition, q_lens: tuple[int, ...], q, k, v, transport=lanes
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out in q's dtype, lse (b, h, s) fp32) of our queries against every rank's K/V."""
+    """(out in q's dtype, lse (b, h, s) fp32) of our queries against every rank's K/V.
+
+    `transport(pos)` gives the (Q lane, return lane) pair; benchmarks/replay_rank.py passes a
+    local one to time a rank's kernel sequence on one GPU."""
     layout, rank, n = call.layout, pos.rank, pos.size
     b, _, h, d = layout.dims(q)
     dv = v.shape[3]
@@ -53,7 +56,7 @@ def block_forward(
         COUNTERS.kernel_calls += 1
         out, lse = call.pair.run_forward(q, k, v, call.scale, layout, plan[0].causal)
         return out.to(q.dtype), lse.float()
-    q_lane, ret_lane = lanes(pos)
+    q_lane, ret_lane = transport(pos)
     held = q.contiguous()
     merge = prev = None
     for st in plan:
