@@ -5,15 +5,18 @@
 torch caches cuDNN's backward plan under q/k/v's shapes and strides only, while the plan also
 bakes in the strides of O and dO. Each scenario below uses its own sequence length (so its own
 cache entry) and calls torch's cuDNN backward op directly, in the order given, reporting the
-relative max error of dq/dk/dv vs fp64 autograd:
+relative max error of dq/dk/dv vs fp64 autograd (b 2, h 4, d 128):
 
-- fresh_standin: the stand-in X (dense, q's order) is the first O this key sees;
-- sliced_o_then_*: the first call passes the real O as a strided slice of a larger tensor, the
-  next ones pass X, the real O made dense, and X with the slice's strides;
+- fresh_standin: the stand-in X (dense, q's order) is the first O this key sees; then the real O;
+- permuted_o_*: the first call passes the real O and dO with (b, s, h, d) memory (same values,
+  same footprint, other strides), the next ones pass the dense X, the dense real O, and X with
+  the permuted strides (a first version used O/dO sliced from a longer tensor: the reused plan
+  then read past the dense tensors, an illegal memory access, see
+  docs/benchmarks/session5/diag_cudnn_backward_stale_plan_1xH100.txt);
+- pair_standin_after_permuted: the `cudnn` pair (stand-in, out=None) on a key that a raw call
+  with permuted O/dO planned first (torch's cache is process-wide: the pair cannot undo that);
 - dense_o_then_standin: real O (dense) first, then X with the same strides;
-- do_strides: dO dense bhsd first, then dO with bshd memory (O unchanged);
-- pair_standin_after_strided: the `cudnn` pair (stand-in, out=None) on a key that a raw call
-  with strided O/dO planned first (torch's cache is shared: the hazard the pair cannot undo);
+- do_strides: dO dense first, then dO with (b, s, h, d) memory (O unchanged);
 - pair_sliced_o_first / pair_standin_next: the pair alone on a fresh key, the real O passed as
   a strided slice first (the pair lays it out in q's order), the stand-in next.
 """
@@ -79,20 +82,18 @@ def main() -> None:
             r["fresh_standin_again_real_o"] = _err(_bwd(do, q, k, v, o, lse, causal), refs)
 
             q, k, v, do, o, lse, refs = _case(base + 128, dtype, causal, 2)
-            big = torch.zeros(o.shape[0], o.shape[1], 2 * o.shape[2], o.shape[3], **_like(o))
-            big[:, :, : o.shape[2]] = o
-            o_sliced = big[:, :, : o.shape[2]]  # same values, other strides
-            do_sliced = torch.zeros_like(big)[:, :, : o.shape[2]].copy_(do)
+            # same values and footprint, other strides: (b, s, h, d) memory seen as (b, h, s, d)
+            o_perm, do_perm = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (o, do))
             delta = row_delta(do, o, BHSD)
             x = out_standin_bhsd(do, delta, o.stride())
-            r["sliced_o_first"] = _err(_bwd(do_sliced, q, k, v, o_sliced, lse, causal), refs)
-            r["sliced_o_then_dense_standin"] = _err(_bwd(do, q, k, v, x, lse, causal), refs)
-            r["sliced_o_then_dense_real_o"] = _err(_bwd(do, q, k, v, o, lse, causal), refs)
-            xs = out_standin_bhsd(do_sliced, delta, o_sliced.stride())
-            r["sliced_o_then_sliced_standin"] = _err(
-                _bwd(do_sliced, q, k, v, xs, lse, causal), refs
+            r["permuted_o_first"] = _err(_bwd(do_perm, q, k, v, o_perm, lse, causal), refs)
+            r["permuted_o_then_dense_standin"] = _err(_bwd(do, q, k, v, x, lse, causal), refs)
+            r["permuted_o_then_dense_real_o"] = _err(_bwd(do, q, k, v, o, lse, causal), refs)
+            xp = out_standin_bhsd(do_perm, delta, o_perm.stride())
+            r["permuted_o_then_permuted_standin"] = _err(
+                _bwd(do_perm, q, k, v, xp, lse, causal), refs
             )
-            r["pair_standin_after_strided"] = _err(
+            r["pair_standin_after_permuted"] = _err(
                 PAIRS["cudnn"].run_backward(
                     do, q, k, v, None, lse, delta, q.shape[-1] ** -0.5, BHSD, causal
                 ),

@@ -16,12 +16,15 @@ Per (N, tokens per rank T, causal), batch 1, head size 128, bf16 by default:
 - kernels_ms: the same block kernels alone (the schedule's shapes and order, forward then
   backward, nothing else): the split's pure kernel time;
 - whole_ms: SDPA cuDNN forward + backward over the whole sequence of N*T tokens;
-- ratio = replay_ms / (whole_ms / N): 1.0 means the split costs nothing per rank.
+- ratio = replay_ms / (whole_ms / N): 1.0 means the split costs nothing per rank;
+- standin_ms: one O stand-in pass for T travelling queries (paid at N-1 steps or fewer), and the
+  backward Q lane's bytes per token with delta (what TokenRing sends) and with O instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import statistics
@@ -148,6 +151,7 @@ def main() -> None:
     from tokenring_xdit.ring.block_forward import BlockCall
     from tokenring_xdit.ring.layout import BSHD
     from tokenring_xdit.ring.schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
+    from tokenring_xdit.ring.standin import out_standin_bhsd
 
     dtype, h, d = getattr(torch, args.dtype), args.heads, 128
     pair = select_pair(args.kernel, torch.device("cuda"), dtype, d, d, False)
@@ -168,7 +172,15 @@ def main() -> None:
                 row["replay_ms"] = _timed(run, args.warmup, args.iters)
                 run = _kernels_fn(call, args.rank, n, q, k, v, do)
                 row["kernels_ms"] = _timed(run, args.warmup, args.iters)
-                del run, q, k, v, do
+                # the O stand-in of one travelling block of T queries (what the ring pays per
+                # step instead of sending O: (Q, dO, lse, delta) = 2*d*e + 8 bytes per token and
+                # head, (Q, dO, O, lse) would be 3*d*e + 4)
+                do_b = do.transpose(1, 2)
+                delta = torch.randn(1, h, t, device="cuda", generator=gen)
+                row["standin_ms"] = _timed(functools.partial(out_standin_bhsd, do_b, delta), 1, 5)
+                row["lane_bytes_per_token_delta"] = h * (2 * d * do.element_size() + 8)
+                row["lane_bytes_per_token_with_o"] = h * (3 * d * do.element_size() + 4)
+                del run, q, k, v, do, do_b, delta
                 torch.cuda.empty_cache()
                 if not args.no_whole:
                     big = [

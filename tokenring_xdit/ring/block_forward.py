@@ -91,7 +91,7 @@ def block_forward(
         if merge is None:
             # step 0: our own Q against our own K/V. The accumulator stays fp32 throughout: a
             # causal rank merges partials of different parts, so no merge is "last" for all rows.
-            merge = PartialMerge(*block, layout, q.dtype, updates=None, fused=False)
+            merge = PartialMerge(*block, layout, q.dtype, updates=None, eager_fused=True)
         elif ret is not None:
             merge.update(*ret, seq=part_slice(st.ret_recv_part, q_lens[rank]))
         prev = block if st.step > 0 else None
