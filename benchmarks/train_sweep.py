@@ -10,6 +10,12 @@ otherwise. Warm-up excluded, CUDA events, median of --iters. With --check every 
 configuration is first compared (out and dq/dk/dv) with exact attention of the whole sequence.
 Results: JSON (machine, versions, per-config ms); a --nproc-per-node 1 run gives the single-GPU
 time that the fraction of ideal (t_1 / (N t_N)) is computed from.
+
+Baselines: yunchang's basic and zigzag rings (zigzag is causal-only: its non-causal rows run the
+basic ring) with flash-attn, or without it TokenRing's cuDNN pair behind yunchang's FA kernel
+functions (`yunchang_kernel` in the JSON says which); torch's templated ring with its flash and
+its cuDNN ops (head-tail load balancing for causal calls only, as torch requires); ulysses
+(yunchang's LongContextAttention, FA kernels as above).
 """
 
 from __future__ import annotations
