@@ -6,10 +6,10 @@
 The replay runs TokenRing's own training loops (`ring/block_forward.py`, `ring/backward.py`)
 for rank --rank of a ring of N with the real schedules (`ring/schedules/`: causal zigzag and the
 non-causal table), the real kernel pair and every per-step op the rank runs (merges, the O
-stand-in, dK/dV/dQ sums), but with a local transport: a post fills each receive buffer from a
-random pool (one copy, what the transfer would write) and sends nothing. So it times the
-rank's compute at ring N without N GPUs; communication (hidden behind the kernels on a fast
-fabric) is not in it.
+stand-in, dK/dV/dQ sums), but on a ring object whose lanes are local: a post fills each
+receive buffer from a random pool (one copy, what the transfer would write) and sends nothing.
+So it times the rank's compute at ring N without N GPUs; communication (hidden behind the
+kernels on a fast fabric) is not in it.
 
 Per (N, tokens per rank T, causal), batch 1, head size 128, bf16 by default:
 - replay_ms: forward + backward of the rank (median of --iters);
@@ -71,21 +71,26 @@ def _timed(fn, warmup: int, iters: int) -> float:
     return statistics.median(times)
 
 
+class LocalRing:
+    """What the training loops use of a ring (rank, size, lanes()), with local lanes."""
+
+    def __init__(self, rank: int, size: int):
+        self.rank, self.size, self._pool = rank, size, {}
+
+    def lanes(self):
+        return LocalLane(self._pool), LocalLane(self._pool)
+
+
 def _replay_fn(call, rank, n, q, k, v, do):
     from tokenring_xdit.ring.backward import block_backward
     from tokenring_xdit.ring.block_forward import block_forward
-    from tokenring_xdit.ring.comm import RingPosition
 
-    pos = RingPosition(None, rank, n)
-    pool: dict = {}
+    ring = LocalRing(rank, n)
     q_lens = (q.shape[1],) * n
 
-    def transport(_pos):
-        return LocalLane(pool), LocalLane(pool)
-
     def run():
-        out, lse = block_forward(call, pos, q_lens, q, k, v, transport)
-        block_backward(call, pos, q_lens, do, q, k, v, out, lse, transport)
+        out, lse = block_forward(call, ring, q_lens, q, k, v)
+        block_backward(call, ring, q_lens, do, q, k, v, out, lse)
 
     return run
 

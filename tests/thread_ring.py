@@ -1,7 +1,7 @@
 """A ring of N ranks as N threads of one process: TokenRing's training loops with a queue transport.
 
 Lets one device (one GPU, or the CPU) run the real forward/backward loops of every rank of a ring
-(`block_forward` / `block_backward` take the transport as an argument): each post puts copies of
+(they use rank, size and lanes() of the ring they are given): each post puts copies of
 the sent tensors in the receiver's queue for that lane, each wait copies the queued tensors
 into the receive buffers (FIFO per lane, sender and receiver; the loops post in the same order
 on both sides). On CUDA all threads share the device's current stream, so a copy enqueued after
@@ -15,8 +15,6 @@ import threading
 from collections import defaultdict
 
 import torch
-
-from tokenring_xdit.ring.comm import RingPosition
 
 TIMEOUT_S = 60
 
@@ -49,18 +47,25 @@ class ThreadLane:
         self._pending = []
 
 
+class ThreadRing:
+    """What the training loops use of a ring: rank, size and lanes() (queue lanes)."""
+
+    def __init__(self, mail: _Mail, rank: int, size: int):
+        self.rank, self.size, self._mail = rank, size, mail
+
+    def lanes(self):
+        return ThreadLane(self._mail, "q", self.rank), ThreadLane(self._mail, "ret", self.rank)
+
+
 def run_ring(n: int, rank_fn) -> list:
-    """rank_fn(pos, transport) on N threads; returns their results in rank order."""
+    """rank_fn(ring) on N threads, one ThreadRing each; returns their results in rank order."""
     mail = _Mail()
     results: list = [None] * n
     errors: list = []
 
-    def transport(pos):
-        return ThreadLane(mail, "q", pos.rank), ThreadLane(mail, "ret", pos.rank)
-
     def body(rank):
         try:
-            results[rank] = rank_fn(RingPosition(None, rank, n), transport)
+            results[rank] = rank_fn(ThreadRing(mail, rank, n))
         except BaseException as exc:  # re-raised in the caller
             errors.append(exc)
 
@@ -115,11 +120,10 @@ def ring_case(n, causal, lens, b, h, d, dtype, device, pair, layout, seed=0):
     call = BlockCall(schedule=schedule, pair=pair, layout=layout, scale=d**-0.5)
     q_lens = tuple(2 * x for x in lens) if causal else tuple(lens)
 
-    def rank_fn(pos, transport):
-        r = pos.rank
-        ql, kl, vl, dol = (local(x, r) for x in (q, k, v, do))
-        out, lse = block_forward(call, pos, q_lens, ql, kl, vl, transport)
-        grads = block_backward(call, pos, q_lens, dol, ql, kl, vl, out, lse, transport)
+    def rank_fn(ring):
+        ql, kl, vl, dol = (local(x, ring.rank) for x in (q, k, v, do))
+        out, lse = block_forward(call, ring, q_lens, ql, kl, vl)
+        grads = block_backward(call, ring, q_lens, dol, ql, kl, vl, out, lse)
         return [out, *grads]
 
     results = run_ring(n, rank_fn)

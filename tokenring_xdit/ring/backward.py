@@ -14,7 +14,8 @@ import torch
 
 from .backward_kernels import row_delta
 from .block_forward import BlockCall
-from .comm import COUNTERS, RingPosition, lanes
+from .checks import Ring
+from .comm import COUNTERS
 from .schedules.blocks import part_len, part_slice
 
 __all__ = ["block_backward"]
@@ -47,19 +48,9 @@ def _bundle_part(call: BlockCall, bundle, held: str, wanted: str, length: int):
 
 
 def block_backward(
-    call: BlockCall,
-    pos: RingPosition,
-    q_lens: tuple[int, ...],
-    dout,
-    q,
-    k,
-    v,
-    out,
-    lse,
-    transport=lanes,
+    call: BlockCall, pos: Ring, q_lens: tuple[int, ...], dout, q, k, v, out, lse
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of this rank's q, k, v, in their dtypes. out/lse: the forward's result;
-    `transport` as in `block_forward`."""
+    """(dq, dk, dv) of this rank's q, k, v, in their dtypes. out/lse: the forward's result."""
     layout, rank, n = call.layout, pos.rank, pos.size
     plan = call.schedule.block_steps(rank, n)
     dout = dout.contiguous()
@@ -69,7 +60,7 @@ def block_backward(
         args = (dout, q, k, v, out, lse, None, call.scale, layout, plan[0].causal)
         return call.pair.run_backward(*args)
     delta = row_delta(dout, out, layout)  # travels instead of O (one fp32 per row)
-    q_lane, ret_lane = transport(pos)
+    q_lane, ret_lane = pos.lanes()
     # Sums start from step 0's block (our own Q against all our K/V: every position). A position
     # gets at most N contributions; with N = 2 the input dtype's own add (fp32 math, one
     # rounding) equals an fp32 sum rounded once, so fp32 accumulators only from N = 3 on.
