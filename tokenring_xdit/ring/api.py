@@ -12,6 +12,7 @@ from .checks import check_inputs, needs_grad
 from .comm import RingPosition
 from .forward import RingCall, local_forward, ring_forward
 from .function import train_attn
+from .gqa import gqa_kernel
 from .graphs import graphs_wanted, run_graphed
 from .kernels import BlockKernel, KeyedKernel, select_kernel
 from .layout import Layout, get_layout
@@ -72,6 +73,8 @@ def token_ring_attn(
     if causal or needs_grad(q, k, v):
         return train_attn(q, k, v, pos, shapes.q_lens, layout, scale, causal, kernel, deterministic)
     fn, key = _resolve_kernel(kernel, kernel_key, q, v)
+    if k.shape[layout.head_dim] != q.shape[layout.head_dim]:  # GQA: K/V keep their head count
+        fn, key = gqa_kernel(fn, key, q.device, q.dtype, q.shape[3], v.shape[3])
     call = RingCall(
         schedule=NON_CAUSAL,
         kernel=fn,

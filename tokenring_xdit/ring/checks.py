@@ -37,7 +37,8 @@ _DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 _PROBLEMS = {
     1: "q, k and v must be 4-d tensors in the {layout} layout",
     2: "q, k and v must share one floating dtype (float32, float16, bfloat16 or float64)",
-    3: "k and v must match q in batch size and head count (GQA is not supported)",
+    3: "k and v must match q in batch size and have one head count that divides q's (GQA/MQA: "
+    "q heads = g x K/V heads, query head i uses K/V head i // g)",
     4: "k and v must have the same sequence length",
     5: "q and k must have the same head size",
     6: "causal=True needs zigzag shards: q, k and v of one length per rank, even when the ring "
@@ -111,7 +112,7 @@ def _local_problem(q, k, v, layout: Layout, causal: bool, device_type: str, join
     if device_type != "any" and q.device.type != device_type:
         return 11
     (b, _, h, d), (bk, sk, hk, dk), (bv, sv, hv, _) = (layout.dims(x) for x in (q, k, v))
-    if (bk, hk) != (b, h) or (bv, hv) != (b, h):
+    if (bk, bv) != (b, b) or hk != hv or not hk or h % hk:
         return 3
     if sk != sv:
         return 4

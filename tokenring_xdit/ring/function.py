@@ -15,6 +15,7 @@ from .backward import block_backward
 from .backward_kernels import select_pair
 from .block_forward import BlockCall, block_forward
 from .comm import RingPosition
+from .gqa import gqa_pair
 from .layout import Layout
 from .schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
 
@@ -53,6 +54,8 @@ def train_attn(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The block-schedule path, after the input handshake (`api.token_ring_attn` calls it)."""
     pair = select_pair(kernel, q.device, q.dtype, q.shape[3], v.shape[3], deterministic)
+    if k.shape[layout.head_dim] != q.shape[layout.head_dim]:  # GQA: K/V keep their head count
+        pair = gqa_pair(pair, q.device, q.dtype, q.shape[3], v.shape[3])
     schedule = CAUSAL_ZIGZAG if causal else NON_CAUSAL_BLOCKS
     call = BlockCall(schedule=schedule, pair=pair, layout=layout, scale=scale)
     return TokenRingAttention.apply(q, k, v, call, pos, q_lens)
