@@ -247,9 +247,14 @@ def _transformers(rank, n, torch):
 
 def _worker(rank, n):
     import torch
+    import torch.distributed as dist
+
+    from tokenring_xdit.ring import comm
 
     torch.set_num_threads(1)
+    comm.setup_token_ring_group(None)  # None: the default group, as in token_ring_attn
     return {
+        "setup_none": dist.group.WORLD in comm._COMMS,
         "gqa": _gqa_cases(rank, n, torch),
         "unshard": _unshard_roundtrip(torch),
         "yunchang": _yunchang_gqa(rank, n, torch),
@@ -283,6 +288,11 @@ def test_gqa_sends_what_mha_with_the_same_query_sends(n):
     for rank, res in enumerate(_launch(n)):
         for tag, got in res["gqa"].items():
             assert got["bytes"] > 0 and got["bytes"] == got["bytes_mha"], (n, rank, tag, got)
+
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+def test_setup_token_ring_group_none_sets_up_the_default_group(n):
+    assert all(res["setup_none"] for res in _launch(n))
 
 
 @pytest.mark.parametrize("n", WORLD_SIZES)

@@ -133,8 +133,11 @@ def setup_token_ring_group(group: dist.ProcessGroup | None) -> None:
     """Create the extra communicators of `group` now instead of at its first TokenRing call.
 
     Optional: a ring call creates them itself. Called by the ring's members only (a rank
-    outside any ring passes None); idempotent.
+    outside every ring does not call it); idempotent. group=None is the default group, as in
+    `token_ring_attn` (nothing to set up without torch.distributed).
     """
+    if group is None and dist.is_initialized():
+        group = dist.group.WORLD
     if group is not None and dist.get_world_size(group) > 1:
         _comms(group)
 
