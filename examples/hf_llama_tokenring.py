@@ -25,7 +25,7 @@ from tokenring_xdit.integrations import transformers as tr_hf
 
 
 def build(impl: str, args: argparse.Namespace) -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, LlamaConfig
 
     cfg = LlamaConfig(
         vocab_size=args.vocab,
@@ -38,7 +38,7 @@ def build(impl: str, args: argparse.Namespace) -> torch.nn.Module:
         use_cache=False,
     )
     torch.manual_seed(0)  # the same weights on every rank and for the single process
-    model = LlamaForCausalLM._from_config(cfg, attn_implementation=impl, dtype=args.torch_dtype)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=impl, dtype=args.torch_dtype)
     return model.to(args.device).train()
 
 

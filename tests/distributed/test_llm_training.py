@@ -152,39 +152,39 @@ def _yunchang_gqa(rank, n, torch):
 
 def _llama(kv_heads, impl):
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, LlamaConfig
 
     cfg = LlamaConfig(
-        vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=64,
         tie_word_embeddings=False,
     )  # fmt: skip
     torch.manual_seed(0)  # the same weights on every rank and in the single process
-    return LlamaForCausalLM._from_config(cfg, attn_implementation=impl)
+    return AutoModelForCausalLM.from_config(cfg, attn_implementation=impl)
 
 
 def _bert(impl):
     import torch
-    from transformers import BertConfig, BertForMaskedLM
+    from transformers import AutoModelForMaskedLM, BertConfig
 
     cfg = BertConfig(
-        vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
         num_attention_heads=4, max_position_embeddings=64, hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
     )  # fmt: skip
     torch.manual_seed(0)
-    return BertForMaskedLM._from_config(cfg, attn_implementation=impl)
+    return AutoModelForMaskedLM.from_config(cfg, attn_implementation=impl)
 
 
 def _batches(torch, causal: bool):
     gen = torch.Generator().manual_seed(5)
     out = []
     for _ in range(3):
-        ids = torch.randint(0, 96, (2, SEQ), generator=gen)
+        ids = torch.randint(0, 64, (2, SEQ), generator=gen)
         labels = None
         if not causal:  # masked LM: a third of the positions are predicted, the rest ignored
             keep = torch.rand(2, SEQ, generator=gen) < 0.33
-            labels = torch.where(keep, torch.randint(0, 96, (2, SEQ), generator=gen), -100)
+            labels = torch.where(keep, torch.randint(0, 64, (2, SEQ), generator=gen), -100)
         out.append((ids, labels))
     return out
 
