@@ -234,6 +234,31 @@ def _compare(build, torch, causal):
     }
 
 
+def _refusals(torch):
+    """Through the integration: position ids that are not this rank's zigzag positions (here:
+    contiguous shards, as a naive split gives) are refused on every rank by the causal check,
+    although `shard_batch` declared a zigzag split; so is a decode step (generate)."""
+    from tokenring_xdit.integrations import transformers as tr_hf
+
+    model = _llama(2, "token_ring")
+    ids = torch.randint(0, 64, (2, SEQ))
+    batch = tr_hf.shard_batch(ids, causal=True)
+    local = batch["input_ids"].shape[1]
+    rank = torch.distributed.get_rank()
+    batch["position_ids"] = torch.arange(rank * local, (rank + 1) * local).expand(2, -1)
+    found = {}
+    for name, call in {
+        "contiguous_positions": lambda: model(**batch),
+        "generate": lambda: model.generate(batch["input_ids"], max_new_tokens=2),
+    }.items():
+        try:
+            call()
+            found[name] = "no error"
+        except (ValueError, NotImplementedError) as exc:
+            found[name] = f"{type(exc).__name__}: {exc}"
+    return found
+
+
 def _transformers(rank, n, torch):
     from tokenring_xdit.integrations import transformers as tr_hf
 
@@ -242,6 +267,7 @@ def _transformers(rank, n, torch):
         f"llama-kv{kv}": _compare(functools.partial(_llama, kv), torch, True) for kv in (4, 2, 1)
     }
     out["bert"] = _compare(_bert, torch, False)
+    out["refusals"] = _refusals(torch)
     return out
 
 
@@ -249,12 +275,13 @@ def _worker(rank, n):
     import torch
     import torch.distributed as dist
 
-    from tokenring_xdit.ring import comm
+    from tokenring_xdit.ring import setup_token_ring_group
+    from tokenring_xdit.ring.comm import groups
 
     torch.set_num_threads(1)
-    comm.setup_token_ring_group(None)  # None: the default group, as in token_ring_attn
+    setup_token_ring_group(None)  # None: the default group, as in token_ring_attn
     return {
-        "setup_none": dist.group.WORLD in comm._COMMS,
+        "setup_none": dist.group.WORLD in groups._COMMS,
         "gqa": _gqa_cases(rank, n, torch),
         "unshard": _unshard_roundtrip(torch),
         "yunchang": _yunchang_gqa(rank, n, torch),
@@ -320,3 +347,16 @@ def test_transformers_training_matches_one_process(n, model):
         assert got["loss_err"] <= LOSS_TOL, (n, rank, model, got)
         assert got["grad_rel_err"] <= GRAD_REL_TOL, (n, rank, model, got)
         assert len(set(got["losses"])) == 3, got  # it trains: the loss moves every step
+
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+def test_transformers_refuses_wrong_positions_and_decoding_on_every_rank(n):
+    for rank, res in enumerate(_launch(n)):
+        got = res["transformers"]["refusals"]
+        assert got["contiguous_positions"].startswith("ValueError"), (rank, got)
+        assert "zigzag positions" in got["contiguous_positions"], (rank, got)
+        # the prefill step already fails: its positions (0..s-1 on every rank) are no zigzag
+        # shard's; the message says what generate needs
+        assert got["generate"].startswith("ValueError"), (rank, got)
+        assert "shard_batch" in got["generate"], (rank, got)
+        assert "generate is not sequence-parallel" in got["generate"], (rank, got)

@@ -322,6 +322,15 @@ def _usp_part(rank: int, spec: dict, calls: _Calls) -> dict:
             run = _run_counted(calls, cases[name])
             run["out"] = _np(run["out"])
             results[f"{impl}/{name}"] = run
+    if ring > 1:  # ring ranks that chose different rings: one ValueError on each, no hang
+        _select("token_ring" if ring_rank == 0 else "default")
+        try:
+            cases["plain"]()
+            results["mismatch"] = "no error"
+        except ValueError as exc:
+            results["mismatch"] = str(exc)
+        _select(spec["impls"][-1])
+        results["after_mismatch"] = _np(cases["plain"]())
     return results
 
 

@@ -25,8 +25,9 @@ causal shards must be zigzag (`shard_batch`, which also declares that layout for
 causal calls), labels must be shifted over the WHOLE sequence before sharding (the last token of
 one shard predicts the first token of another rank's shard), and the loss must be averaged over
 the tokens of all ranks (`ring_loss`), with the parameter gradients summed over the ring's ranks
-(`sync_gradients`). Decoding (`model.generate`) is not sequence-parallel: a decode step is
-refused with the way out (switch the model to "sdpa" on one process).
+(`sync_gradients`). Decoding (`model.generate`) is not sequence-parallel: over several ranks its
+prefill fails the causal layout check (contiguous positions), on one rank its first decode step
+is refused; both errors say the way out (switch the model to "sdpa" on one process).
 """
 
 from __future__ import annotations
@@ -43,6 +44,14 @@ __all__ = ["NAME", "register", "unregister", "shard_batch", "ring_loss", "sync_g
 
 NAME = "token_ring"
 IGNORE_INDEX = -100  # transformers' and torch's cross-entropy default
+
+
+_POSITIONS_HINT = (
+    "  (transformers: the model's position_ids must be the global positions of this rank's "
+    "zigzag shard: cut the batch with tokenring_xdit.integrations.transformers.shard_batch. "
+    "model.generate is not sequence-parallel: generate on one process after "
+    "model.set_attn_implementation('sdpa'))"
+)
 
 
 class TokenRingAttention:
@@ -65,7 +74,20 @@ class TokenRingAttention:
     ) -> tuple[torch.Tensor, None]:
         causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
         self._refuse(attention_mask, query, key, causal, kwargs)
-        out = token_ring_attn_func(
+        # decoders pass the global position ids: the causal check verifies the zigzag layout
+        # with them (packed sequences, whose positions restart, are refused there)
+        positions = kwargs.get("position_ids") if causal else None
+        try:
+            out = self._ring(query, key, value, dropout, scaling, causal, positions, kwargs)
+        except ValueError as exc:
+            if "positions" not in str(exc):
+                raise
+            # every rank raises this same error; say what it means under transformers
+            raise ValueError(f"{exc}\n{_POSITIONS_HINT}") from exc
+        return out.transpose(1, 2), None
+
+    def _ring(self, query, key, value, dropout, scaling, causal, positions, kwargs):
+        return token_ring_attn_func(
             query,
             key,
             value,
@@ -76,8 +98,8 @@ class TokenRingAttention:
             group=self.group,
             layout="bhsd",
             kernel=self.kernel,
+            positions=positions,
         )
-        return out.transpose(1, 2), None
 
     def _refuse(self, attention_mask, query, key, causal: bool, kwargs: dict) -> None:
         if attention_mask is not None:
