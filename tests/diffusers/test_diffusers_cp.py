@@ -65,6 +65,12 @@ def test_training_through_diffusers_ring_matches_one_process(ring2):
         assert grads["loss_err"] <= 1e-6 and grads["grad_rel_err"] <= 1e-4, grads
 
 
+def test_cpu_mode_backward_through_diffusers_ring_is_a_clear_error(ring2):
+    for result in ring2:
+        msg = result["their_ring_grad_error"]
+        assert "forward-only" in msg and "TOKENRING_XDIT_RING_IMPL=token_ring" in msg, msg
+
+
 def test_refusals_on_every_rank(ring2):
     for result in ring2:
         no_lse = result["no_lse_error"]

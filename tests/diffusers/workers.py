@@ -269,6 +269,9 @@ def ring2(rank: int, world_size: int) -> dict:
 
     # refusals, raised on every rank before the ring posts anything
     out["grads"] = _grad_check(inputs)
+    selection.set_xdit_ring_impl("default")  # diffusers' own ring: no CPU backward
+    out["their_ring_grad_error"] = _expect_error(model, inputs, grad=True)
+    selection.set_xdit_ring_impl("token_ring")
     model.set_attention_backend("native")
     out["no_lse_error"] = _expect_error(model, inputs, grad=False)
     model.set_attention_backend(BACKEND)

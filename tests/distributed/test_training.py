@@ -158,7 +158,9 @@ def _rejections(torch):
         "gqa": dict(),
         "custom_kernel": dict(kernel=lambda *a: None),
     }.items():
-        args = (q, k[:, :, :1], v[:, :, :1]) if name == "gqa" else (q, k, v)
+        # 3 K/V heads for 2 query heads: no GQA grouping (K/V heads must divide q heads)
+        kv3 = [torch.cat([x, x[:, :, :1]], dim=2) for x in (k, v)]
+        args = (q, *kv3) if name == "gqa" else (q, k, v)
         try:
             token_ring_attn_func(*args, causal=True, **kwargs)
             found[name] = None
@@ -293,7 +295,7 @@ def test_unsupported_options_rejected_on_every_rank():
         "window": ("NotImplementedError", "window_size=(4, 0)"),
         "softcap": ("NotImplementedError", "softcap=30.0"),
         "alibi": ("NotImplementedError", "alibi_slopes"),
-        "gqa": ("ValueError", "GQA is not supported"),
+        "gqa": ("ValueError", "one head count that divides q's"),
         "custom_kernel": ("NotImplementedError", "kernel with a matching backward"),
     }
     for rank, res in enumerate(_launch(2)):

@@ -83,6 +83,7 @@ class AutoSignature:
     fabric: str
     graphs: bool
     refused: str = ""  # why TokenRing cannot run this call; "" when it can
+    kv_heads: int = 0  # K/V heads under GQA/MQA (0: as many as query heads)
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ def ring_call(
     kv_len: int,
     ring: int,
     refused: str = "",
+    kv_heads: int = 0,
 ) -> AutoSignature:
     """A call's signature: the shapes a host read, dtype and device from `tensor` (its query),
     fabric and graphs from the configuration."""
@@ -118,6 +120,7 @@ def ring_call(
         fabric=cfg.auto_fabric(),
         graphs=cfg.cuda_graphs,
         refused=refused,
+        kv_heads=kv_heads if kv_heads != heads else 0,
     )
 
 
@@ -162,6 +165,7 @@ def _decide(call: AutoSignature) -> Decision:
         call.device_name,
         call.fabric,
         call.graphs,
+        call.batch * call.kv_heads or None,  # GQA: the K/V ring moves g times fewer bytes
     )
     tr_ms, host_ms = ring_times(*args)
     mode = "graphed" if call.graphs else "eager"
@@ -173,6 +177,8 @@ def describe(call: AutoSignature, decision: Decision, host_ring: str) -> str:
     """The rank-0 log line of one decision."""
     what = "TokenRing" if decision.impl == TOKEN_RING else host_ring
     shape = f"{call.heads}x{call.head_dim}" + (f", batch {call.batch}" if call.batch > 1 else "")
+    if call.kv_heads:
+        shape += f", {call.kv_heads} K/V heads"
     tokens = f"{call.q_len * call.ring} tokens"
     if call.kv_len != call.q_len:
         tokens += f" (K/V {call.kv_len * call.ring})"

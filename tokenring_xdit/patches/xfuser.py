@@ -62,7 +62,7 @@ def _usp_call(
     refused = _usp_refusal(dropout_p, is_causal, attention_kwargs)
     # every query meets the joint K/V once: as K/V per rank, 1/ring of it each
     kv_len = key.shape[2] + -(-joint // ring)
-    call = selection.ring_call(query, b, h, d, s, kv_len, ring, refused)
+    call = selection.ring_call(query, b, h, d, s, kv_len, ring, refused, key.shape[1])
     return PROCESS_GROUP.RING_PG, query, call
 
 
@@ -183,7 +183,8 @@ def _long_ctx_call(
         "FP8 descale factors": any(x is not None for x in (q_descale, k_descale, v_descale)),
     }
     refused = ", ".join(name for name, present in unsupported.items() if present)
-    call = selection.ring_call(q, b, h, d, s, k.shape[1] + -(-joint // ring), ring, refused)
+    kv_len = k.shape[1] + -(-joint // ring)
+    call = selection.ring_call(q, b, h, d, s, kv_len, ring, refused, k.shape[2])  # GQA: K/V heads
     return group, q, call
 
 

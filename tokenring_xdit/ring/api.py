@@ -13,6 +13,7 @@ from .checks import CallSpec, agree, digest, needs_grad
 from .comm import RingPosition
 from .forward import RingCall, local_forward, ring_forward
 from .function import train_attn
+from .gqa import gqa_kernel, gqa_pair
 from .graphs import graphs_wanted, run_graphed
 from .kernels import BlockKernel, KeyedKernel, select_kernel
 from .layout import Layout, get_layout
@@ -75,7 +76,9 @@ def token_ring_attn(
     chunks = final_chunks if final_chunks is not None else cfg.final_chunks
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     train = causal or needs_grad(q, k, v)
-    fn, key, family, problem = _resolve_kernel(kernel, kernel_key, q, v, train, deterministic)
+    fn, key, family, problem = _resolve_kernel(
+        kernel, kernel_key, q, k, v, layout, train, deterministic
+    )
     graphs = (cfg.cuda_graphs if cuda_graph is None else cuda_graph) and key is not None
     spec = CallSpec(
         q, k, v, layout, causal, chunks, scale, digest(family), graphs and not train,
@@ -111,21 +114,32 @@ def token_ring_attn(
     return result
 
 
-def _resolve_kernel(kernel, kernel_key, q, v, train: bool, deterministic: bool):
+def _resolve_kernel(kernel, kernel_key, q, k, v, layout, train: bool, deterministic: bool):
     """(kernel or training pair, graph key, family name agreed across ranks, (problem, text)).
 
     A kernel that cannot be used here is reported through the check (problem 13), so every
     rank raises instead of this one alone."""
     try:
+        gqa = q.shape[layout.head_dim] != k.shape[layout.head_dim]  # K/V keep their head count
+        args = (q.device, q.dtype, q.shape[3], v.shape[3])
         if train:
-            pair = select_pair(kernel, q.device, q.dtype, q.shape[3], v.shape[3], deterministic)
-            return pair, None, ("pair", pair.name, deterministic), (0, "")
+            pair = select_pair(kernel, *args, deterministic)
+            return (
+                gqa_pair(pair, *args) if gqa else pair,
+                None,
+                ("pair", pair.name, deterministic),
+                (0, ""),
+            )
         if isinstance(kernel, KeyedKernel):
-            return kernel, kernel.key, kernel.key, (0, "")
-        if callable(kernel):
-            return kernel, kernel_key, kernel_key if kernel_key is not None else kernel, (0, "")
-        name, fn = select_kernel(kernel, q.device, q.dtype, q.shape[3], v.shape[3])
-        return fn, kernel, name, (0, "")
+            fn, key, family = kernel, kernel.key, kernel.key
+        elif callable(kernel):
+            fn, key, family = kernel, kernel_key, kernel_key if kernel_key is not None else kernel
+        else:
+            family, fn = select_kernel(kernel, *args)
+            key = kernel
+        if gqa:
+            fn, key = gqa_kernel(fn, key, *args)
+        return fn, key, family, (0, "")
     except (ValueError, NotImplementedError, RuntimeError, IndexError) as exc:
         # (IndexError: q is not 4-d, which the check reports as such)
         code = 16 if isinstance(exc, NotImplementedError) else 13

@@ -46,7 +46,8 @@ TRANSPORT_CODES = {"torch": 0}
 _PROBLEMS = {
     1: "q, k and v must be 4-d tensors in the {layout} layout",
     2: "q, k and v must share one floating dtype (float32, float16, bfloat16 or float64)",
-    3: "k and v must match q in batch size and head count (GQA is not supported)",
+    3: "k and v must match q in batch size and have one head count that divides q's (GQA/MQA: "
+    "q heads = g x K/V heads, query head i uses K/V head i // g)",
     4: "k and v must have the same sequence length",
     5: "q and k must have the same head size",
     6: "causal=True needs zigzag shards: q, k and v of one even length (two equal halves, "
@@ -209,7 +210,7 @@ def _local_problem(spec: CallSpec, device_type: str) -> int:
     if device_type != "any" and q.device.type != device_type:
         return 11
     (b, _, h, d), (bk, sk, hk, dk), (bv, sv, hv, _) = (layout.dims(x) for x in (q, k, v))
-    if (bk, hk) != (b, h) or (bv, hv) != (b, h):
+    if (bk, bv) != (b, b) or hk != hv or not hk or h % hk:
         return 3
     if sk != sv:
         return 4
