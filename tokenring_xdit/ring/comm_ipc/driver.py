@@ -21,6 +21,7 @@ __all__ = [
     "available",
     "close_peer",
     "driver",
+    "memcpy",
     "open_peer",
     "tensor_at",
     "wait_value",
@@ -183,3 +184,13 @@ def wait_value(stream: torch.cuda.Stream, addr: int, value: int) -> None:
         cu.cuStreamWaitValue32(cu.CUstream(stream.cuda_stream), addr, value, flags),
         "cuStreamWaitValue32",
     )
+
+
+def memcpy(stream: torch.cuda.Stream, dst: int, src: int, nbytes: int) -> None:
+    """Enqueue a copy of `nbytes` on `stream` (unified addresses: same GPU, or a peer GPU's
+    memory opened by IPC): a plain cuMemcpyAsync, no kernel of ours (between GPUs the copy
+    engines move it; within one GPU the driver chooses)."""
+    if nbytes:
+        cu = driver()
+        _ensure_context(stream.device.index)
+        _check(cu.cuMemcpyAsync(dst, src, nbytes, cu.CUstream(stream.cuda_stream)), "cuMemcpyAsync")

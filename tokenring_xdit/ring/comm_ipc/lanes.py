@@ -1,0 +1,392 @@
+"""TokenRing's lanes over CUDA IPC: copies into the peer's receive buffer, ordered by flag words.
+
+A second implementation of the lane contract (`post(sends, recvs, what)` -> handles,
+`wait(handles=None)`, `step` named in errors) for ranks that share a GPU (where NCCL refuses to
+run) or whose GPUs can access each other. Per ring (the group) and process: one flag page and,
+per lane and sending peer, one receive buffer ("inbox"), allocated on first use and grown when a
+message does not fit; the IPC handles travel once over the ring's CPU (gloo) group. A post
+enqueues, per peer, on the lane's send stream: wait until the peer's inbox is free, copy the
+pieces into it (cuMemcpyAsync), flag it READY in the peer's page; and on the lane's receive
+stream: wait for READY, copy the pieces out into the caller's tensors, flag the inbox free again
+in the sender's page (`protocol.py` has the words; docs/how-it-works.md the per-step sketch).
+No SM runs any of it. `wait` orders the caller's stream after the copies and blocks the host
+until they are done, at most the group's timeout: a dead or hung peer becomes
+`TokenRingCommError` naming ranks, step and lane, after which our streams are released and the
+ring refuses further calls. Eager only: the host waits cannot be captured into CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ..comm import (
+    _LIKELY_CAUSES,
+    COUNTERS,
+    RingPosition,
+    TokenRingCommError,
+    _global_ranks,
+    check_group_for,
+    describe_peer,
+    timeout_of,
+)
+from . import driver as drv
+from .protocol import LANES, READY, TAKEN, grown_capacity, pack, page_bytes, word_offset
+
+__all__ = ["IpcLane", "IpcRing", "ipc_lanes"]
+
+LANE_NAMES = ("q", "return")
+_TAG = 0x7E10  # gloo tags of the inbox handshakes (plus the lane index)
+
+
+def ipc_lanes(pos: RingPosition) -> tuple[IpcLane, IpcLane]:
+    """(Q lane, return lane) over CUDA IPC for one ring call; the ring's buffers and flags are
+    set up by its members' first call (collectively, on the ring's CPU group)."""
+    ring = _RINGS.get(pos.group)
+    if ring is None:
+        device = torch.cuda.current_device() if torch.cuda.is_available() else -1
+        ring = _RINGS[pos.group] = IpcRing(pos, device)
+    ring.check_usable()
+    return IpcLane(ring, 0), IpcLane(ring, 1)
+
+
+_RINGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _poll(event: torch.cuda.Event, deadline: float) -> bool:
+    """Wait for `event` until `deadline` (monotonic); back off from spinning to 1 ms sleeps."""
+    pause = 0.0
+    while not event.query():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(pause)
+        pause = min(1e-3, pause * 2 or 1e-6)
+    return True
+
+
+@dataclass
+class _Work:
+    event: torch.cuda.Event
+    about: tuple  # (what, step, send peers, receive peers), for the error message
+
+
+class IpcRing:
+    """One process's IPC state for one ring group: flag pages, inboxes, streams."""
+
+    def __init__(self, pos: RingPosition, device: int):
+        self.group, self.rank, self.size, self.device = pos.group, pos.rank, pos.size, device
+        self.pos = pos
+        self.cpu = check_group_for(pos.group)
+        self.timeout_s = timeout_of(pos.group).total_seconds()
+        self.global_ranks = _global_ranks(pos.group)
+        self.broken: str | None = None
+        self.page, self.pages = self._open_pages()
+        self.inbox: dict[tuple[int, int], drv.DeviceMemory] = {}  # (lane, sender) -> ours
+        self.outbox: dict[tuple[int, int], tuple[int, int]] = {}  # (lane, receiver) -> ptr, cap
+        self.retired: list[drv.DeviceMemory] = []  # outgrown inboxes (a late copy may land)
+        self.mapped: list[int] = [p for r, p in enumerate(self.pages) if r != self.rank]
+        self.send_streams = [torch.cuda.Stream(device) for _ in range(LANES)]
+        self.recv_streams = [torch.cuda.Stream(device) for _ in range(LANES)]
+        self.outstanding: list[torch.cuda.Event] = []
+        self._health = _Health()
+        fin = weakref.finalize(
+            self, _free, self._health, self.page, self.inbox, self.retired, self.mapped, device
+        )
+        fin.atexit = False  # at exit the driver frees everything, and may be gone already
+
+    # --- setup -------------------------------------------------------------------------------
+
+    def _open_pages(self) -> tuple[drv.DeviceMemory, list[int]]:
+        """Our flag page and every rank's, mapped here. Collective on the CPU group: a rank that
+        cannot run the transport makes every rank raise the same error."""
+        page, problem, handle, uuid = None, None, None, None
+        try:
+            page = drv.DeviceMemory.alloc(page_bytes(self.size), self.device)  # zeros: all free
+            handle = page.handle()
+            uuid = str(torch.cuda.get_device_properties(self.device).uuid)
+        except (RuntimeError, AssertionError) as exc:  # no cuda-bindings, no CUDA, no driver
+            problem = str(exc).strip().splitlines()[0][:300]
+        everyone: list = [None] * self.size
+        try:
+            dist.all_gather_object(everyone, (handle, uuid, problem), group=self.cpu)
+        except RuntimeError as exc:
+            if page is not None:
+                page.free()
+            raise TokenRingCommError(
+                f"TokenRing could not set up the IPC transport on "
+                f"{describe_peer(self.group, self.rank)}: a ring rank did not take part "
+                f"({str(exc).strip().splitlines()[0][:200]}); "
+                + _LIKELY_CAUSES.format(timeout=self.timeout_s)
+            ) from exc
+        if not any(p for _, _, p in everyone):
+            problem = self._peer_problem([u for _, u, _ in everyone])
+            problems: list = [None] * self.size
+            dist.all_gather_object(problems, problem, group=self.cpu)
+            everyone = [(h, u, p) for (h, u, _), p in zip(everyone, problems, strict=True)]
+        if any(p for _, _, p in everyone):
+            if page is not None:
+                page.free()
+            lines = [f"ring rank {r}: {p}" for r, (_, _, p) in enumerate(everyone) if p]
+            raise ValueError(
+                "TOKENRING_XDIT_TRANSPORT=ipc needs CUDA, the cuda-bindings package, and every "
+                "ring rank's GPU to be this GPU or a peer it can access "
+                "(torch.cuda.can_device_access_peer); use TOKENRING_XDIT_TRANSPORT=nccl for "
+                "this ring:\n  " + "\n  ".join(lines)
+            )
+        pages = [
+            page.ptr if r == self.rank else drv.open_peer(h, self.device)
+            for r, (h, _, _) in enumerate(everyone)
+        ]
+        return page, pages
+
+    def _peer_problem(self, uuids: list[str]) -> str | None:
+        local = {
+            str(torch.cuda.get_device_properties(i).uuid): i
+            for i in range(torch.cuda.device_count())
+        }
+        bad = []
+        for r, uuid in enumerate(uuids):
+            j = local.get(uuid)
+            if j is None:
+                bad.append(f"GPU {uuid} of ring rank {r} is not visible here")
+            elif j != self.device and not torch.cuda.can_device_access_peer(self.device, j):
+                bad.append(f"cuda:{self.device} cannot access cuda:{j} of ring rank {r}")
+        return "; ".join(bad) or None
+
+    def ensure_capacity(
+        self, lane: int, send_bytes: dict[int, int], recv_bytes: dict[int, int], deadline: float
+    ) -> None:
+        """Grow inboxes that a message will not fit, and learn the peers' grown ones.
+
+        Both ends decide from the same message size and the same capacity history, so a new
+        handle is sent exactly when the other end expects one. Sends (ours) go out before any
+        receive is waited for, so a ring of handshakes cannot deadlock.
+        """
+        works = []
+        for peer, need in recv_bytes.items():
+            old = self.inbox.get((lane, peer))
+            cap = grown_capacity(need, old.nbytes if old else 0)
+            if cap:
+                mem = drv.DeviceMemory.alloc(cap, self.device, zero=False)
+                if old is not None:
+                    self.retired.append(old)
+                self.inbox[(lane, peer)] = mem
+                msg = torch.tensor([cap, *struct.unpack("<8q", mem.handle())], dtype=torch.int64)
+                dst = self.global_ranks[peer]
+                works.append((dist.isend(msg, dst=dst, group=self.cpu, tag=_TAG + lane), msg))
+        answers = []
+        for peer, need in send_bytes.items():
+            _, cap = self.outbox.get((lane, peer), (0, 0))
+            if grown_capacity(need, cap):
+                buf = torch.empty(9, dtype=torch.int64)
+                src = self.global_ranks[peer]
+                work = dist.irecv(buf, src=src, group=self.cpu, tag=_TAG + lane)
+                works.append((work, buf))
+                answers.append((peer, buf))
+        for work, _ in works:
+            left = max(deadline - time.monotonic(), 0.001)
+            if not work.wait(timeout=_seconds(left)):
+                raise TimeoutError(f"no inbox handshake within {self.timeout_s:.0f} s")
+        for peer, buf in answers:
+            cap, *words = buf.tolist()
+            ptr = drv.open_peer(struct.pack("<8q", *words), self.device)
+            self.mapped.append(ptr)  # an outgrown mapping stays until the ring goes
+            self.outbox[(lane, peer)] = (ptr, cap)
+
+    # --- flags and failure --------------------------------------------------------------------
+
+    def word(self, owner: int, lane: int, peer: int, kind: int) -> int:
+        """Address (here) of the (lane, peer, kind) flag word in `owner`'s page."""
+        return self.pages[owner] + word_offset(lane, peer, kind, self.size)
+
+    def check_usable(self) -> None:
+        if self.broken:
+            raise TokenRingCommError(
+                f"TokenRing: an earlier IPC transfer of this ring failed on "
+                f"{describe_peer(self.group, self.rank)} ({self.broken}); its buffers are in an "
+                "unknown state: create a new process group for the ring"
+            )
+
+    def fail(self, why: str) -> None:
+        """Mark the ring unusable and release our streams from flags no peer will write, so
+        that nothing queued behind them (a device synchronize) hangs the process."""
+        self.broken = self._health.broken = why
+        stream = torch.cuda.Stream(self.device)
+        end = time.monotonic() + 2.0
+        while any(not e.query() for e in self.outstanding) and time.monotonic() < end:
+            for lane in range(LANES):
+                for peer in range(self.size):
+                    drv.write_value(stream, self.word(self.rank, lane, peer, READY), 1)
+                    drv.write_value(stream, self.word(self.rank, lane, peer, TAKEN), 0)
+            stream.synchronize()
+            time.sleep(1e-3)
+        self.outstanding.clear()
+
+
+def _seconds(s: float):
+    from datetime import timedelta
+
+    return timedelta(seconds=s)
+
+
+@dataclass
+class _Health:
+    broken: str | None = None
+
+
+def _free(health: _Health, page, inbox, retired, mapped, device) -> None:
+    """Finalizer of an IpcRing (its group is gone): unmap the peers' memory, free ours. A
+    broken ring keeps it (a stream may still wait on it; freeing would synchronize)."""
+    if health.broken:
+        return
+    try:
+        torch.cuda.synchronize(device)
+        for ptr in mapped:
+            drv.close_peer(ptr, device)
+        for mem in [page, *inbox.values(), *retired]:
+            mem.free()
+    except Exception:  # interpreter or driver shutting down: the process exit frees it all
+        pass
+
+
+class IpcLane:
+    """One lane of an IpcRing (0: Q lane, 1: return lane); see the module docstring."""
+
+    def __init__(self, ring: IpcRing, index: int):
+        self.ring, self.index = ring, index
+        self.group, self.pos = ring.group, ring.pos
+        self.step = 0
+        self._works: list[_Work] = []
+
+    def post(
+        self,
+        sends: list[tuple[torch.Tensor, int]],
+        recvs: list[tuple[torch.Tensor, int]],
+        what: str,
+    ) -> list[_Work]:
+        """Enqueue the copies of sends/recvs (tensor, ring rank); `wait` completes them."""
+        if not sends and not recvs:
+            return []
+        ring, lane = self.ring, self.index
+        about = (what, self.step, [p for _, p in sends], [p for _, p in recvs])
+        ring.check_usable()
+        if torch.cuda.is_current_stream_capturing():
+            raise NotImplementedError(
+                "TokenRing's ipc transport runs eagerly (its waits are bounded on the host); "
+                "it cannot be captured into a CUDA graph: set TOKENRING_XDIT_CUDA_GRAPHS=0"
+            )
+        sends = [(t if t.is_contiguous() else t.contiguous(), p) for t, p in sends]
+        for t, _ in recvs:
+            if not t.is_contiguous() or t.device.index != ring.device:
+                raise RuntimeError("an IPC receive needs a dense tensor on the ring's GPU")
+        out, into = _by_peer(sends), _by_peer(recvs)
+        deadline = time.monotonic() + ring.timeout_s
+        try:
+            ring.ensure_capacity(
+                lane,
+                {p: pack([_nbytes(t) for t in ts])[1] for p, ts in out.items()},
+                {p: pack([_nbytes(t) for t in ts])[1] for p, ts in into.items()},
+                deadline,
+            )
+        except (RuntimeError, TimeoutError) as exc:
+            ring.fail(f"inbox handshake at step {self.step}")
+            raise self._error(about, exc) from exc
+        current = torch.cuda.current_stream(ring.device)
+        works = []
+        if out:
+            stream = ring.send_streams[lane]
+            stream.wait_stream(current)  # the payload is produced on the caller's stream
+            for peer, ts in out.items():
+                offsets, _ = pack([_nbytes(t) for t in ts])
+                taken = ring.word(ring.rank, lane, peer, TAKEN)
+                drv.wait_value(stream, taken, 0)  # the peer has copied our last message out
+                drv.write_value(stream, taken, 1)
+                base = ring.outbox[(lane, peer)][0]
+                for t, off in zip(ts, offsets, strict=True):
+                    drv.memcpy(stream, base + off, t.data_ptr(), _nbytes(t))
+                    t.record_stream(stream)
+                drv.write_value(stream, ring.word(peer, lane, ring.rank, READY), 1)
+            works.append(self._record(stream, about))
+        if into:
+            stream = ring.recv_streams[lane]
+            stream.wait_stream(current)  # fresh receive tensors may reuse memory in use there
+            for peer, ts in into.items():
+                offsets, _ = pack([_nbytes(t) for t in ts])
+                ready = ring.word(ring.rank, lane, peer, READY)
+                drv.wait_value(stream, ready, 1)
+                drv.write_value(stream, ready, 0)
+                base = ring.inbox[(lane, peer)].ptr
+                for t, off in zip(ts, offsets, strict=True):
+                    drv.memcpy(stream, t.data_ptr(), base + off, _nbytes(t))
+                    t.record_stream(stream)
+                drv.write_value(stream, ring.word(peer, lane, ring.rank, TAKEN), 0)
+            works.append(self._record(stream, about))
+        self._works.extend(works)
+        _count(what, sends)
+        return works
+
+    def _record(self, stream: torch.cuda.Stream, about: tuple) -> _Work:
+        event = torch.cuda.Event()
+        event.record(stream)
+        self.ring.outstanding.append(event)
+        return _Work(event, about)
+
+    def wait(self, works: list | None = None) -> None:
+        """Wait for `works` (one post's handles), or for everything posted on this lane."""
+        if works is None:
+            pending, self._works = self._works, []
+        else:
+            pending = [w for w in self._works if any(w is x for x in works)]
+            self._works = [w for w in self._works if all(w is not x for x in works)]
+        ring = self.ring
+        deadline = time.monotonic() + ring.timeout_s
+        current = torch.cuda.current_stream(ring.device)
+        for work in pending:
+            if not _poll(work.event, deadline):
+                what, step = work.about[:2]
+                ring.fail(f"{what} transfer at step {step} timed out")
+                raise self._error(
+                    work.about, TimeoutError(f"not done within {ring.timeout_s:.0f} s")
+                )
+            current.wait_event(work.event)
+            ring.outstanding = [e for e in ring.outstanding if e is not work.event]
+
+    def _error(self, about: tuple, exc: BaseException) -> TokenRingCommError:
+        what, step, sends, recvs = about
+        ring = self.pos.group
+        parts = [f"send to {describe_peer(ring, p)}" for p in dict.fromkeys(sends)]
+        parts += [f"receive from {describe_peer(ring, p)}" for p in dict.fromkeys(recvs)]
+        return TokenRingCommError(
+            f"TokenRing {what} transfer at step {step} on the {LANE_NAMES[self.index]} lane "
+            f"(ipc; {', '.join(parts)}) failed on {describe_peer(ring, self.pos.rank)}: "
+            f"{str(exc).strip().splitlines()[0][:300]}; "
+            + _LIKELY_CAUSES.format(timeout=self.ring.timeout_s)
+        )
+
+
+def _by_peer(pairs: list[tuple[torch.Tensor, int]]) -> OrderedDict:
+    grouped: OrderedDict = OrderedDict()
+    for t, p in pairs:
+        grouped.setdefault(p, []).append(t)
+    return grouped
+
+
+def _count(what: str, sends: list[tuple[torch.Tensor, int]]) -> None:
+    """The same counters as the torch.distributed lanes (tests compare the schedules)."""
+    if what == "q":
+        COUNTERS.q_messages += len(sends)
+    else:
+        COUNTERS.partial_messages += len(sends)
+    for t, p in sends:
+        COUNTERS.bytes_sent += _nbytes(t)
+        COUNTERS.by_peer[p] = COUNTERS.by_peer.get(p, 0) + 1
