@@ -39,7 +39,7 @@ from ..comm import (
 from . import driver as drv
 from .protocol import LANES, READY, TAKEN, grown_capacity, pack, page_bytes, word_offset
 
-__all__ = ["IpcLane", "IpcRing", "ipc_lanes"]
+__all__ = ["IpcLane", "IpcRing", "check_replay", "ipc_lanes"]
 
 LANE_NAMES = ("q", "return")
 _TAG = 0x7E10  # gloo tags of the inbox handshakes (plus the lane index)
@@ -203,6 +203,15 @@ class IpcRing:
             self.mapped.append(ptr)  # an outgrown mapping stays until the ring goes
             self.outbox[(lane, peer)] = (ptr, cap)
 
+    def needs_growth(
+        self, lane: int, send_bytes: dict[int, int], recv_bytes: dict[int, int]
+    ) -> bool:
+        inbox = [(n, self.inbox.get((lane, p))) for p, n in recv_bytes.items()]
+        outbox = [(n, self.outbox.get((lane, p), (0, 0))[1]) for p, n in send_bytes.items()]
+        return any(grown_capacity(n, m.nbytes if m else 0) for n, m in inbox) or any(
+            grown_capacity(n, cap) for n, cap in outbox
+        )
+
     # --- flags and failure --------------------------------------------------------------------
 
     def word(self, owner: int, lane: int, peer: int, kind: int) -> int:
@@ -231,6 +240,26 @@ class IpcRing:
             stream.synchronize()
             time.sleep(1e-3)
         self.outstanding.clear()
+
+
+def check_replay(group: dist.ProcessGroup | None) -> None:
+    """After a CUDA-graph replay of a ring call on `group`: wait (host, bounded by the group's
+    timeout) until the replay's work so far is done, as an eager call's lane waits do; raise
+    TokenRingCommError and release our streams if a peer never answered. No-op for a group
+    without IPC lanes."""
+    ring = _RINGS.get(group) if group is not None else None
+    if ring is None:
+        return
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(ring.device))
+    if not _poll(event, time.monotonic() + ring.timeout_s):
+        ring.outstanding.append(event)
+        ring.fail("a CUDA-graph replay timed out")
+        raise TokenRingCommError(
+            f"TokenRing ipc transfers of a CUDA-graph replay did not complete within "
+            f"{ring.timeout_s:.0f} s on {describe_peer(ring.group, ring.rank)}; "
+            + _LIKELY_CAUSES.format(timeout=ring.timeout_s)
+        )
 
 
 def _seconds(s: float):
@@ -280,27 +309,30 @@ class IpcLane:
         ring, lane = self.ring, self.index
         about = (what, self.step, [p for _, p in sends], [p for _, p in recvs])
         ring.check_usable()
-        if torch.cuda.is_current_stream_capturing():
-            raise NotImplementedError(
-                "TokenRing's ipc transport runs eagerly (its waits are bounded on the host); "
-                "it cannot be captured into a CUDA graph: set TOKENRING_XDIT_CUDA_GRAPHS=0"
-            )
+        # Inside a CUDA-graph capture the stream operations are recorded, not run: the buffers
+        # must exist already (the eager warm-up of this signature made them) and the host waits
+        # move to the end of each replay (`check_replay`).
+        capturing = torch.cuda.is_current_stream_capturing()
         sends = [(t if t.is_contiguous() else t.contiguous(), p) for t, p in sends]
         for t, _ in recvs:
             if not t.is_contiguous() or t.device.index != ring.device:
                 raise RuntimeError("an IPC receive needs a dense tensor on the ring's GPU")
         out, into = _by_peer(sends), _by_peer(recvs)
-        deadline = time.monotonic() + ring.timeout_s
-        try:
-            ring.ensure_capacity(
-                lane,
-                {p: pack([_nbytes(t) for t in ts])[1] for p, ts in out.items()},
-                {p: pack([_nbytes(t) for t in ts])[1] for p, ts in into.items()},
-                deadline,
-            )
-        except (RuntimeError, TimeoutError) as exc:
-            ring.fail(f"inbox handshake at step {self.step}")
-            raise self._error(about, exc) from exc
+        send_bytes = {p: pack([_nbytes(t) for t in ts])[1] for p, ts in out.items()}
+        recv_bytes = {p: pack([_nbytes(t) for t in ts])[1] for p, ts in into.items()}
+        if capturing:
+            if ring.needs_growth(lane, send_bytes, recv_bytes):
+                raise RuntimeError(
+                    "TokenRing ipc: a message does not fit its buffer inside a CUDA-graph "
+                    "capture (the eager call before a capture grows the buffers)"
+                )
+        else:
+            deadline = time.monotonic() + ring.timeout_s
+            try:
+                ring.ensure_capacity(lane, send_bytes, recv_bytes, deadline)
+            except (RuntimeError, TimeoutError) as exc:
+                ring.fail(f"inbox handshake at step {self.step}")
+                raise self._error(about, exc) from exc
         current = torch.cuda.current_stream(ring.device)
         works = []
         if out:
@@ -314,9 +346,10 @@ class IpcLane:
                 base = ring.outbox[(lane, peer)][0]
                 for t, off in zip(ts, offsets, strict=True):
                     drv.memcpy(stream, base + off, t.data_ptr(), _nbytes(t))
-                    t.record_stream(stream)
+                    if not capturing:  # a capture's pool keeps its tensors
+                        t.record_stream(stream)
                 drv.write_value(stream, ring.word(peer, lane, ring.rank, READY), 1)
-            works.append(self._record(stream, about))
+            works.append(self._record(stream, about, capturing))
         if into:
             stream = ring.recv_streams[lane]
             stream.wait_stream(current)  # fresh receive tensors may reuse memory in use there
@@ -328,17 +361,19 @@ class IpcLane:
                 base = ring.inbox[(lane, peer)].ptr
                 for t, off in zip(ts, offsets, strict=True):
                     drv.memcpy(stream, t.data_ptr(), base + off, _nbytes(t))
-                    t.record_stream(stream)
+                    if not capturing:
+                        t.record_stream(stream)
                 drv.write_value(stream, ring.word(peer, lane, ring.rank, TAKEN), 0)
-            works.append(self._record(stream, about))
+            works.append(self._record(stream, about, capturing))
         self._works.extend(works)
         _count(what, sends)
         return works
 
-    def _record(self, stream: torch.cuda.Stream, about: tuple) -> _Work:
+    def _record(self, stream: torch.cuda.Stream, about: tuple, capturing: bool) -> _Work:
         event = torch.cuda.Event()
         event.record(stream)
-        self.ring.outstanding.append(event)
+        if not capturing:
+            self.ring.outstanding.append(event)
         return _Work(event, about)
 
     def wait(self, works: list | None = None) -> None:
@@ -351,6 +386,10 @@ class IpcLane:
         ring = self.ring
         deadline = time.monotonic() + ring.timeout_s
         current = torch.cuda.current_stream(ring.device)
+        if torch.cuda.is_current_stream_capturing():  # joins the capture; checked per replay
+            for work in pending:
+                current.wait_event(work.event)
+            return
         for work in pending:
             if not _poll(work.event, deadline):
                 what, step = work.about[:2]
