@@ -36,7 +36,8 @@ def _scenario(rank, n, name):
     world = dist.group.WORLD
     if name == "not_member":
         ring = dist.new_group([0, 1])  # collective: every rank creates it
-        setup_token_ring_group(ring if rank < 2 else None)
+        if rank < 2:  # (None would mean the default group, as in TokenRing calls)
+            setup_token_ring_group(ring)
         q, k, v = _qkv(torch, seed=rank)
         with torch.no_grad():
             out, _ = token_ring_attn(q, k, v, group=ring)  # rank 2 is not in `ring`

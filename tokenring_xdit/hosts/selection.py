@@ -5,9 +5,13 @@ parsers (read when xFuserArgs.from_cli_args / from_runner_args runs, so in every
 the TOKENRING_XDIT_RING_IMPL environment variable (inherited by every worker), then "default".
 
 `auto` decides per call signature (`AutoSignature`), from the planner's cost model
-(`planner.choose`). Every input of the decision is the same on every rank of a ring (shapes of a
-call the rings accept, the device model, the environment), so the ranks never disagree: one
-picking TokenRing while its peer all-gathers would hang both. Decisions are cached per signature.
+(`planner.choose`). Decisions are cached per signature.
+
+Ranks must never disagree (one running TokenRing while its peer all-gathers K/V would hang or
+abort both), so `choose` agrees the choice across the ring before either ring runs
+(ring/checks.agree_ring_choice): each rank's choice, where it came from, and, under `auto`,
+what it decides from besides the shapes (fabric, CUDA graphs, gradients); ranks that differ get
+one ValueError on every rank, and `auto` then decides from the agreed longest lengths.
 """
 
 from __future__ import annotations
@@ -175,6 +179,36 @@ def describe(call: AutoSignature, decision: Decision, host_ring: str) -> str:
     return (
         f"ring attention: auto -> {what} for {shape}, {tokens}, ring {call.ring} ({decision.why})"
     )
+
+
+_CHOICE_CODES = {DEFAULT: 0, TOKEN_RING: 1, AUTO: 2}
+
+
+def choose(group, query, q_len: int, kv_len: int, signature, announce) -> str:
+    """TOKEN_RING or DEFAULT for one host call, the same on every rank of the ring `group`.
+
+    signature(q_len, kv_len) -> AutoSignature builds `auto`'s view from the agreed longest
+    lengths; announce(impl, source, call, decision) logs once (call/decision None unless auto).
+    """
+    from ..ring.checks import agree_ring_choice, needs_grad
+
+    impl, source = xdit_ring_impl()
+    cfg = config.current()
+    inputs = None
+    if impl == AUTO:
+        grad = needs_grad(query, query, query)
+        inputs = (cfg.auto_fabric(), cfg.cuda_graphs, grad, query.dtype, query.device.type)
+    validate = cfg.validate
+    lengths = agree_ring_choice(
+        group, _CHOICE_CODES[impl], source, inputs, (q_len, kv_len), query.device, validate
+    )
+    if impl != AUTO:
+        announce(impl, source, None, None)
+        return impl
+    call = signature(*lengths)
+    decision = decide(call)
+    announce(impl, source, call, decision)
+    return decision.impl
 
 
 def reset_decisions() -> None:

@@ -13,7 +13,8 @@ import torch
 
 from .backward_kernels import row_delta
 from .block_forward import BlockCall
-from .comm import COUNTERS, RingPosition, lanes
+from .checks import Ring
+from .comm import COUNTERS
 from .schedules.blocks import part_len, part_slice
 
 __all__ = ["block_backward"]
@@ -46,7 +47,7 @@ def _bundle_part(call: BlockCall, bundle, held: str, wanted: str, length: int):
 
 
 def block_backward(
-    call: BlockCall, pos: RingPosition, q_lens: tuple[int, ...], dout, q, k, v, out, lse
+    call: BlockCall, pos: Ring, q_lens: tuple[int, ...], dout, q, k, v, out, lse
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of this rank's q, k, v, in their dtypes. out/lse: the forward's result."""
     layout, rank, n = call.layout, pos.rank, pos.size
@@ -57,7 +58,7 @@ def block_backward(
         COUNTERS.kernel_calls += 1
         args = (dout, q, k, v, out, lse, delta, call.scale, layout, plan[0].causal)
         return call.pair.run_backward(*args)
-    q_lane, ret_lane = lanes(pos)
+    q_lane, ret_lane = pos.lanes()
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
     dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)

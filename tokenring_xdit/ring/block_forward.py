@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from .backward_kernels import KernelPair
-from .comm import COUNTERS, RingPosition, lanes
+from .checks import Ring
+from .comm import COUNTERS
 from .layout import Layout
 from .merge import PartialMerge
 from .schedules.blocks import BlockStep, part_len, part_slice, sub_slice
@@ -42,7 +43,7 @@ class BlockCall:
 
 
 def block_forward(
-    call: BlockCall, pos: RingPosition, q_lens: tuple[int, ...], q, k, v
+    call: BlockCall, pos: Ring, q_lens: tuple[int, ...], q, k, v
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out in q's dtype, lse (b, h, s) fp32) of our queries against every rank's K/V."""
     layout, rank, n = call.layout, pos.rank, pos.size
@@ -53,7 +54,7 @@ def block_forward(
         COUNTERS.kernel_calls += 1
         out, lse = call.pair.run_forward(q, k, v, call.scale, layout, plan[0].causal)
         return out.to(q.dtype), lse.float()
-    q_lane, ret_lane = lanes(pos)
+    q_lane, ret_lane = pos.lanes()
     held = q.contiguous()
     merge = prev = None
     for st in plan:
