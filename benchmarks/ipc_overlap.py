@@ -24,7 +24,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from tokenring_xdit.ring.comm_ipc import driver as drv
+from tokenring_xdit.ring.comm.ipc import driver as drv
 from tokenring_xdit.tools.launch import launch
 
 

@@ -56,15 +56,15 @@ def _exchange(rank, n, q_lane, r_lane, step, length):
 def _lanes_worker(rank, n):
     import torch.distributed as dist
 
-    from tokenring_xdit.ring.comm import COUNTERS, RingPosition
-    from tokenring_xdit.ring.comm_ipc.lanes import ipc_lanes
+    from tokenring_xdit.ring.comm import COUNTERS, comms_of
+    from tokenring_xdit.ring.comm.ipc.lanes import ipc_lanes
 
     torch.cuda.set_device(0)
-    pos = RingPosition.of(dist.group.WORLD)
+    comms = comms_of(dist.group.WORLD)
     COUNTERS.reset()
     ok = []
     for call, base in enumerate((1000, 1000, 300_000)):  # reuse, then grow the inboxes
-        q_lane, r_lane = ipc_lanes(pos)
+        q_lane, r_lane = ipc_lanes(comms, rank)
         for step in range(6):
             q_lane.step = r_lane.step = step
             ok.append(_exchange(rank, n, q_lane, r_lane, step, base + 4097 * step * call))
@@ -86,14 +86,13 @@ def _fault_worker(rank, n, report, mode):
 
     import torch.distributed as dist
 
-    from tokenring_xdit.ring.comm import RingPosition
-    from tokenring_xdit.ring.comm_ipc.lanes import ipc_lanes
+    from tokenring_xdit.ring.comm import comms_of
+    from tokenring_xdit.ring.comm.ipc.lanes import ipc_lanes
 
     torch.cuda.set_device(0)
     timeout = datetime.timedelta(seconds=GROUP_TIMEOUT_S)
     dist.distributed_c10d._set_pg_timeout(timeout, dist.group.WORLD)
-    pos = RingPosition.of(dist.group.WORLD)
-    q_lane, r_lane = ipc_lanes(pos)
+    q_lane, r_lane = ipc_lanes(comms_of(dist.group.WORLD), rank)
     start = time.monotonic()
     try:
         for step in range(4):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tokenring_xdit.ring.comm_ipc.protocol import (
+from tokenring_xdit.ring.comm.ipc.protocol import (
     ALIGN,
     LANES,
     READY,
@@ -53,3 +53,42 @@ def test_inboxes_grow_rarely_and_only_when_a_message_does_not_fit():
             assert new >= max(need, 2 * cap) and new % (1 << 20) == 0
             cap, grows = new, grows + 1
     assert grows == 4  # 1 MiB, 2 MiB, 4 MiB, 8 MiB
+
+
+def _metas(transport: str, device: str, gpus: list[int]) -> list[list[int]]:
+    from tokenring_xdit.ring import checks
+
+    metas = []
+    for gpu in gpus:
+        m = [0] * checks._META_LEN
+        m[checks._TRANSPORT] = checks.TRANSPORT_CODES[transport]
+        m[checks._DEVICE] = checks._DEVICE_TYPES.index(device)
+        m[checks._GPU] = gpu
+        metas.append(m)
+    return metas
+
+
+@pytest.mark.parametrize(
+    "transport,device,gpus,backend,want",
+    [
+        ("nccl", "cuda", [7, 7], "nccl", "nccl"),  # asked for: NCCL then refuses, as before
+        ("ipc", "cuda", [7, 8], "nccl", "ipc"),
+        ("auto", "cuda", [7, 8, 9], "nccl", "nccl"),  # one GPU each
+        ("auto", "cuda", [7, 8, 7], "nccl", "ipc"),  # two ranks share a GPU
+        ("auto", "cuda", [7, 8], "gloo", "ipc"),  # gloo cannot move CUDA tensors
+        ("auto", "cpu", [0, 0], "gloo", "nccl"),  # CPU tensors stay on gloo
+    ],
+)
+def test_the_agreed_transport(transport, device, gpus, backend, want):
+    from tokenring_xdit.ring.checks import _resolve_transport
+
+    assert _resolve_transport(_metas(transport, device, gpus), backend) == want
+
+
+def test_transport_setting_is_read_and_validated():
+    from tokenring_xdit.config import RingConfig
+
+    assert RingConfig.from_env({}).transport == "nccl"
+    assert RingConfig.from_env({"TOKENRING_XDIT_TRANSPORT": " IPC "}).transport == "ipc"
+    with pytest.raises(ValueError, match="use one of nccl, ipc, auto"):
+        RingConfig.from_env({"TOKENRING_XDIT_TRANSPORT": "shm"})

@@ -2,7 +2,7 @@
 
 A second implementation of the lane contract (`post(sends, recvs, what)` -> handles,
 `wait(handles=None)`, `step` named in errors) for ranks that share a GPU (where NCCL refuses to
-run) or whose GPUs can access each other. Per ring (the group) and process: one flag page and,
+run) or whose GPUs can access each other. Per ring (its RingComms) and process: one flag page and,
 per lane and sending peer, one receive buffer ("inbox"), allocated on first use and grown when a
 message does not fit; the IPC handles travel once over the ring's CPU (gloo) group. A post
 enqueues, per peer, on the lane's send stream: wait until the peer's inbox is free, copy the
@@ -10,9 +10,11 @@ pieces into it (cuMemcpyAsync), flag it READY in the peer's page; and on the lan
 stream: wait for READY, copy the pieces out into the caller's tensors, flag the inbox free again
 in the sender's page (`protocol.py` has the words; docs/how-it-works.md the per-step sketch).
 No SM runs any of it. `wait` orders the caller's stream after the copies and blocks the host
-until they are done, at most the group's timeout: a dead or hung peer becomes
+until they are done, at most the ring's deadline: a dead or hung peer becomes
 `TokenRingCommError` naming ranks, step and lane, after which our streams are released and the
-ring refuses further calls. Eager only: the host waits cannot be captured into CUDA graphs.
+ring is marked unusable. Inside a CUDA-graph capture the same stream operations are recorded
+(the flag values never change, so replays repeat them) and the host wait moves to the end of
+the call (`ipc_finished`).
 """
 
 from __future__ import annotations
@@ -26,32 +28,24 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..comm import (
-    _LIKELY_CAUSES,
-    COUNTERS,
-    RingPosition,
-    TokenRingCommError,
-    _global_ranks,
-    check_group_for,
-    describe_peer,
-    timeout_of,
-)
+from ..errors import COUNTERS, LIKELY_CAUSES, TokenRingCommError
+from ..groups import RingComms, describe_peer
 from . import driver as drv
 from .protocol import LANES, READY, TAKEN, grown_capacity, pack, page_bytes, word_offset
 
-__all__ = ["IpcLane", "IpcRing", "check_replay", "ipc_lanes"]
+__all__ = ["IpcLane", "IpcRing", "ipc_finished", "ipc_lanes"]
 
-LANE_NAMES = ("q", "return")
+LANE_NAMES = ("Q", "return")
 _TAG = 0x7E10  # gloo tags of the inbox handshakes (plus the lane index)
 
 
-def ipc_lanes(pos: RingPosition) -> tuple[IpcLane, IpcLane]:
+def ipc_lanes(comms: RingComms, rank: int) -> tuple[IpcLane, IpcLane]:
     """(Q lane, return lane) over CUDA IPC for one ring call; the ring's buffers and flags are
     set up by its members' first call (collectively, on the ring's CPU group)."""
-    ring = _RINGS.get(pos.group)
+    ring = _RINGS.get(comms)
     if ring is None:
         device = torch.cuda.current_device() if torch.cuda.is_available() else -1
-        ring = _RINGS[pos.group] = IpcRing(pos, device)
+        ring = _RINGS[comms] = IpcRing(comms, rank, device)
     ring.check_usable()
     return IpcLane(ring, 0), IpcLane(ring, 1)
 
@@ -83,12 +77,11 @@ class _Work:
 class IpcRing:
     """One process's IPC state for one ring group: flag pages, inboxes, streams."""
 
-    def __init__(self, pos: RingPosition, device: int):
-        self.group, self.rank, self.size, self.device = pos.group, pos.rank, pos.size, device
-        self.pos = pos
-        self.cpu = check_group_for(pos.group)
-        self.timeout_s = timeout_of(pos.group).total_seconds()
-        self.global_ranks = _global_ranks(pos.group)
+    def __init__(self, comms: RingComms, rank: int, device: int):
+        self.comms, self.rank, self.size, self.device = comms, rank, len(comms.ranks), device
+        self.cpu = comms.check
+        self.timeout_s = comms.deadline.total_seconds()
+        self.global_ranks = comms.ranks
         self.broken: str | None = None
         self.page, self.pages = self._open_pages()
         self.inbox: dict[tuple[int, int], drv.DeviceMemory] = {}  # (lane, sender) -> ours
@@ -124,9 +117,9 @@ class IpcRing:
                 page.free()
             raise TokenRingCommError(
                 f"TokenRing could not set up the IPC transport on "
-                f"{describe_peer(self.group, self.rank)}: a ring rank did not take part "
+                f"{describe_peer(self.comms, self.rank)}: a ring rank did not take part "
                 f"({str(exc).strip().splitlines()[0][:200]}); "
-                + _LIKELY_CAUSES.format(timeout=self.timeout_s)
+                + LIKELY_CAUSES.format(timeout=self.timeout_s)
             ) from exc
         if not any(p for _, _, p in everyone):
             problem = self._peer_problem([u for _, u, _ in everyone])
@@ -138,8 +131,8 @@ class IpcRing:
                 page.free()
             lines = [f"ring rank {r}: {p}" for r, (_, _, p) in enumerate(everyone) if p]
             raise ValueError(
-                "TOKENRING_XDIT_TRANSPORT=ipc needs CUDA, the cuda-bindings package, and every "
-                "ring rank's GPU to be this GPU or a peer it can access "
+                "The ipc transport (TOKENRING_XDIT_TRANSPORT) needs CUDA, the cuda-bindings "
+                "package, and every ring rank's GPU to be this GPU or a peer it can access "
                 "(torch.cuda.can_device_access_peer); use TOKENRING_XDIT_TRANSPORT=nccl for "
                 "this ring:\n  " + "\n  ".join(lines)
             )
@@ -219,10 +212,11 @@ class IpcRing:
         return self.pages[owner] + word_offset(lane, peer, kind, self.size)
 
     def check_usable(self) -> None:
+        self.comms.ensure_usable()  # the ring's mark (any failure of this ring sets it)
         if self.broken:
             raise TokenRingCommError(
                 f"TokenRing: an earlier IPC transfer of this ring failed on "
-                f"{describe_peer(self.group, self.rank)} ({self.broken}); its buffers are in an "
+                f"{describe_peer(self.comms, self.rank)} ({self.broken}); its buffers are in an "
                 "unknown state: create a new process group for the ring"
             )
 
@@ -230,6 +224,7 @@ class IpcRing:
         """Mark the ring unusable and release our streams from flags no peer will write, so
         that nothing queued behind them (a device synchronize) hangs the process."""
         self.broken = self._health.broken = why
+        self.comms.fail(why)
         stream = torch.cuda.Stream(self.device)
         end = time.monotonic() + 2.0
         while any(not e.query() for e in self.outstanding) and time.monotonic() < end:
@@ -242,24 +237,24 @@ class IpcRing:
         self.outstanding.clear()
 
 
-def check_replay(group: dist.ProcessGroup | None) -> None:
-    """After a CUDA-graph replay of a ring call on `group`: wait (host, bounded by the group's
-    timeout) until the replay's work so far is done, as an eager call's lane waits do; raise
-    TokenRingCommError and release our streams if a peer never answered. No-op for a group
-    without IPC lanes."""
-    ring = _RINGS.get(group) if group is not None else None
-    if ring is None:
+def ipc_finished(comms: RingComms, what: str) -> None:
+    """At the end of a ring call over IPC: wait on the host, at most the ring's deadline, until
+    the call's GPU work so far is done. Eager calls have waited at every step already; for a
+    CUDA-graph replay this is the only wait. A peer that never answered: TokenRingCommError,
+    our streams released, the ring unusable. No-op inside a capture."""
+    ring = _RINGS.get(comms)
+    if ring is None or torch.cuda.is_current_stream_capturing():
         return
     event = torch.cuda.Event()
     event.record(torch.cuda.current_stream(ring.device))
     if not _poll(event, time.monotonic() + ring.timeout_s):
         ring.outstanding.append(event)
-        ring.fail("a CUDA-graph replay timed out")
-        raise TokenRingCommError(
-            f"TokenRing ipc transfers of a CUDA-graph replay did not complete within "
-            f"{ring.timeout_s:.0f} s on {describe_peer(ring.group, ring.rank)}; "
-            + _LIKELY_CAUSES.format(timeout=ring.timeout_s)
+        message = (
+            f"TokenRing {what} over ipc did not finish within {ring.timeout_s:.0f} s on "
+            f"{describe_peer(comms, ring.rank)}; " + LIKELY_CAUSES.format(timeout=ring.timeout_s)
         )
+        ring.fail(message)
+        raise TokenRingCommError(message)
 
 
 def _seconds(s: float):
@@ -293,7 +288,8 @@ class IpcLane:
 
     def __init__(self, ring: IpcRing, index: int):
         self.ring, self.index = ring, index
-        self.group, self.pos = ring.group, ring.pos
+        self.comms, self.rank = ring.comms, ring.rank
+        self.name = LANE_NAMES[index]
         self.step = 0
         self._works: list[_Work] = []
 
@@ -331,8 +327,9 @@ class IpcLane:
             try:
                 ring.ensure_capacity(lane, send_bytes, recv_bytes, deadline)
             except (RuntimeError, TimeoutError) as exc:
-                ring.fail(f"inbox handshake at step {self.step}")
-                raise self._error(about, exc) from exc
+                error = self._error(about, exc)
+                ring.fail(str(error))
+                raise error from exc
         current = torch.cuda.current_stream(ring.device)
         works = []
         if out:
@@ -392,25 +389,27 @@ class IpcLane:
             return
         for work in pending:
             if not _poll(work.event, deadline):
-                what, step = work.about[:2]
-                ring.fail(f"{what} transfer at step {step} timed out")
-                raise self._error(
+                error = self._error(
                     work.about, TimeoutError(f"not done within {ring.timeout_s:.0f} s")
                 )
+                ring.fail(str(error))
+                raise error
             current.wait_event(work.event)
             ring.outstanding = [e for e in ring.outstanding if e is not work.event]
 
     def _error(self, about: tuple, exc: BaseException) -> TokenRingCommError:
         what, step, sends, recvs = about
-        ring = self.pos.group
-        parts = [f"send to {describe_peer(ring, p)}" for p in dict.fromkeys(sends)]
-        parts += [f"receive from {describe_peer(ring, p)}" for p in dict.fromkeys(recvs)]
-        return TokenRingCommError(
-            f"TokenRing {what} transfer at step {step} on the {LANE_NAMES[self.index]} lane "
-            f"(ipc; {', '.join(parts)}) failed on {describe_peer(ring, self.pos.rank)}: "
+        comms = self.comms
+        parts = [f"send to {describe_peer(comms, p)}" for p in dict.fromkeys(sends)]
+        parts += [f"receive from {describe_peer(comms, p)}" for p in dict.fromkeys(recvs)]
+        message = (
+            f"TokenRing {what} transfer at step {step} on the {self.name} lane "
+            f"(ipc; {', '.join(parts)}) failed on {describe_peer(comms, self.rank)}: "
             f"{str(exc).strip().splitlines()[0][:300]}; "
-            + _LIKELY_CAUSES.format(timeout=self.ring.timeout_s)
+            + LIKELY_CAUSES.format(timeout=self.ring.timeout_s)
         )
+        self.comms.fail(message)
+        return TokenRingCommError(message)
 
 
 def _by_peer(pairs: list[tuple[torch.Tensor, int]]) -> OrderedDict:

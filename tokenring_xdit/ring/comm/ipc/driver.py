@@ -47,8 +47,8 @@ def driver():
             from cuda.bindings import driver as cu
         except ImportError as exc:
             raise IpcUnavailable(
-                "TOKENRING_XDIT_TRANSPORT=ipc needs the `cuda-bindings` package (pip install "
-                f"cuda-bindings matching your CUDA major version): {exc}"
+                "The ipc transport (TOKENRING_XDIT_TRANSPORT=ipc) needs the `cuda-bindings` "
+                f"package (pip install cuda-bindings matching your CUDA major version): {exc}"
             ) from exc
         _DRIVER = cu
     return _DRIVER
