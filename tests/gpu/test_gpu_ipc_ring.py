@@ -190,7 +190,7 @@ def _train_case(case, rank, n, device):
     return errs, {"fwd": fwd, "bwd": bwd}, kernel
 
 
-def _yunchang_ring_only(rank, n):
+def _yunchang_ring_only(rank, n, device="cuda"):
     """yunchang LongContextAttention(ring_impl_type='token_ring'), ring degree n, bf16."""
     import tokenring_xdit
 
@@ -214,10 +214,10 @@ def _yunchang_ring_only(rank, n):
             *(x.transpose(1, 2) for x in ref_in), is_causal=causal
         ).transpose(1, 2)
         ref.backward(do)
-        layer = LongContextAttention(ring_impl_type="token_ring", attn_type=AttnType.TORCH)
-        loc = [shard(x).bfloat16().cuda().requires_grad_() for x in (q, k, v)]
+        layer = LongContextAttention(ring_impl_type="token_ring", attn_type=AttnType.TORCH_FLASH)
+        loc = [shard(x).bfloat16().to(device).requires_grad_() for x in (q, k, v)]
         out = layer(*loc, causal=causal)
-        out.backward(shard(do).bfloat16().cuda())
+        out.backward(shard(do).bfloat16().to(device))
         tag = "causal" if causal else "noncausal"
         errs[tag] = {"out": (out.double().cpu() - shard(ref.detach())).abs().max().item()}
         for name, x, r in zip(("dq", "dk", "dv"), loc, ref_in, strict=True):
