@@ -38,10 +38,13 @@ def _setup_after(wrapped, instance, args, kwargs):
     from ..ring.comm.groups import ring_deadline
 
     set_timeout = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
-    for group in (PROCESS_GROUP.ULYSSES_PG, PROCESS_GROUP.RING_PG):
-        if set_timeout is not None and group is not None and dist.get_world_size(group) > 1:
-            set_timeout(ring_deadline(group), group)
-    setup_token_ring_group(PROCESS_GROUP.RING_PG)
+    try:
+        for group in (PROCESS_GROUP.ULYSSES_PG, PROCESS_GROUP.RING_PG):
+            if set_timeout is not None and group is not None and dist.get_world_size(group) > 1:
+                set_timeout(ring_deadline(group), group)
+        setup_token_ring_group(PROCESS_GROUP.RING_PG)
+    except ValueError:
+        pass  # a bad TOKENRING_XDIT_* value: the first ring call names it, on every rank
     return result
 
 

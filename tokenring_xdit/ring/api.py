@@ -75,11 +75,11 @@ def token_ring_attn(
     chunks = final_chunks if final_chunks is not None else cfg.final_chunks
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     train = causal or needs_grad(q, k, v)
-    fn, key, family, detail = _resolve_kernel(kernel, kernel_key, q, v, train, deterministic)
+    fn, key, family, problem = _resolve_kernel(kernel, kernel_key, q, v, train, deterministic)
     graphs = (cfg.cuda_graphs if cuda_graph is None else cuda_graph) and key is not None
     spec = CallSpec(
         q, k, v, layout, causal, chunks, scale, digest(family), graphs and not train,
-        cfg.validate, joint_kv, positions, 13 if detail else 0, detail, cfg.transport,
+        cfg.validate, joint_kv, positions, *problem, transport=cfg.transport,
     )  # fmt: skip
     ring = agree(spec, pos)  # raises the same error on every rank, or returns the agreed ring
     if train:
@@ -112,23 +112,24 @@ def token_ring_attn(
 
 
 def _resolve_kernel(kernel, kernel_key, q, v, train: bool, deterministic: bool):
-    """(kernel or training pair, graph key, family name agreed across ranks, problem text).
+    """(kernel or training pair, graph key, family name agreed across ranks, (problem, text)).
 
     A kernel that cannot be used here is reported through the check (problem 13), so every
     rank raises instead of this one alone."""
     try:
         if train:
             pair = select_pair(kernel, q.device, q.dtype, q.shape[3], v.shape[3], deterministic)
-            return pair, None, ("pair", pair.name, deterministic), ""
+            return pair, None, ("pair", pair.name, deterministic), (0, "")
         if isinstance(kernel, KeyedKernel):
-            return kernel, kernel.key, kernel.key, ""
+            return kernel, kernel.key, kernel.key, (0, "")
         if callable(kernel):
-            return kernel, kernel_key, kernel_key if kernel_key is not None else kernel, ""
+            return kernel, kernel_key, kernel_key if kernel_key is not None else kernel, (0, "")
         name, fn = select_kernel(kernel, q.device, q.dtype, q.shape[3], v.shape[3])
-        return fn, kernel, name, ""
+        return fn, kernel, name, (0, "")
     except (ValueError, NotImplementedError, RuntimeError, IndexError) as exc:
         # (IndexError: q is not 4-d, which the check reports as such)
-        return None, None, "unusable", str(exc).splitlines()[0][:300]
+        code = 16 if isinstance(exc, NotImplementedError) else 13
+        return None, None, "unusable", (code, str(exc).splitlines()[0][:300])
 
 
 # --- flash-attn style functional API (ring-flash-attention's keyword names) ---------------

@@ -45,7 +45,10 @@ class BlockCall:
 def block_forward(
     call: BlockCall, pos: Ring, q_lens: tuple[int, ...], q, k, v
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out in q's dtype, lse (b, h, s) fp32) of our queries against every rank's K/V."""
+    """(out in q's dtype, lse (b, h, s) fp32) of our queries against every rank's K/V.
+
+    Of `pos` the loop uses rank, size and lanes() only (benchmarks/replay_rank.py and
+    tests/thread_ring.py pass rings whose lanes are local)."""
     layout, rank, n = call.layout, pos.rank, pos.size
     b, _, h, d = layout.dims(q)
     dv = v.shape[3]
@@ -89,7 +92,7 @@ def block_forward(
         if merge is None:
             # step 0: our own Q against our own K/V. The accumulator stays fp32 throughout: a
             # causal rank merges partials of different parts, so no merge is "last" for all rows.
-            merge = PartialMerge(*block, layout, q.dtype, updates=None, fused=False)
+            merge = PartialMerge(*block, layout, q.dtype, updates=None, eager_fused=True)
         elif ret is not None:
             merge.update(*ret, seq=part_slice(st.ret_recv_part, q_lens[rank]))
         prev = block if st.step > 0 else None

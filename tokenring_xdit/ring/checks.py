@@ -63,7 +63,8 @@ _PROBLEMS = {
     "group and TOKENRING_XDIT_TRANSPORT), not {got} (CUDA tensors on a gloo group: "
     "TOKENRING_XDIT_TRANSPORT=ipc or auto)",
     12: "softmax_scale must be a finite positive number",
-    13: "the kernel could not be used on this rank ({detail})",
+    13: "the kernel cannot be used: {detail}",
+    16: "the kernel does not support this call: {detail}",
     14: "causal=True: `positions` are not this rank's zigzag positions (rank r holds chunks r "
     "and 2N-1-r of 2N equal chunks); cut the shards with tokenring_xdit.shard(x, group, "
     "causal=True), whose positions are tokenring_xdit.ring.sharding.zigzag_positions(...)",
@@ -72,7 +73,7 @@ _PROBLEMS = {
     "yunchang's EXTRACT_FUNC_DICT['token_ring'] (both record the split for the group), or "
     "pass the shard's global token positions as positions=",
 }
-_NOT_IMPLEMENTED = (6, 8)
+_NOT_IMPLEMENTED = (6, 8, 16)
 
 # header slots (int64 each); one size for every exchange on a check communicator
 _KIND, _PROBLEM, _B, _H, _HK, _D, _DV, _SQ, _SKV = range(9)
@@ -135,7 +136,7 @@ class CallSpec:
     validate: str
     joint_kv: tuple[torch.Tensor, torch.Tensor] | None = None
     positions: torch.Tensor | None = None
-    problem: int = 0  # a problem found before the check (13: the kernel), with its text
+    problem: int = 0  # found before the check (13/16: the kernel's ValueError/NotImplemented)
     detail: str = ""
     transport: str = "nccl"  # requested (config.TRANSPORTS); the agreed one is Ring.transport
 
@@ -294,8 +295,9 @@ def _raise_for(metas: list[list[int]], spec: CallSpec, rank: int, device_type: s
     if bad:
         lines = []
         for r, c in bad:
-            detail = spec.detail if r == rank else "see that rank's error"
             got = _device_name(metas[r][_DEVICE])
+            # only the rank itself knows a kernel's reason; the others point to its error
+            detail = spec.detail if r == rank else "that rank's own error says why"
             text = _PROBLEMS[c].format(
                 layout=spec.layout.name, device=device_type, got=got, detail=detail
             )

@@ -67,7 +67,8 @@ def _expire(comms: RingComms, what: str) -> None:
     message = (
         f"TokenRing {what} on the ring of global ranks {list(comms.ranks)} did not finish within "
         f"its deadline of {comms.deadline.total_seconds():.0f} s on global rank "
-        f"{dist.get_rank()}; " + LIKELY_CAUSES.format(timeout=comms.deadline.total_seconds())
+        f"{dist.get_rank() if dist.is_initialized() else 0}; "
+        + LIKELY_CAUSES.format(timeout=comms.deadline.total_seconds())
     )
     comms.fail(message)
     log.error("%s", message)
