@@ -79,6 +79,14 @@ ENV: dict[str, tuple[str, str, str]] = {
         "smaller of the ring group's and the world group's timeouts (read when a ring's "
         "communicators are made)",
     ),
+    "transport": (
+        PREFIX + "TRANSPORT",
+        "nccl",
+        "how ring ranks move data: `nccl` (the group's torch.distributed backend: NCCL, or gloo "
+        "for CPU tensors), `ipc` (CUDA IPC copies into the peer's memory: several ranks on one "
+        "GPU, or GPUs that can access each other; needs `cuda-bindings`), `auto` (`ipc` when "
+        "ranks share a GPU or CUDA tensors meet a gloo group, else `nccl`)",
+    ),
 }
 
 _TRUE = ("1", "true", "yes", "on")
@@ -87,6 +95,7 @@ RING_IMPLS = ("default", "token_ring", "auto")
 # Not ours, but it changes the links `auto` predicts with; read here like our own variables.
 NCCL_P2P_DISABLE = "NCCL_P2P_DISABLE"
 VALIDATE_MODES = ("auto", "always", "signature")
+TRANSPORTS = ("nccl", "ipc", "auto")
 FABRICS = ("nvswitch", "nvlink-pair", "pcie", "p2p-off", "ib")  # planner/fabric.py's names
 FABRIC_ALIASES = {"nvlink": "nvswitch", "p2p_off": "p2p-off", "infiniband": "ib"}
 
@@ -108,6 +117,7 @@ class RingConfig:
     validate: str = "auto"
     strict: bool = False
     timeout: float | None = None  # seconds; None: from the groups (comm/groups.py)
+    transport: str = "nccl"  # agreed across the ring by the input check (ring/checks.py)
 
     @classmethod
     def from_env(cls, environ: os._Environ | dict | None = None) -> RingConfig:
@@ -128,6 +138,7 @@ class RingConfig:
             validate=_choice(raw["validate"], "validate", VALIDATE_MODES, lower=True) or "auto",
             strict=_flag(raw["strict"], False, ENV["strict"][0]),
             timeout=_seconds(raw["timeout"]),
+            transport=_choice(raw["transport"], "transport", TRANSPORTS, lower=True) or "nccl",
         )
 
     def replace(self, **changes) -> RingConfig:

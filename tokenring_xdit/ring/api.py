@@ -82,7 +82,7 @@ def token_ring_attn(
     graphs = (cfg.cuda_graphs if cuda_graph is None else cuda_graph) and key is not None
     spec = CallSpec(
         q, k, v, layout, causal, chunks, scale, digest(family), graphs and not train,
-        cfg.validate, joint_kv, positions, *problem,
+        cfg.validate, joint_kv, positions, *problem, transport=cfg.transport,
     )  # fmt: skip
     ring = agree(spec, pos)  # raises the same error on every rank, or returns the agreed ring
     if train:

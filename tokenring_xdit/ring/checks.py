@@ -32,6 +32,7 @@ import torch.distributed as dist
 from ..config import ENV
 from .comm import COUNTERS, RingComms, RingPosition, TokenRingCommError, comms_of, torch_lanes
 from .comm.groups import describe_peer
+from .comm.ipc import ipc_finished, ipc_lanes
 from .comm.watchdog import watch
 from .layout import Layout
 from .sharding import BAD_POSITIONS, NO_PROOF, proof_of
@@ -41,7 +42,7 @@ __all__ = ["Ring", "CallSpec", "agree", "agree_ring_choice", "needs_grad", "dige
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 _DEVICE_TYPES = ("cpu", "cuda", "meta", "xpu", "mps", "hpu", "npu", "mtia")
 VALIDATE_CODES = {"auto": 0, "always": 1, "signature": 2}
-TRANSPORT_CODES = {"torch": 0}
+TRANSPORT_CODES = {"nccl": 0, "ipc": 1, "auto": 2}  # config.TRANSPORTS
 
 _PROBLEMS = {
     1: "q, k and v must be 4-d tensors in the {layout} layout",
@@ -60,7 +61,9 @@ _PROBLEMS = {
     9: "joint K/V must be a (key, value) pair of 4-d tensors matching k/v in batch size, "
     "head count, head sizes, dtype and device",
     10: "final_chunks (argument, or TOKENRING_XDIT_FINAL_CHUNKS) must be a positive integer",
-    11: "q, k and v must be on the ring backend's device type ({device} for this group), not {got}",
+    11: "q, k and v must be on the device type this ring's transport moves ({device} for this "
+    "group and TOKENRING_XDIT_TRANSPORT), not {got} (CUDA tensors on a gloo group: "
+    "TOKENRING_XDIT_TRANSPORT=ipc or auto)",
     12: "softmax_scale must be a finite positive number",
     13: "the kernel cannot be used: {detail}",
     16: "the kernel does not support this call: {detail}",
@@ -78,7 +81,8 @@ _NOT_IMPLEMENTED = (6, 8, 16)
 _KIND, _PROBLEM, _B, _H, _HK, _D, _DV, _SQ, _SKV = range(9)
 _DTYPE, _LAYOUT, _MODE, _CHUNKS, _DEVICE, _SCALE, _KERNEL, _GRAPHS = range(9, 17)
 _VALIDATE, _TRANSPORT, _PROOF, _TOTAL, _CHOICE, _SOURCE, _INPUTS, _GROUP = range(17, 25)
-_META_LEN = 26  # one slot to spare
+_GPU = 25  # digest of this rank's GPU (0: not CUDA): `auto` picks ipc where ranks share one
+_META_LEN = 26
 KIND_CALL, KIND_CHOICE = 1, 2
 CHOICE_TOKEN_RING = 1  # a KIND_CALL header's choice slot: TokenRing runs this call
 
@@ -137,6 +141,7 @@ class CallSpec:
     positions: torch.Tensor | None = None
     problem: int = 0  # found before the check (13/16: the kernel's ValueError/NotImplemented)
     detail: str = ""
+    transport: str = "nccl"  # requested (config.TRANSPORTS); the agreed one is Ring.transport
 
 
 @dataclass(frozen=True, eq=False)
@@ -147,6 +152,7 @@ class Ring:
     comms: RingComms | None  # None for a ring of one
     q_lens: tuple[int, ...]  # every ring rank's local query length
     settings: tuple[int, ...]  # the agreed header slots (every rank's are equal)
+    transport: str = "nccl"  # how the lanes move data: "nccl" (torch.distributed) or "ipc"
 
     @property
     def rank(self) -> int:
@@ -163,13 +169,17 @@ class Ring:
 
     def lanes(self):
         """(Q lane, return lane) for one call."""
+        if self.transport == "ipc":
+            return ipc_lanes(self.comms, self.pos.rank)
         return torch_lanes(self.comms, self.pos.rank)
 
     def finished(self, what: str) -> None:
         """Bound the NCCL work this call queued by the ring's deadline (never blocks the host;
-        gloo waits are bounded where they block)."""
+        gloo waits are bounded where they block; IPC: the host waits, bounded, for the call)."""
         comms = self.comms
-        if comms is not None and comms.backend != "gloo":
+        if comms is not None and self.transport == "ipc":
+            ipc_finished(comms, what)
+        elif comms is not None and comms.backend != "gloo":
             if not torch.cuda.is_current_stream_capturing():  # a replay is watched instead
                 watch(comms, what)
 
@@ -252,7 +262,8 @@ def _meta(spec: CallSpec, problem: int, proof: tuple[int, int]) -> list[int]:
     meta[_SCALE] = struct.unpack("<q", struct.pack("<d", spec.scale))[0]  # the exact float
     meta[_KERNEL], meta[_GRAPHS] = spec.kernel, int(spec.graphs)
     meta[_VALIDATE] = VALIDATE_CODES.get(spec.validate, -1)
-    meta[_TRANSPORT] = TRANSPORT_CODES["torch"]
+    meta[_TRANSPORT] = TRANSPORT_CODES.get(spec.transport, -1)
+    meta[_GPU] = _gpu_digest(q.device)
     meta[_PROOF], meta[_TOTAL] = proof
     return meta
 
@@ -393,7 +404,7 @@ def _fast_key(spec: CallSpec, pos: RingPosition) -> tuple | None:
     grad = needs_grad(q, k, v)
     joint_sig = None if joint is None else tuple((x.shape, x.dtype, x.device) for x in joint)
     return (pos.group, spec.layout, spec.chunks, spec.scale, spec.kernel, spec.graphs,
-            spec.validate, spec.problem, grad, joint_sig, q.shape, k.shape, v.shape,
+            spec.validate, spec.transport, spec.problem, grad, joint_sig, q.shape, k.shape, v.shape,
             q.dtype, k.dtype, v.dtype, q.device, k.device, v.device)  # fmt: skip
 
 
@@ -402,7 +413,7 @@ def agree(spec: CallSpec, pos: RingPosition) -> Ring:
     comms = comms_of(pos.group) if pos.size > 1 else None
     if comms is not None:
         comms.ensure_usable()
-    device_type = _ring_device_type(comms)
+    device_type = _ring_device_type(comms, spec)
     fast = None
     if comms is not None and not _always(spec.validate, device_type):
         fast = _fast_key(spec, pos)
@@ -423,7 +434,7 @@ def agree(spec: CallSpec, pos: RingPosition) -> Ring:
     meta = _meta(spec, problem, proof)
     if comms is None:
         _raise_for([meta], spec, 0, device_type)
-        return Ring(pos, None, (meta[_SQ],), tuple(meta[_B:_SQ] + meta[_DTYPE:]))
+        return Ring(pos, None, (meta[_SQ],), tuple(meta[_B:_SQ] + meta[_DTYPE:_GPU]))
     # Our K/V length is nobody else's business (K/V never move), so a KV cache growing on one
     # rank must not send that rank alone into the exchange: leave it out of the key.
     key = (pos.group, tuple(meta[:_SKV] + meta[_SKV + 1 :]), spec.q.device)
@@ -435,8 +446,9 @@ def agree(spec: CallSpec, pos: RingPosition) -> Ring:
             return hit
     metas = _exchange(comms, pos.rank, meta)
     _raise_for(metas, spec, pos.rank, device_type)
-    agreed = metas[0][_B:_SQ] + metas[0][_DTYPE:]  # slots every rank agreed on (not lengths)
-    ring = Ring(pos, comms, tuple(m[_SQ] for m in metas), tuple(agreed))
+    agreed = metas[0][_B:_SQ] + metas[0][_DTYPE:_GPU]  # slots every rank agreed on
+    transport = _resolve_transport(metas, comms.backend)
+    ring = Ring(pos, comms, tuple(m[_SQ] for m in metas), tuple(agreed), transport)
     _remember(key, ring)
     if fast is not None:
         _remember(fast, ring)
@@ -482,8 +494,43 @@ def agree_ring_choice(
     return longest
 
 
-def _ring_device_type(comms: RingComms | None) -> str:
-    """The device type the ring's transport moves: cpu for gloo, cuda for NCCL."""
+def _ring_device_type(comms: RingComms | None, spec: CallSpec) -> str:
+    """The device type the ring's transport moves: cpu for gloo, cuda for NCCL and IPC; `auto`
+    on gloo moves either (CPU tensors on gloo, CUDA tensors over IPC)."""
     if comms is None:
         return "any"  # nothing moves
+    if spec.transport == "ipc":
+        return "cuda"
+    if spec.transport == "auto" and comms.backend == "gloo":
+        device = getattr(spec.q, "device", None)
+        return "cuda" if device is not None and device.type == "cuda" else "cpu"
     return "cpu" if comms.backend == "gloo" else "cuda"
+
+
+def _resolve_transport(metas: list[list[int]], backend: str) -> str:
+    """The agreed transport ("nccl" or "ipc") from every rank's header (the requested mode is
+    equal on every rank by now): `auto` is ipc for CUDA tensors on a gloo group or when two
+    ranks share a GPU (NCCL refuses that), else nccl."""
+    code = metas[0][_TRANSPORT]
+    if code == TRANSPORT_CODES["ipc"]:
+        return "ipc"
+    if code == TRANSPORT_CODES["auto"] and metas[0][_DEVICE] == _DEVICE_TYPES.index("cuda"):
+        gpus = [m[_GPU] for m in metas]
+        if backend == "gloo" or len(set(gpus)) < len(gpus):
+            return "ipc"
+    return "nccl"
+
+
+_GPU_DIGESTS: dict[int, int] = {}
+
+
+def _gpu_digest(device: torch.device) -> int:
+    """A name of the physical GPU (its UUID), equal in every process that uses it."""
+    if device.type != "cuda":
+        return 0
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    found = _GPU_DIGESTS.get(index)
+    if found is None:
+        uuid = str(torch.cuda.get_device_properties(index).uuid)
+        found = _GPU_DIGESTS[index] = digest(("gpu", uuid))
+    return found

@@ -163,11 +163,17 @@ def _digest(key: Hashable) -> int:
     return int.from_bytes(hashlib.sha256(repr(key).encode()).digest()[:7], "little")
 
 
+def _flag_device(device: torch.device, group) -> torch.device:
+    """Where a capture's agreement flag lives: a gloo group (a same-GPU ring over IPC) moves
+    CPU tensors."""
+    return torch.device("cpu") if dist.get_backend(group) == "gloo" else device
+
+
 def _agree_on_key(key: Hashable, device: torch.device, group) -> bool:
     if not dist.is_initialized():
         return True
     d = _digest(key)
-    both = torch.tensor([d, -d], device=device, dtype=torch.int64)
+    both = torch.tensor([d, -d], device=_flag_device(device, group), dtype=torch.int64)
     dist.all_reduce(both, op=dist.ReduceOp.MIN, group=group)
     return both[0].item() == d and -both[1].item() == d
 
@@ -176,7 +182,7 @@ def all_ranks_ok(ok: bool, device: torch.device, group: dist.ProcessGroup | None
     """True only if `ok` on every rank of `group` (a capture is used by all ranks or none)."""
     if not dist.is_initialized():
         return ok
-    flag = torch.tensor([int(ok)], device=device)
+    flag = torch.tensor([int(ok)], device=_flag_device(device, group))
     dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
     return bool(flag.item())
 
