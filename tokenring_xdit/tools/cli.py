@@ -310,13 +310,9 @@ def _add_patches_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_patches(args: argparse.Namespace) -> int:
-    from ..patches.table import PATCH_TABLE, to_markdown
+    from ..patches.audit import to_lines, to_markdown
 
-    if args.markdown:
-        sys.stdout.write(to_markdown())
-        return 0
-    for p in PATCH_TABLE:
-        print(f"{p.id:32} {p.kind:15} {p.host}{p.versions:14} {p.target}")
+    sys.stdout.write(to_markdown() if args.markdown else "\n".join(to_lines()) + "\n")
     return 0
 
 
