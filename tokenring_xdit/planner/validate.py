@@ -9,7 +9,8 @@ models is predicted. Scores:
              graphed, torch_ag, yunchang_p2p, ulysses) is "right" when its measured time is
              within PICK_TOLERANCE of the measured best (run-to-run spread of the same shape on
              the same host is 1-4 %, sweep_2xH200_nvlink vs sweep_2of4xH200_nvlink)
-Nothing here is fitted on these rows: see params.py and derive.py for what comes from where.
+Nothing here is fitted on these rows: see params.py and
+benchmarks/derive_planner_data.py for what comes from where.
 """
 
 from __future__ import annotations
