@@ -4,9 +4,10 @@ What breaks on CPU with diffusers 0.42.1 and a CPU build of torch (found by runn
 under `enable_parallelism` on gloo ranks), and what each shim changes (rows `diffusers_cpu.*`):
 
 1. `ModelMixin._resolve_parallel_config` computes `rank % torch.accelerator.device_count()`,
-   which is 0 without an accelerator: ZeroDivisionError before any mesh exists. While it runs on
-   a machine without an accelerator, `torch.accelerator.device_count()` reads 1 (the device
-   becomes cpu:0); restored when it returns. With an accelerator it calls straight through.
+   which is 0 without an accelerator device (a CPU build, or a CUDA build on a machine without
+   a GPU): ZeroDivisionError before any mesh exists. While it runs on such a machine,
+   `torch.accelerator.device_count()` reads 1 (the device becomes cpu:0); restored when it
+   returns. With an accelerator device it calls straight through.
 2. No CP-capable backend has a CPU kernel that returns an lse, which every ring needs: 'native'
    refuses return_lse, '_native_flash' calls the CUDA-only
    `aten._scaled_dot_product_flash_attention`, cuDNN / flash-attn / sage are CUDA-only. On CPU
@@ -38,9 +39,11 @@ _state = {"enabled": False, "armed": False}
 
 
 def _no_accelerator() -> bool:
+    # By device, not build: a CUDA build on a GPU-less machine reports the `cuda` accelerator
+    # with 0 devices, which is the same ZeroDivisionError as a CPU build's None.
     import torch
 
-    return torch.accelerator.current_accelerator() is None
+    return torch.accelerator.current_accelerator() is None or torch.accelerator.device_count() == 0
 
 
 def _one_device(wrapped, instance, args, kwargs):

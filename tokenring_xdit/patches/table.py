@@ -167,8 +167,9 @@ _CPU_ROWS: tuple[PatchPoint, ...] = (
         _RUNTIME_STATE,
         "RuntimeState._select_attention_backend",
         "wrapper",
-        "on CPU the automatic choice falls to SDPA, which has no lse and is refused when "
-        "ring_degree > 1; with no --attention_backend given it picks SDPA_FLASH instead",
+        "xfuser picks by the build, not the device: SDPA with a CPU build of torch (no lse, "
+        "refused when ring_degree > 1), CUDNN with a CUDA build on a GPU-less machine (no CPU "
+        "kernel); on CPU with no --attention_backend given it picks SDPA_FLASH instead",
     ),
     _cpu(
         "xfuser_cpu.synchronize",
@@ -333,8 +334,9 @@ PATCH_TABLE: tuple[PatchPoint, ...] = (
             (
                 "diffusers_cpu.device_index",
                 "diffusers.models.modeling_utils:ModelMixin._resolve_parallel_config",
-                "without an accelerator, torch.accelerator.device_count() reads 1 during the "
-                "call, which computes rank % device_count() (ZeroDivisionError on CPU)",
+                "without an accelerator device (CPU build, or CUDA build and no GPU), "
+                "torch.accelerator.device_count() reads 1 during the call, which computes "
+                "rank % device_count() (ZeroDivisionError on CPU)",
             ),
             (
                 "diffusers_cpu.native_flash_forward",
