@@ -36,7 +36,18 @@ def test_block_kernel_is_diffusers_forward_op_with_lse(single):
 
 def test_uninstall_and_disable_restore_diffusers_exactly(single):
     assert single["restored"] == dict.fromkeys(single["restored"], True)
-    assert set(single["restored"]) == {"cp", "flash_fwd", "flash_bwd", "gather", "setup", "resolve"}
+    assert set(single["restored"]) == {
+        "cp",
+        "flash_fwd",
+        "flash_bwd",
+        "gather",
+        "sizes",
+        "sizes_dispatch",
+        "sizes_hooks",
+        "setup",
+        "resolve",
+    }
+    assert single["sizes_aliased"]
 
 
 def test_other_signatures_are_refused():

@@ -17,7 +17,12 @@ under `enable_parallelism` on gloo ranks), and what each shim changes (rows `dif
    (outside CP diffusers already runs that backend through SDPA, which works on CPU).
 3. Its backward op would call the CUDA-only backward kernel: on CPU tensors it raises a clear
    NotImplementedError instead (CPU mode is forward-only).
-4. With `ring_anything` (uneven sequence shards) the output gather
+4. `_modeling_parallel.gather_size_by_comm` (ring_anything's and Ulysses-anything's length
+   exchange) puts its int64 sizes on `torch.accelerator.current_accelerator()` unless the group's
+   backend names "cpu": with a CUDA build on a machine without a GPU that is `cuda` ("Found no
+   NVIDIA driver"). Without an accelerator device the same all-gather runs on CPU tensors; the
+   names `attention_dispatch` and `hooks.context_parallel` imported are re-pointed too.
+5. With `ring_anything` (uneven sequence shards) the output gather
    (`hooks.context_parallel._all_gather_anything`) calls `dist.all_gather` with tensors of
    different lengths, which NCCL accepts and gloo refuses ("invalid tensor size"). On gloo the
    shards are zero-padded to the longest, gathered, and cut back to their true lengths.
@@ -125,8 +130,25 @@ def _gather_arguments(tensor, dim, group):
     return tensor, dim, group
 
 
+def _cpu_sizes(wrapped, instance, args, kwargs):
+    if not _no_accelerator():
+        return wrapped(*args, **kwargs)
+    size, group = _size_arguments(*args, **kwargs)
+    import torch
+    import torch.distributed as dist
+
+    sizes = [torch.empty(1, dtype=torch.int64) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(sizes, torch.tensor([size], dtype=torch.int64), group=group)
+    return [int(s[0]) for s in sizes]
+
+
+def _size_arguments(size, group):
+    return size, group
+
+
 def _build(patches: PatchSet) -> None:
     import diffusers.hooks.context_parallel as context_parallel
+    import diffusers.models._modeling_parallel as parallel
     import diffusers.models.attention_dispatch as attention_dispatch
     import diffusers.models.modeling_utils as modeling_utils
 
@@ -149,6 +171,15 @@ def _build(patches: PatchSet) -> None:
         "_native_flash_attention_backward_op",
         _cpu_flash_backward,
     )
+    if hasattr(parallel, "gather_size_by_comm"):  # diffusers >= 0.42
+        original = parallel.gather_size_by_comm
+        handle = patches.wrapper(
+            "diffusers_cpu.gather_sizes", parallel, "gather_size_by_comm", _cpu_sizes
+        )
+        for alias_owner in (attention_dispatch, context_parallel):
+            patches.rebind(
+                "diffusers_cpu.gather_sizes", alias_owner, "gather_size_by_comm", original, handle
+            )
     patches.wrapper(
         "diffusers_cpu.gather_anything",
         context_parallel,

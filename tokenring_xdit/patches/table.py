@@ -352,6 +352,14 @@ PATCH_TABLE: tuple[PatchPoint, ...] = (
                 "instead of failing in the CUDA-only backward kernel",
             ),
             (
+                "diffusers_cpu.gather_sizes",
+                "diffusers.models._modeling_parallel:gather_size_by_comm (and the names "
+                f"{_DISPATCH} and diffusers.hooks.context_parallel imported)",
+                "without an accelerator device, exchanges the ranks' lengths in CPU tensors; "
+                "it would place them on current_accelerator(), 'cuda' with a CUDA build and "
+                "no GPU",
+            ),
+            (
                 "diffusers_cpu.gather_anything",
                 "diffusers.hooks.context_parallel:_all_gather_anything",
                 "on gloo, pads uneven shards (ring_anything) to the longest before the output "
