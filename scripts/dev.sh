@@ -7,11 +7,12 @@
 # Creates .venv if missing; installs torch only if the venv cannot import it (TORCH_SPEC, default
 # torch==2.13.0); installs this project editable with its test extras and fails if that replaced
 # torch. A later call skips pip while pyproject.toml, the checkout's path and Python are unchanged.
-# PYTHON picks the interpreter that creates the venv (default python3).
+# PYTHON picks the interpreter that creates the venv (default python3); DEV_VENV another venv
+# folder than .venv (scripts/cuda-build-check.sh keeps one per torch build outside the checkout).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
-VENV="$ROOT/.venv"
+VENV="${DEV_VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 STAMP="$VENV/.tokenring-xdit-install-stamp"

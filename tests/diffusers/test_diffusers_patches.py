@@ -36,7 +36,18 @@ def test_block_kernel_is_diffusers_forward_op_with_lse(single):
 
 def test_uninstall_and_disable_restore_diffusers_exactly(single):
     assert single["restored"] == dict.fromkeys(single["restored"], True)
-    assert set(single["restored"]) == {"cp", "flash_fwd", "flash_bwd", "gather", "setup", "resolve"}
+    assert set(single["restored"]) == {
+        "cp",
+        "flash_fwd",
+        "flash_bwd",
+        "gather",
+        "sizes",
+        "sizes_dispatch",
+        "sizes_hooks",
+        "setup",
+        "resolve",
+    }
+    assert single["sizes_aliased"]
 
 
 def test_other_signatures_are_refused():
@@ -55,3 +66,26 @@ def test_ring_degree_one_runs_the_backend_op_and_refuses_native(single):
     assert flash["lse_shape"] == (2, 300, 4) and flash["dtype"] == "torch.float32", flash
     assert flash["calls"] == 1, flash
     assert "log-sum-exp" in native["error"] and "'native'" in native["error"], native
+
+
+@pytest.mark.parametrize(
+    "accelerator, count, seen",
+    [
+        (None, 0, 1),  # a CPU build of torch
+        ("cuda", 0, 1),  # a CUDA build on a machine without a GPU (the ZeroDivisionError case)
+        ("cuda", 2, 2),  # a GPU machine: the real count, untouched
+    ],
+)
+def test_device_index_shim_decides_by_devices_not_by_build(monkeypatch, accelerator, count, seen):
+    """diffusers' `rank % torch.accelerator.device_count()` sees 1 whenever no accelerator
+    device exists, whatever accelerator the build of torch reports. The build's answers are
+    simulated here (this machine has one build); the CUDA-build run: scripts/cuda-build-check.sh."""
+    import torch
+
+    from tokenring_xdit.patches.diffusers_cpu import _one_device
+
+    device = None if accelerator is None else torch.device(accelerator)
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *a, **k: device)
+    monkeypatch.setattr(torch.accelerator, "device_count", lambda: count)
+    assert _one_device(lambda: torch.accelerator.device_count(), None, (), {}) == seen
+    assert torch.accelerator.device_count() == count  # restored after the call

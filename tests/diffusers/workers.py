@@ -364,12 +364,22 @@ def single(rank: int, world_size: int) -> dict:
         "flash_fwd": (attention_dispatch, "_native_flash_attention_forward_op"),
         "flash_bwd": (attention_dispatch, "_native_flash_attention_backward_op"),
         "gather": (context_parallel, "_all_gather_anything"),
+        "sizes": (modeling_parallel, "gather_size_by_comm"),
+        "sizes_dispatch": (attention_dispatch, "gather_size_by_comm"),
+        "sizes_hooks": (context_parallel, "gather_size_by_comm"),
     }
     originals = {name: getattr(*where) for name, where in targets.items()}
     originals["setup"] = modeling_parallel.ContextParallelConfig.__dict__["setup"]
     originals["resolve"] = modeling_utils.ModelMixin.__dict__["_resolve_parallel_config"]
     originals["cp"] = originals["cp"].__wrapped__  # patched already, by the armed hook
     out["cpu_applied"] = diffusers_cpu.enable()
+    # the shim reaches the names diffusers imported before it was applied
+    out["sizes_aliased"] = (
+        attention_dispatch.gather_size_by_comm
+        is modeling_parallel.gather_size_by_comm
+        is context_parallel.gather_size_by_comm
+        is not originals["sizes"]
+    )
     out["table"] = [p.id for p in PATCH_TABLE if p.host == "diffusers"]
 
     # the block kernel: diffusers' own forward op (CPU flash through the shim) vs exact math

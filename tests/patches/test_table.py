@@ -14,13 +14,13 @@ import tomllib
 from tests.patches.test_yunchang_patches import ALL_IDS
 from tokenring_xdit import _bootstrap
 from tokenring_xdit.patches import ENTRY_POINT_GROUP, HOOKS
+from tokenring_xdit.patches.audit import to_markdown
 from tokenring_xdit.patches.table import (
     AUTOMATIC,
     CPU_MODE,
     FIRST_GRAPH_CAPTURE,
     PATCH_TABLE,
     RUNTIME,
-    to_markdown,
 )
 
 ROOT = Path(__file__).resolve().parents[2]

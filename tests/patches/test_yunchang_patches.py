@@ -121,6 +121,27 @@ def test_install_before_import_uses_post_import_hook():
     assert got == {"ring": True, "applied": ALL_IDS}
 
 
+def test_yunchang_set_applied_before_yunchang_is_imported():
+    """The xfuser set applies the yunchang set first; where xfuser imported no yunchang (a CUDA
+    build of torch without a GPU gates those imports on a device), that apply is yunchang's
+    first import, which fires the armed hook inside it. The set must still apply once."""
+    got = run_py(
+        """
+        import json, sys
+        assert "yunchang" not in sys.modules
+        from tokenring_xdit.patches import yunchang as yunchang_patches
+        import tokenring_xdit
+        first = yunchang_patches.apply()
+        print(json.dumps({"first": first, "again": yunchang_patches.apply(),
+                          "applied": tokenring_xdit.installed_patches()}))
+        """,
+        TOKENRING_XDIT_AUTOPATCH="1",
+        TOKENRING_XDIT_STRICT="1",
+    )
+    # the hook applied it during the import, so this call found it applied
+    assert got == {"first": False, "again": False, "applied": ALL_IDS}
+
+
 def test_uninstall_before_import_keeps_hooks_from_patching():
     got = run_py(
         """

@@ -181,6 +181,9 @@ def test_cli_exit_codes(fake, code, tmp_path, monkeypatch, capsys):
     assert cli.main([*argv, "--no-progress"]) == code
     out = capsys.readouterr().out
     assert "TokenRing vs ring" in out and "pixart-tiny-compare.png" in out
+    # the CPU times come with the caveat that they are no performance claim
+    words = " ".join(out.split())  # rich wraps the note at the console width
+    assert "CPU timings" in words and "no performance claim" in words
 
 
 def test_worker_failure_exits_3(tmp_path, monkeypatch, capsys):

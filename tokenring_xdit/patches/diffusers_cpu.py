@@ -4,9 +4,10 @@ What breaks on CPU with diffusers 0.42.1 and a CPU build of torch (found by runn
 under `enable_parallelism` on gloo ranks), and what each shim changes (rows `diffusers_cpu.*`):
 
 1. `ModelMixin._resolve_parallel_config` computes `rank % torch.accelerator.device_count()`,
-   which is 0 without an accelerator: ZeroDivisionError before any mesh exists. While it runs on
-   a machine without an accelerator, `torch.accelerator.device_count()` reads 1 (the device
-   becomes cpu:0); restored when it returns. With an accelerator it calls straight through.
+   which is 0 without an accelerator device (a CPU build, or a CUDA build on a machine without
+   a GPU): ZeroDivisionError before any mesh exists. While it runs on such a machine,
+   `torch.accelerator.device_count()` reads 1 (the device becomes cpu:0); restored when it
+   returns. With an accelerator device it calls straight through.
 2. No CP-capable backend has a CPU kernel that returns an lse, which every ring needs: 'native'
    refuses return_lse, '_native_flash' calls the CUDA-only
    `aten._scaled_dot_product_flash_attention`, cuDNN / flash-attn / sage are CUDA-only. On CPU
@@ -17,7 +18,12 @@ under `enable_parallelism` on gloo ranks), and what each shim changes (rows `dif
 3. Its backward op would call the CUDA-only backward kernel: a forward that saves for a backward
    (inputs that require grad) and the backward op raise a clear NotImplementedError on CPU
    instead (diffusers' own CP attention is forward-only in CPU mode; TokenRing's is not).
-4. With `ring_anything` (uneven sequence shards) the output gather
+4. `_modeling_parallel.gather_size_by_comm` (ring_anything's and Ulysses-anything's length
+   exchange) puts its int64 sizes on `torch.accelerator.current_accelerator()` unless the group's
+   backend names "cpu": with a CUDA build on a machine without a GPU that is `cuda` ("Found no
+   NVIDIA driver"). Without an accelerator device the same all-gather runs on CPU tensors; the
+   names `attention_dispatch` and `hooks.context_parallel` imported are re-pointed too.
+5. With `ring_anything` (uneven sequence shards) the output gather
    (`hooks.context_parallel._all_gather_anything`) calls `dist.all_gather` with tensors of
    different lengths, which NCCL accepts and gloo refuses ("invalid tensor size"). On gloo the
    shards are zero-padded to the longest, gathered, and cut back to their true lengths.
@@ -39,9 +45,11 @@ _state = {"enabled": False, "armed": False}
 
 
 def _no_accelerator() -> bool:
+    # By device, not build: a CUDA build on a GPU-less machine reports the `cuda` accelerator
+    # with 0 devices, which is the same ZeroDivisionError as a CPU build's None.
     import torch
 
-    return torch.accelerator.current_accelerator() is None
+    return torch.accelerator.current_accelerator() is None or torch.accelerator.device_count() == 0
 
 
 def _one_device(wrapped, instance, args, kwargs):
@@ -131,8 +139,25 @@ def _gather_arguments(tensor, dim, group):
     return tensor, dim, group
 
 
+def _cpu_sizes(wrapped, instance, args, kwargs):
+    if not _no_accelerator():
+        return wrapped(*args, **kwargs)
+    size, group = _size_arguments(*args, **kwargs)
+    import torch
+    import torch.distributed as dist
+
+    sizes = [torch.empty(1, dtype=torch.int64) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(sizes, torch.tensor([size], dtype=torch.int64), group=group)
+    return [int(s[0]) for s in sizes]
+
+
+def _size_arguments(size, group):
+    return size, group
+
+
 def _build(patches: PatchSet) -> None:
     import diffusers.hooks.context_parallel as context_parallel
+    import diffusers.models._modeling_parallel as parallel
     import diffusers.models.attention_dispatch as attention_dispatch
     import diffusers.models.modeling_utils as modeling_utils
 
@@ -155,6 +180,15 @@ def _build(patches: PatchSet) -> None:
         "_native_flash_attention_backward_op",
         _cpu_flash_backward,
     )
+    if hasattr(parallel, "gather_size_by_comm"):  # diffusers >= 0.42
+        original = parallel.gather_size_by_comm
+        handle = patches.wrapper(
+            "diffusers_cpu.gather_sizes", parallel, "gather_size_by_comm", _cpu_sizes
+        )
+        for alias_owner in (attention_dispatch, context_parallel):
+            patches.rebind(
+                "diffusers_cpu.gather_sizes", alias_owner, "gather_size_by_comm", original, handle
+            )
     patches.wrapper(
         "diffusers_cpu.gather_anything",
         context_parallel,

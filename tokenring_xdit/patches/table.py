@@ -1,10 +1,11 @@
 """The patch table: every place tokenring_xdit changes a host library, in one list.
 
 `patches/README.md` (top level) is generated from this table (`tokenring-xdit patches
---markdown`) and a test keeps the two equal, so the audit cannot drift from the code. Every
-PatchSet change names a row id here (base.py refuses others), and a test applies every row.
-Rows come in three switches: applied when the host is imported (automatic), by xDiT's opt-in
-CPU mode (`tokenring_xdit.patches.xfuser_cpu.enable()`), or by our own runtime (torch).
+--markdown`, rendered by patches/audit.py) and a test keeps the two equal, so the audit cannot
+drift from the code. Every PatchSet change names a row id here (base.py refuses others), and a
+test applies every row. Rows come in three switches: applied when the host is imported
+(automatic), by the opt-in CPU mode (`tokenring_xdit.patches.xfuser_cpu.enable()`,
+`patches.diffusers_cpu.enable()`), or by our own runtime (torch).
 """
 
 from __future__ import annotations
@@ -166,8 +167,9 @@ _CPU_ROWS: tuple[PatchPoint, ...] = (
         _RUNTIME_STATE,
         "RuntimeState._select_attention_backend",
         "wrapper",
-        "on CPU the automatic choice falls to SDPA, which has no lse and is refused when "
-        "ring_degree > 1; with no --attention_backend given it picks SDPA_FLASH instead",
+        "xfuser picks by the build, not the device: SDPA with a CPU build of torch (no lse, "
+        "refused when ring_degree > 1), CUDNN with a CUDA build on a GPU-less machine (no CPU "
+        "kernel); on CPU with no --attention_backend given it picks SDPA_FLASH instead",
     ),
     _cpu(
         "xfuser_cpu.synchronize",
@@ -190,138 +192,112 @@ _CPU_ROWS: tuple[PatchPoint, ...] = (
     ),
 )
 
+_HOST_VERSIONS = {
+    "yunchang": YUNCHANG_VERSIONS,
+    "xfuser": XFUSER_VERSIONS,
+    "diffusers": DIFFUSERS_VERSIONS,
+}
+
+
+def _auto(patch_id: str, target: str, kind: str, change: str) -> PatchPoint:
+    """A row applied when its host is imported: the id's prefix names the host and trigger."""
+    host = patch_id.split(".")[0]
+    return PatchPoint(patch_id, host, host, target, kind, _HOST_VERSIONS[host], change)
+
+
 PATCH_TABLE: tuple[PatchPoint, ...] = (
-    PatchPoint(
+    _auto(
         "yunchang.ring_impl",
-        "yunchang",
-        "yunchang",
         "yunchang.hybrid.utils:RING_IMPL_DICT['token_ring']",
         "registry entry",
-        YUNCHANG_VERSIONS,
         "adds TokenRing as ring_impl_type='token_ring' for LongContextAttention (same dict object "
         "as yunchang.hybrid.attn_layer imports); yunchang's own rings are untouched",
     ),
-    PatchPoint(
+    _auto(
         "yunchang.ring_impl_qkvpacked",
-        "yunchang",
-        "yunchang",
         "yunchang.hybrid.utils:RING_IMPL_QKVPACKED_DICT['token_ring']",
         "registry entry",
-        YUNCHANG_VERSIONS,
         "adds the QKV-packed TokenRing for LongContextAttentionQKVPacked",
     ),
-    PatchPoint(
+    _auto(
         "yunchang.extract_local",
-        "yunchang",
-        "yunchang",
         "yunchang.comm.extract_local:EXTRACT_FUNC_DICT['token_ring']",
         "registry entry",
-        YUNCHANG_VERSIONS,
         "TokenRing takes zigzag shards (maps to zigzag_extract_local: chunks r and 2N-1-r), "
         "which its causal schedule needs; non-causal TokenRing is exact on any sharding, so "
         "xDiT's USP keeps its own contiguous shards",
     ),
-    PatchPoint(
+    _auto(
         "yunchang.set_seq_parallel_pg",
-        "yunchang",
-        "yunchang",
         "yunchang.globals:set_seq_parallel_pg (and its alias yunchang:set_seq_parallel_pg)",
         "wrapper",
-        YUNCHANG_VERSIONS,
         "after yunchang builds the ulysses/ring groups, creates TokenRing's return "
         "communicator for every ring group, collectively, in the same order on all ranks",
     ),
-    PatchPoint(
+    _auto(
         "yunchang.ring_impl_type_check",
-        "yunchang",
-        "yunchang",
         "yunchang.hybrid.attn_layer:LongContextAttention.__init__ and "
         "LongContextAttentionQKVPacked.__init__",
         "wrapper",
-        YUNCHANG_VERSIONS,
         "an unknown ring_impl_type raises a ValueError (also a KeyError) that lists the "
         "valid names, instead of a bare KeyError",
     ),
-    PatchPoint(
+    _auto(
         "yunchang.update_npu_out",
-        "yunchang",
-        "yunchang",
         "yunchang.ring.utils:update_npu_out (added only where missing)",
         "missing symbol",
-        YUNCHANG_VERSIONS,
         "xfuser 0.7.0's long_ctx_attention.ring imports this name, which only yunchang's git "
         "main has, so xFuserLongContextAttention fails to build on CUDA; the added function "
         "raises a clear NotImplementedError if an NPU ring ever calls it",
     ),
-    PatchPoint(
+    _auto(
         "xfuser.usp_ring_attn",
-        "xfuser",
-        "xfuser",
         "xfuser.model_executor.layers.usp:ring_attn",
         "wrapper",
-        XFUSER_VERSIONS,
         "the ring step of USP (PixArt, Flux, SD3, ... in xfuser 0.7): runs TokenRing on "
         "PROCESS_GROUP.RING_PG with xDiT's selected kernel when TokenRing is selected, xDiT's "
         "own ring otherwise; says once on rank 0 which ring runs",
     ),
-    PatchPoint(
+    _auto(
         "xfuser.ring_impl_flag",
-        "xfuser",
-        "xfuser",
         "xfuser.config.args:xFuserArgs.add_cli_args and xFuserArgs.add_runner_args",
         "wrapper",
-        XFUSER_VERSIONS,
         "adds --ring_impl_type {default,token_ring} to the parsers xDiT's scripts and the "
         "xdit runner build",
     ),
-    PatchPoint(
+    _auto(
         "xfuser.ring_impl_flag_read",
-        "xfuser",
-        "xfuser",
         "xfuser.config.args:xFuserArgs.from_cli_args and xFuserArgs.from_runner_args",
         "wrapper",
-        XFUSER_VERSIONS,
         "reads --ring_impl_type in each worker (from_cli_args drops unknown fields)",
     ),
-    PatchPoint(
+    _auto(
         "xfuser.long_ctx_kv_cache",
-        "xfuser",
-        "xfuser",
         "xfuser.core.long_ctx_attention.hybrid.attn_layer:"
         "xFuserLongContextAttention.ring_impl_type_supported_kv_cache",
         "registry entry",
-        XFUSER_VERSIONS,
         "allows ring_impl_type='token_ring' with use_kv_cache=True (PipeFusion)",
     ),
-    PatchPoint(
+    _auto(
         "xfuser.long_ctx_ring_fn",
-        "xfuser",
-        "xfuser",
         "xfuser.core.long_ctx_attention.hybrid.attn_layer:xFuserLongContextAttention.__init__",
         "wrapper",
-        XFUSER_VERSIONS,
         "when TokenRing is selected (ring_impl_type='token_ring' or the xDiT selection), the "
         "layer's ring function becomes TokenRing with KV cache and joint tensors",
     ),
-    PatchPoint(
+    _auto(
         "xfuser.cuda_graph_transformer",
-        "xfuser",
-        "xfuser",
         "xfuser.model_executor.pipelines.base_pipeline:"
         "xFuserPipelineBaseWrapper._convert_transformer_backbone",
         "wrapper",
-        XFUSER_VERSIONS,
         "only with TOKENRING_XDIT_CUDA_GRAPH_TRANSFORMER=1: the wrapped transformer replays its "
         "forward as one CUDA graph per input signature (tokenring_xdit.hosts.transformer_graphs); "
         "refused, with a warning, under PipeFusion, step caches or torch.compile",
     ),
-    PatchPoint(
+    _auto(
         "diffusers.cp_ring",
-        "diffusers",
-        "diffusers",
         f"{_DISPATCH}:_templated_context_parallel_attention",
         "wrapper",
-        DIFFUSERS_VERSIONS,
         "the context-parallel call of every CP-capable attention backend: when TokenRing is "
         "selected and ring_degree > 1, the ring (ring-only, ring_anything, and inside ulysses x "
         "ring) runs TokenRing on the ring mesh's group with the backend's forward op as the "
@@ -329,13 +305,10 @@ PATCH_TABLE: tuple[PatchPoint, ...] = (
         "says once on rank 0 which ring runs. Applied when diffusers.models.attention_dispatch "
         "is imported",
     ),
-    PatchPoint(
+    _auto(
         "diffusers.cp_setup",
-        "diffusers",
-        "diffusers",
         "diffusers.models._modeling_parallel:ContextParallelConfig.setup",
         "wrapper",
-        DIFFUSERS_VERSIONS,
         "after diffusers derives the ring/ulysses meshes (enable_parallelism and "
         "from_pretrained(parallel_config=...)), creates TokenRing's communicators for the ring "
         "group when TokenRing is selected (an optimisation: the first ring call would)",
@@ -361,8 +334,9 @@ PATCH_TABLE: tuple[PatchPoint, ...] = (
             (
                 "diffusers_cpu.device_index",
                 "diffusers.models.modeling_utils:ModelMixin._resolve_parallel_config",
-                "without an accelerator, torch.accelerator.device_count() reads 1 during the "
-                "call, which computes rank % device_count() (ZeroDivisionError on CPU)",
+                "without an accelerator device (CPU build, or CUDA build and no GPU), "
+                "torch.accelerator.device_count() reads 1 during the call, which computes "
+                "rank % device_count() (ZeroDivisionError on CPU)",
             ),
             (
                 "diffusers_cpu.native_flash_forward",
@@ -376,6 +350,14 @@ PATCH_TABLE: tuple[PatchPoint, ...] = (
                 f"{_DISPATCH}:_native_flash_attention_backward_op",
                 "on CPU tensors raises a clear NotImplementedError (CPU mode is forward-only) "
                 "instead of failing in the CUDA-only backward kernel",
+            ),
+            (
+                "diffusers_cpu.gather_sizes",
+                "diffusers.models._modeling_parallel:gather_size_by_comm (and the names "
+                f"{_DISPATCH} and diffusers.hooks.context_parallel imported)",
+                "without an accelerator device, exchanges the ranks' lengths in CPU tensors; "
+                "it would place them on current_accelerator(), 'cuda' with a CUDA build and "
+                "no GPU",
             ),
             (
                 "diffusers_cpu.gather_anything",
@@ -393,29 +375,3 @@ PATCH_IDS = frozenset(p.id for p in PATCH_TABLE)
 # (yunchang first: xfuser's patches build on it). _bootstrap.TRIGGERS and the entry points in
 # pyproject.toml must list the same names (a test checks).
 TRIGGERS = tuple(dict.fromkeys(p.trigger for p in PATCH_TABLE if p.switch == AUTOMATIC))
-
-
-def to_markdown() -> str:
-    """The audit document for patches/README.md."""
-    lines = [
-        "# Patch points",
-        "",
-        "Every change tokenring_xdit makes to a host library, generated from",
-        "`tokenring_xdit/patches/table.py` by `tokenring-xdit patches --markdown`",
-        "(a test fails when this file and the table differ, and every change the code makes",
-        "names a row). The `automatic` patches of a host are applied together when its trigger",
-        "module is imported (or by `tokenring_xdit.install()`); `CPU mode` rows only after",
-        "`tokenring_xdit.patches.xfuser_cpu.enable()`, each when its module is imported;",
-        "`runtime` rows by tokenring_xdit itself. Only the host versions listed are patched,",
-        "and `tokenring_xdit.uninstall()` reverts every row.",
-        "Set `TOKENRING_XDIT_AUTOPATCH=0` to keep them from being applied automatically.",
-        "",
-        "| id | switch | host | trigger | target | kind | versions | change |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for p in PATCH_TABLE:
-        lines.append(
-            f"| `{p.id}` | {p.switch} | {p.host} | `{p.trigger}` | `{p.target}` | {p.kind} | "
-            f"`{p.versions}` | {p.change} |"
-        )
-    return "\n".join(lines) + "\n"

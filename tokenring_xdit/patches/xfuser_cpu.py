@@ -63,7 +63,10 @@ _ENVS = "xfuser.envs"
 
 
 def _on_cpu() -> bool:
-    """True when xDiT would otherwise find no device: no CUDA/ROCm GPU, no NPU, MUSA or MPS."""
+    """True when xDiT would otherwise find no device: no CUDA/ROCm GPU, no NPU, MUSA or MPS.
+
+    Decided by the devices present, not by the build: a CUDA build of torch on a machine without
+    a GPU answers False to torch.cuda.is_available() (no device) and is on CPU here."""
     if torch.cuda.is_available():
         return False
     envs = sys.modules.get(_ENVS)
@@ -127,11 +130,18 @@ def _device_name(wrapped, instance, args, kwargs):
 
 
 def _select_backend(backend_type: Any) -> Callable:
-    """Only the automatic fallback changes: an explicit --attention_backend is kept."""
+    """Only the automatic choice changes: an explicit --attention_backend is kept.
+
+    xfuser picks by what the build offers, not by the device: with a CPU build it falls to SDPA
+    (no lse, refused for ring_degree > 1), with a CUDA build on a GPU-less machine
+    `torch.backends.cudnn.is_available()` is True and it picks CUDNN, whose kernel has no CPU
+    version. On CPU the only registered kernel that runs and returns an lse is SDPA_FLASH (our
+    CPU dispatch), so that is the automatic choice there whatever xfuser found.
+    """
 
     def select(wrapped, instance, args, kwargs):
         backend = wrapped(*args, **kwargs)
-        if backend is backend_type.SDPA and _on_cpu():
+        if backend is not backend_type.SDPA_FLASH and _on_cpu():
             config = args[0] if args else kwargs.get("engine_config")
             if not (config and config.runtime_config.attention_backend):
                 return backend_type.SDPA_FLASH

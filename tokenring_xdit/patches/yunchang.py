@@ -142,7 +142,13 @@ def _build(patches: PatchSet) -> None:
 
 
 def apply() -> bool:
-    """Patch yunchang (already imported); False if it already was."""
+    """Patch yunchang; False if it already was."""
+    # Import it before building: when the xfuser set is the first to import yunchang (a CUDA
+    # build of torch without a GPU: xfuser's own yunchang imports are gated on a device), that
+    # import fires the armed post-import hook, which applies this set; building here as well,
+    # half-way through the nested apply, would find its registry keys taken.
+    import yunchang  # noqa: F401
+
     return PATCHES.apply(_build)
 
 

@@ -1,7 +1,7 @@
 """Per-block attention kernel time from a calibration table (JSON under planner/data/).
 
 A table is what `benchmarks/calibrate_blocks.py` writes on a GPU, or what
-`tokenring_xdit.planner.derive` derives from the committed single-GPU sweep columns:
+`benchmarks/derive_planner_data.py` derives from the committed single-GPU sweep columns:
 
     {"meta": {"source": "measured" | "derived", "gpu": "NVIDIA H200", "torch": "...", ...},
      "rows": [{"kernel": "cudnn", "dtype": "bfloat16", "heads": 24, "head_dim": 128,

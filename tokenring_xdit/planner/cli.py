@@ -1,11 +1,12 @@
 """`tokenring-xdit plan`: rank every ulysses x ring split and ring for a model on a machine.
 
-Registered by tokenring_xdit/cli.py as ("plan", HELP, add_arguments, run).
+Registered by tokenring_xdit/tools/cli.py as ("plan", HELP, add_arguments, run).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 __all__ = ["HELP", "add_arguments", "run"]
@@ -15,31 +16,38 @@ FABRIC_CHOICES = ("nvswitch", "nvlink-pair", "pcie", "p2p-off", "ib")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ..tools.cli_args import positive_int
     from .models import MODELS
 
     p.add_argument("--model", choices=sorted(MODELS), help="known model (heads, dim, layers)")
-    p.add_argument("--heads", type=int, help="attention heads (instead of --model)")
-    p.add_argument("--head-dim", type=int, help="head size (instead of --model)")
-    p.add_argument("--layers", type=int, help="attention calls per forward (default: model's)")
-    p.add_argument("--steps", type=int, help="denoising steps (default: model's)")
-    p.add_argument("--batch", type=int, help="batch per call (default: model's, 2 with CFG)")
-    p.add_argument("--tokens", type=int, help="attention sequence length (total, all ranks)")
-    p.add_argument("--resolution", type=int, help="square image side in px (instead of --tokens)")
-    p.add_argument("--gpus", type=int, default=2, help="GPUs in all (default 2)")
-    p.add_argument("--nodes", type=int, default=1, help="nodes the GPUs are spread over")
+    p.add_argument("--heads", type=positive_int, help="attention heads (instead of --model)")
+    p.add_argument("--head-dim", type=positive_int, help="head size (instead of --model)")
+    p.add_argument("--layers", type=positive_int, help="attention calls per forward (model's)")
+    p.add_argument("--steps", type=positive_int, help="denoising steps (default: model's)")
+    p.add_argument("--batch", type=positive_int, help="batch per call (model's, 2 with CFG)")
+    p.add_argument("--tokens", type=positive_int, help="attention sequence length (all ranks)")
+    p.add_argument(
+        "--resolution", type=positive_int, help="square image side in px (instead of --tokens)"
+    )
+    p.add_argument("--gpus", type=positive_int, default=2, help="GPUs in all (default 2)")
+    p.add_argument("--nodes", type=positive_int, default=1, help="nodes the GPUs are spread over")
     p.add_argument("--fabric", default="nvswitch", choices=FABRIC_CHOICES, help="inside a node")
     p.add_argument("--inter-fabric", default="ib", choices=FABRIC_CHOICES, help="between nodes")
     p.add_argument("--gpu", default="NVIDIA H200", help="GPU name as torch reports it")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     p.add_argument("--table", help="calibration table JSON (default: the shipped one for --gpu)")
-    p.add_argument("--top", type=int, default=0, help="print only the best N rows")
+    p.add_argument("--top", type=positive_int, help="print only the best N rows (default: all)")
     p.add_argument("--plot", metavar="PATH", help="write a bar chart (needs the bench extra)")
     p.add_argument(
         "--validate",
         action="store_true",
-        help="predict every committed docs/benchmarks/sweep_*.json row and score the model",
+        help="predict every committed ring sweep (sweep_*.json) and score the model",
     )
-    p.add_argument("--bench-dir", default="docs/benchmarks", help="for --validate")
+    p.add_argument(
+        "--bench-dir",
+        help="--validate: folder of sweep_*.json (default: the checkout's docs/benchmarks, "
+        "else the copy shipped with the package)",
+    )
     p.add_argument("--verbose", action="store_true", help="--validate: one line per prediction")
 
 
@@ -55,13 +63,24 @@ def _shape(args: argparse.Namespace):
     if args.tokens:
         tokens = args.tokens
     elif args.resolution:
+        if args.resolution < spec.patch_px:
+            raise ValueError(
+                f"--resolution {args.resolution} is below one {spec.patch_px} px patch"
+            )
         tokens = tokens_for(spec, args.resolution)
     else:
         raise ValueError("give --tokens (total sequence length) or --resolution")
+    if tokens < args.gpus:
+        raise ValueError(f"--tokens {tokens} leaves some of the {args.gpus} GPUs without a token")
     layers = args.layers or spec.layers
     steps = args.steps or spec.steps
     batch = args.batch or spec.batch
     return spec, tokens, layers, steps, batch
+
+
+def _fail(message: str) -> int:
+    print(f"tokenring-xdit plan: error: {message}", file=sys.stderr)
+    return 2
 
 
 def _plot(path: str, choices, title: str) -> None:
@@ -88,7 +107,10 @@ def run(args: argparse.Namespace) -> int:
     if args.validate:
         from .validate import report
 
-        text, ok = report(args.bench_dir, verbose=args.verbose)
+        try:
+            text, ok = report(args.bench_dir, verbose=args.verbose)
+        except FileNotFoundError as exc:
+            return _fail(str(exc))
         print(text)
         return 0 if ok else 1
     from .calibration import load_table
@@ -103,9 +125,17 @@ def run(args: argparse.Namespace) -> int:
             m, spec.heads, spec.head_dim, tokens, layers=layers, batch=batch, dtype=args.dtype
         )
     except (ValueError, FileNotFoundError) as exc:
-        print(f"tokenring-xdit plan: {exc}")
-        return 2
+        return _fail(str(exc))
+    if table.meta.get("fallback_for"):
+        print(
+            f"tokenring-xdit plan: warning: no kernel table for {args.gpu!r}: predicting with "
+            f"{table.gpu}'s ({Path(table.path).name}); time one with "
+            "benchmarks/calibrate_blocks.py on that GPU and pass --table",
+            file=sys.stderr,
+        )
     src = "derived (not measured)" if table.derived else "measured"
+    if table.meta.get("fallback_for"):
+        src += f", {table.gpu}'s: none for {args.gpu}"
     print(f"{spec.name}: {spec.heads} heads x {spec.head_dim}, {tokens} tokens, batch {batch}, "
           f"{layers} attention layers x {steps} steps")  # fmt: skip
     print(f"machine: {m.describe()}; kernel table {Path(table.path).name} ({src})")
@@ -128,7 +158,6 @@ def run(args: argparse.Namespace) -> int:
             title = f"{spec.name} {tokens} tokens, {m.describe()}"
             _plot(args.plot, shown, title)
         except RuntimeError as exc:
-            print(f"tokenring-xdit plan: {exc}")
-            return 2
+            return _fail(str(exc))
         print(f"wrote {args.plot}")
     return 0

@@ -6,9 +6,9 @@ schedules do:
   ring        r -> r+1 while r-1 -> r (one peer each way)   - K/V rings, all-gather steps, Q alone
   two_peers   r -> r+1 and r -> r-1 at once, one NCCL group - TokenRing's Q + partial, all-to-all
 Each pattern is t = latency + bytes_out_per_rank / bandwidth: bandwidth fitted on the >= 16 MB
-messages, latency from the graphed TokenRing's cost per extra transfer (derive.py). Fabrics with
-no committed measurement (PCIe, InfiniBand) carry nominal figures that docs/planner.md states
-and asks to be measured.
+messages, latency from the graphed TokenRing's cost per extra transfer
+(benchmarks/derive_planner_data.py). Fabrics with no committed measurement (PCIe, InfiniBand)
+carry nominal figures that docs/planner.md states and asks to be measured.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """The few scalar parameters of the cost model, and where each one comes from.
 
-`data/params.json` is written by `python -m tokenring_xdit.planner.derive` from committed files
+`data/params.json` is written by `python benchmarks/derive_planner_data.py` from committed files
 that are NOT the ring timings the validation predicts:
   overlap_us_per_mb  microseconds an attention kernel loses per MB (1e6 bytes) that its rank
                      sends (and receives) over NCCL while it runs: kernel time inside graphed
                      ring-2 calls minus the same kernels alone, per MB moved under them, median
-                     of ring_call_profile_2xH200.json and nccl_ctas/*.json (derive.py)
+                     of ring_call_profile_2xH200.json and nccl_ctas/*.json
   host_us            CPU cost of issuing one op from Python (eager): per-call "CPU total" of the
                      attention op, of a NCCL call (record_param_comms), of an elementwise op, and
                      of a CUDA-graph launch, from the torch.profiler tables under

@@ -1,7 +1,9 @@
 """`plan --validate`: predict every committed ring-sweep row and score the predictions.
 
-Every `docs/benchmarks/sweep_*.json` (ring_sweep.py's format; new files are picked up by the glob)
-is read; each row's machine is rebuilt from its meta (GPU, ranks, NCCL_P2P_DISABLE) with the
+Every `sweep_*.json` (ring_sweep.py's format; new files are picked up by the glob) of the
+checkout's `docs/benchmarks/` is read, or, in an installed copy, of the snapshot the wheel ships
+under planner/data/sweeps/ (hatch_build.py copies them at build time); `--bench-dir` picks another
+folder. Each row each row's machine is rebuilt from its meta (GPU, ranks, NCCL_P2P_DISABLE) with the
 fabric fitted from the nccl_peers file of the same host kind, and every timed method the planner
 models is predicted. Scores:
   error      |predicted / measured - 1| per (row, method); the median is reported
@@ -9,7 +11,8 @@ models is predicted. Scores:
              graphed, torch_ag, yunchang_p2p, ulysses) is "right" when its measured time is
              within PICK_TOLERANCE of the measured best (run-to-run spread of the same shape on
              the same host is 1-4 %, sweep_2xH200_nvlink vs sweep_2of4xH200_nvlink)
-Nothing here is fitted on these rows: see params.py and derive.py for what comes from where.
+Nothing here is fitted on these rows: see params.py and
+benchmarks/derive_planner_data.py for what comes from where.
 """
 
 from __future__ import annotations
@@ -24,7 +27,15 @@ from .machine import make_machine
 from .model import predict
 from .schedules import old_final_pieces
 
-__all__ = ["Check", "validate", "report", "MAX_MEDIAN_ERROR", "MIN_PICK_RATE", "PICK_TOLERANCE"]
+__all__ = [
+    "Check",
+    "validate",
+    "report",
+    "default_bench_dir",
+    "MAX_MEDIAN_ERROR",
+    "MIN_PICK_RATE",
+    "PICK_TOLERANCE",
+]
 
 MAX_MEDIAN_ERROR = 0.15
 MIN_PICK_RATE = 0.90
@@ -74,17 +85,38 @@ def _file_fabric(path: str, meta: dict, ranks: int) -> str:
     return _fabric_for(meta, ranks)
 
 
-def sweep_files(bench_dir: str | Path = "docs/benchmarks") -> list[str]:
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+# where the wheel puts its copy of docs/benchmarks/sweep_*.json (hatch_build.py)
+SHIPPED_SWEEPS = Path(__file__).resolve().with_name("data") / "sweeps"
+
+
+def sweep_files(bench_dir: str | Path) -> list[str]:
     return sorted(glob.glob(str(Path(bench_dir) / "sweep_*.json")))
 
 
+def default_bench_dir(package_dir: Path = PACKAGE_DIR) -> Path:
+    """The sweeps `plan --validate` reads without --bench-dir: the checkout the package runs from
+    (source tree or editable install), else the copy shipped in the wheel."""
+    candidates = (
+        package_dir.parent / "docs" / "benchmarks",
+        package_dir / "planner" / "data" / "sweeps",
+    )
+    for candidate in candidates:
+        if sweep_files(candidate):
+            return candidate
+    raise FileNotFoundError(
+        f"no sweep_*.json in {' or '.join(map(str, candidates))}: this copy ships no sweeps; "
+        "pass --bench-dir <checkout>/docs/benchmarks (git clone of tokenring-xdit)"
+    )
+
+
 def validate(
-    bench_dir: str | Path = "docs/benchmarks",
+    bench_dir: str | Path | None = None,
 ) -> tuple[list[Check], list[tuple[str, str, int, bool, bool]]]:
     """(every per-method check, per row (file, model, tokens, pick right, strict pick right))."""
     checks: list[Check] = []
     picks = []
-    for path in sweep_files(bench_dir):
+    for path in sweep_files(default_bench_dir() if bench_dir is None else bench_dir):
         with open(path) as f:
             data = json.load(f)
         meta = data.get("meta", {})
@@ -123,11 +155,13 @@ def validate(
     return checks, picks
 
 
-def report(bench_dir: str | Path = "docs/benchmarks", verbose: bool = False) -> tuple[str, bool]:
-    """The text `plan --validate` prints, and whether the targets are met."""
+def report(bench_dir: str | Path | None = None, verbose: bool = False) -> tuple[str, bool]:
+    """The text `plan --validate` prints, and whether the targets are met. Raises
+    FileNotFoundError when the folder holds no sweep file."""
+    bench_dir = default_bench_dir() if bench_dir is None else Path(bench_dir)
     checks, picks = validate(bench_dir)
     if not checks:
-        return f"no sweep_*.json under {bench_dir}", False
+        raise FileNotFoundError(f"no sweep_*.json rows under {bench_dir}")
     lines = []
     if verbose:
         lines.append(
@@ -147,14 +181,20 @@ def report(bench_dir: str | Path = "docs/benchmarks", verbose: bool = False) -> 
     right = sum(p[3] for p in picks)
     strict = sum(p[4] for p in picks)
     lines.append(
-        f"{len(checks)} predictions from {len({c.file for c in checks})} files; best pick exactly "
-        f"right in {strict} of {len(picks)}, within {PICK_TOLERANCE:.0%} of the best in {right}"
+        f"{len(checks)} predictions from {len({c.file for c in checks})} files in {bench_dir}"
+    )
+    lines.append(
+        f"best pick right (its measured time within {PICK_TOLERANCE:.0%} of the row's measured "
+        f"best) in {right} of {len(picks)} rows; the measured best itself in {strict}"
     )
     lines.append(
         "fitted on these rows: nothing (kernel table: calibrate_blocks.py on one H200; fabrics: "
         "nccl_peers + final_chunks; overlap per MB: ring_call_profile + nccl_ctas; host: "
         "profiler tables; TokenRing's last block in the pieces the code used when each sweep ran)"
     )
-    lines.append(f"median abs error {median:.1%}, best pick right in {right} of {len(picks)}")
+    lines.append(
+        f"median abs error {median:.1%}, best pick right in {right} of {len(picks)} "
+        f"(within {PICK_TOLERANCE:.0%} of the measured best)"
+    )
     ok = median <= MAX_MEDIAN_ERROR and right >= MIN_PICK_RATE * len(picks)
     return "\n".join(lines), ok

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -116,8 +117,15 @@ def _add_demo_args(p: argparse.ArgumentParser) -> None:
 SUBCOMMANDS: list[tuple[str, str, Callable[[argparse.ArgumentParser], None], Callable]] = []
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (exit 2) instead of the full usage block."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="tokenring-xdit",
         description="TokenRing attention for yunchang/xDiT. Without a subcommand: `compare`.",
     )
@@ -130,12 +138,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _unknown_command(word: str, names: list[str]) -> str:
+    import difflib
+
+    near = difflib.get_close_matches(word, names, n=1)
+    hint = f"did you mean {near[0]!r}? " if near else ""
+    return f"unknown command {word!r}: {hint}choose from {', '.join(names)}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """The console script. A reader that closes the pipe early (`... | head`) ends it quietly."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit flush
+        return code
+    except BrokenPipeError:
+        # stdout is gone: point it at /dev/null so that exit's own flush cannot fail again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    names = {name for name, *_ in SUBCOMMANDS}
-    if not argv or (argv[0] not in names and argv[0] not in ("-h", "--help", "--version")):
+    names = [name for name, *_ in SUBCOMMANDS]
+    parser = build_parser()
+    if argv and not argv[0].startswith("-") and argv[0] not in names:
+        # compare takes no positional argument: a bare word is a mistyped command
+        parser.error(_unknown_command(argv[0], names))
+    if not argv or argv[0] not in (*names, "-h", "--help", "--version"):
         argv = [SUBCOMMANDS[0][0], *argv]  # `tokenring-xdit --steps 4` = `... compare --steps 4`
-    args = build_parser().parse_args(argv)
+    args = parser.parse_args(argv)
     return args.run(args)
 
 
@@ -310,13 +343,9 @@ def _add_patches_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_patches(args: argparse.Namespace) -> int:
-    from ..patches.table import PATCH_TABLE, to_markdown
+    from ..patches.audit import to_lines, to_markdown
 
-    if args.markdown:
-        sys.stdout.write(to_markdown())
-        return 0
-    for p in PATCH_TABLE:
-        print(f"{p.id:32} {p.kind:15} {p.host}{p.versions:14} {p.target}")
+    sys.stdout.write(to_markdown() if args.markdown else "\n".join(to_lines()) + "\n")
     return 0
 
 

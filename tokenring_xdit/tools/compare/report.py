@@ -203,6 +203,14 @@ def write_outputs(cfg, runs, comparisons, report, out_dir, gain) -> None:
 # CLI
 
 
+# The console's runs table shows ms/step; on CPU they say nothing about speed (docs/compare.md).
+CPU_TIMING_NOTE = (
+    "[yellow]note:[/] CPU timings (gloo between processes on shared cores, a 2-layer random "
+    "model) are no performance claim: the runs are timed only to show they ran. GPU "
+    "measurements: docs/performance.md"
+)
+
+
 def print_summary(console, report: dict) -> None:
     from rich import box
     from rich.table import Table
@@ -230,6 +238,8 @@ def print_summary(console, report: dict) -> None:
             calls_text,
         )
     console.print(runs)
+    if report["config"]["device"] == "cpu":
+        console.print(CPU_TIMING_NOTE)
     images = table("images and final latents")
     for col in ("test vs reference", "PSNR dB", "SSIM", "max |diff|", "latent rel.", "ok"):
         images.add_column(col, justify="left" if col == "test vs reference" else "right")

@@ -1,6 +1,7 @@
-"""Derive the shipped data files from committed measurements (run from the repository root).
+"""Derive the planner's shipped data files from committed measurements (a development tool, not
+part of the installed package; run it from the repository root on any machine, no GPU):
 
-    python -m tokenring_xdit.planner.derive            # rewrites tokenring_xdit/planner/data/*
+    python benchmarks/derive_planner_data.py          # rewrites tokenring_xdit/planner/data/*
 
 Writes:
   blocks_h200_derived.json  a kernel table derived from the single-GPU columns of
@@ -26,8 +27,8 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import least_squares
 
-from .calibration import DATA_DIR, padded_head_dim
-from .fabric import fit_nccl_peers
+from tokenring_xdit.planner.calibration import DATA_DIR, padded_head_dim
+from tokenring_xdit.planner.fabric import fit_nccl_peers
 
 __all__ = ["wave_ms", "fit_wave_model", "main"]
 
@@ -166,8 +167,8 @@ def overlap_us_per_mb(bench_dir: Path) -> tuple[float, list[float]]:
     sent while its kernels ran: Q (step 0) and all pieces of the last partial but the last one.
     Returns the median and the per-row values (microseconds per 1e6 bytes).
     """
-    from .calibration import load_table
-    from .schedules import LSE_BYTES, old_final_pieces
+    from tokenring_xdit.planner.calibration import load_table
+    from tokenring_xdit.planner.schedules import LSE_BYTES, old_final_pieces
 
     table = load_table("NVIDIA H200")
     files = [bench_dir / "ring_call_profile_2xH200.json"]

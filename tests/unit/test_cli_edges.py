@@ -1,0 +1,194 @@
+"""The command-line edges a newcomer hit (issue 25): closed pipes, argument validation with
+one-line errors, mistyped subcommands, `plan --validate` outside the checkout, a GPU without a
+kernel table, and one wording of the planner's pick score everywhere."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tokenring_xdit.planner.validate import default_bench_dir, validate
+from tokenring_xdit.tools import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _exit(argv, capsys) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    got = capsys.readouterr()
+    return info.value.code, got.out, got.err
+
+
+def _cli(*argv: str, cwd: Path | None = None, env: dict | None = None, **kw):
+    return subprocess.run(
+        [sys.executable, "-m", "tokenring_xdit.tools.cli", *argv],
+        cwd=cwd,
+        env=env,
+        text=True,
+        timeout=120,
+        **kw,
+    )
+
+
+# ------------------------------------------------------------------------------ closed pipe
+
+
+@pytest.mark.parametrize("argv", [["patches"], ["plan", "--model", "flux", "--tokens", "4096"]])
+def test_a_closed_pipe_ends_quietly(argv):
+    """`tokenring-xdit patches | head`: the reader is gone before the first write."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tokenring_xdit.tools.cli", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    proc.stdout.close()  # before the child has started up, so its writes meet EPIPE
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+# --------------------------------------------------------------------- argument validation
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--tokens", "-5"], "argument --tokens: must be >= 1, got -5"),
+        (["--tokens", "0"], "argument --tokens: must be >= 1, got 0"),
+        (["--top", "-1"], "argument --top: must be >= 1, got -1"),
+        (["--top", "0"], "argument --top: must be >= 1, got 0"),
+        (["--gpus", "0"], "argument --gpus: must be >= 1, got 0"),
+        (["--resolution", "-16"], "argument --resolution: must be >= 1"),
+        (["--tokens", "x"], "argument --tokens: 'x' is not an integer"),
+    ],
+)
+def test_plan_refuses_bad_numbers_in_one_line(argv, message, capsys):
+    code, out, err = _exit(["plan", "--model", "flux", *argv], capsys)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and message in err and "plan --help" in err, err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--tokens", "1", "--gpus", "2"], "leaves some of the 2 GPUs without a token"),
+        (["--resolution", "8"], "below one 16 px patch"),
+        (["--gpus", "3", "--nodes", "2", "--tokens", "96"], "positive multiple of --nodes"),
+    ],
+)
+def test_plan_refuses_impossible_shapes_in_one_line(argv, message, capsys):
+    assert cli.main(["plan", "--model", "flux", *argv]) == 2
+    got = capsys.readouterr()
+    assert got.out == "" and got.err.count("\n") == 1 and message in got.err, got.err
+
+
+def test_plan_top_prints_that_many_rows_and_all_without_it(capsys):
+    assert cli.main(["plan", "--model", "flux", "--tokens", "16896", "--gpus", "4"]) == 0
+    every = re.findall(r"^ *\d+ ulysses", capsys.readouterr().out, flags=re.M)
+    assert (
+        cli.main(["plan", "--model", "flux", "--tokens", "16896", "--gpus", "4", "--top", "1"]) == 0
+    )
+    assert len(re.findall(r"^ *\d+ ulysses", capsys.readouterr().out, flags=re.M)) == 1
+    assert len(every) > 3
+
+
+# --------------------------------------------------------------------------- subcommands
+
+
+@pytest.mark.parametrize(
+    "word, hint", [("plna", "did you mean 'plan'?"), ("comapre", "did you mean 'compare'?")]
+)
+def test_a_mistyped_subcommand_is_named(word, hint, capsys):
+    code, out, err = _exit([word], capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert f"unknown command {word!r}" in err and hint in err
+    assert "compare, demo, patches, plan" in err
+
+
+def test_an_unknown_word_gets_no_guess(capsys):
+    code, _, err = _exit(["xyzzy", "--steps", "2"], capsys)
+    assert code == 2 and "unknown command 'xyzzy'" in err and "did you mean" not in err
+
+
+# ---------------------------------------------------------------------- the kernel table
+
+
+def test_a_gpu_without_its_kernel_table_is_warned_about(capsys):
+    argv = ["plan", "--model", "flux", "--tokens", "4096", "--gpu", "NVIDIA A100", "--top", "1"]
+    assert cli.main(argv) == 0
+    got = capsys.readouterr()
+    assert "warning: no kernel table for 'NVIDIA A100'" in got.err
+    assert "NVIDIA H200's: none for NVIDIA A100" in got.out  # on the machine line, too
+    assert cli.main(["plan", "--model", "flux", "--tokens", "4096", "--gpu", "NVIDIA H100"]) == 0
+    assert "warning" not in capsys.readouterr().err  # a shipped table: no warning
+
+
+# ------------------------------------------------------------------------- plan --validate
+
+
+def test_validate_defaults_to_the_checkout_then_the_shipped_copy(tmp_path):
+    assert default_bench_dir() == ROOT / "docs" / "benchmarks"
+    installed = tmp_path / "site" / "tokenring_xdit"
+    sweeps = installed / "planner" / "data" / "sweeps"
+    sweeps.mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match="pass --bench-dir"):
+        default_bench_dir(installed)
+    (sweeps / "sweep_x.json").write_text("{}")
+    assert default_bench_dir(installed) == sweeps
+
+
+def test_validate_of_an_empty_folder_is_a_usage_error(tmp_path, capsys):
+    assert cli.main(["plan", "--validate", "--bench-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"no sweep_*.json rows under {tmp_path}" in err
+
+
+def test_validate_runs_from_a_built_wheel_outside_the_checkout(tmp_path):
+    """Build the wheel (hatch_build.py adds the sweeps), unpack it as an installed copy and run
+    `plan --validate` from elsewhere: it must find the sweeps it ships."""
+    pytest.importorskip("hatchling", reason="the test extra installs hatchling")
+    dist = tmp_path / "dist"
+    build = subprocess.run(
+        [sys.executable, "-m", "hatchling", "build", "-t", "wheel", "-d", str(dist)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert build.returncode == 0, build.stderr[-3000:]
+    (wheel,) = dist.glob("tokenring_xdit-*.whl")
+    site = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        zf.extractall(site)
+    shipped = sorted(n for n in names if n.startswith("tokenring_xdit/planner/data/sweeps/"))
+    committed = sorted((ROOT / "docs" / "benchmarks").glob("sweep_*.json"))
+    assert [Path(n).name for n in shipped] == [p.name for p in committed]
+    assert "tokenring_xdit/planner/derive.py" not in names  # the development tool stays out
+    env = {**os.environ, "PYTHONPATH": str(site), "TOKENRING_XDIT_AUTOPATCH": "0"}
+    done = _cli("plan", "--validate", cwd=tmp_path, env=env, capture_output=True)
+    assert done.returncode == 0, done.stderr
+    assert f"files in {site / 'tokenring_xdit' / 'planner' / 'data' / 'sweeps'}" in done.stdout
+
+
+def test_validate_wording_is_the_readme_and_planner_docs_wording(capsys):
+    checks, picks = validate()
+    right, rows = sum(p[3] for p in picks), len(picks)
+    exact = sum(p[4] for p in picks)
+    assert cli.main(["plan", "--validate"]) == 0
+    out = capsys.readouterr().out
+    phrase = f"best pick right in {right} of {rows}"
+    assert out.strip().splitlines()[-1].endswith(f"{phrase} (within 5% of the measured best)")
+    assert f"in {right} of {rows} rows; the measured best itself in {exact}" in out
+    for doc in ("README.md", "docs/planner.md"):
+        text = " ".join((ROOT / doc).read_text().split())
+        assert phrase in text, f"{doc} should say '{phrase}'"
+        assert "exactly right" not in text  # one meaning of "right": within 5 % of the best
