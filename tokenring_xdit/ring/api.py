@@ -133,7 +133,9 @@ def _resolve_kernel(kernel, kernel_key, q, k, v, layout, train: bool, determinis
         if isinstance(kernel, KeyedKernel):
             fn, key, family = kernel, kernel.key, kernel.key
         elif callable(kernel):
-            fn, key, family = kernel, kernel_key, kernel_key if kernel_key is not None else kernel
+            # by name, not the object: a closure made per call must not be kept by the digest cache
+            name = f"{getattr(kernel, '__module__', '')}.{getattr(kernel, '__qualname__', '')}"
+            fn, key, family = kernel, kernel_key, kernel_key if kernel_key is not None else name
         else:
             family, fn = select_kernel(kernel, *args)
             key = kernel
