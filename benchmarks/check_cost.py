@@ -28,9 +28,10 @@ REPEATS = 2000
 def _worker(rank: int, n: int, report) -> dict:
     import torch.distributed as dist
 
-    from tokenring_xdit.ring.checks import check_inputs
+    from tokenring_xdit.ring.checks import CallSpec, agree, digest
     from tokenring_xdit.ring.comm import RingPosition, setup_token_ring_group
     from tokenring_xdit.ring.layout import BHSD
+    from tokenring_xdit.ring.sharding import declare_zigzag, zigzag_positions
 
     setup_token_ring_group(dist.group.WORLD)
     pos = RingPosition.of(None)
@@ -38,15 +39,28 @@ def _worker(rank: int, n: int, report) -> dict:
     for name, (heads, dim, tokens) in SHAPES.items():
         s = tokens // n
         q = torch.empty(1, heads, s, dim)  # the check reads shapes only
-        for mode in ("signature", "always"):
-            args = (q, q, q, BHSD, False, 1, dim**-0.5, pos, None, mode)
+        positions = zigzag_positions(s * n, rank, n)
+        declare_zigzag(None, s * n)
+        kernel = digest("cudnn")
+        specs = {
+            "signature": CallSpec(q, q, q, BHSD, False, 1, dim**-0.5, kernel, True, "signature"),
+            "always": CallSpec(q, q, q, BHSD, False, 1, dim**-0.5, kernel, True, "always"),
+            # a causal call's layout proof: a sharding helper's declaration, or positions
+            "always_causal_declared": CallSpec(
+                q, q, q, BHSD, True, 1, dim**-0.5, kernel, False, "always"
+            ),
+            "always_causal_positions": CallSpec(
+                q, q, q, BHSD, True, 1, dim**-0.5, kernel, False, "always", positions=positions
+            ),
+        }
+        for mode, spec in specs.items():
             for _ in range(50):
-                check_inputs(*args)
+                agree(spec, pos)
             dist.barrier()
             times = []
             for _ in range(REPEATS):
                 t0 = time.perf_counter()
-                check_inputs(*args)
+                agree(spec, pos)
                 times.append(time.perf_counter() - t0)
             rows[f"{name}/{mode}"] = statistics.median(times) * 1e6
     return rows
@@ -78,7 +92,7 @@ def main() -> None:
         "cpu_count": __import__("os").cpu_count(),
         "torch": torch.__version__,
         "repeats": REPEATS,
-        "unit": "microseconds per check_inputs call (median, rank 0)",
+        "unit": "microseconds per input check (checks.agree, median, rank 0)",
         "runs": {},
     }
     for n in args.ranks:

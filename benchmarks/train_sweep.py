@@ -10,11 +10,18 @@ otherwise. Warm-up excluded, CUDA events, median of --iters. With --check every 
 configuration is first compared (out and dq/dk/dv) with exact attention of the whole sequence.
 Results: JSON (machine, versions, per-config ms); a --nproc-per-node 1 run gives the single-GPU
 time that the fraction of ideal (t_1 / (N t_N)) is computed from.
+
+Baselines: yunchang's basic and zigzag rings (zigzag is causal-only: its non-causal rows run the
+basic ring) with flash-attn, or without it TokenRing's cuDNN pair behind yunchang's FA kernel
+functions (`yunchang_kernel` in the JSON says which); torch's templated ring with its flash and
+its cuDNN ops (head-tail load balancing for causal calls only, as torch requires); ulysses
+(yunchang's LongContextAttention, FA kernels as above).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -37,32 +44,71 @@ def _contiguous(x, rank, n, dim=1):
 
 def _impls(n: int):
     """name -> fn(q, k, v, causal) with q/k/v (b, s_local, h, d), differentiable."""
+    from yunchang import ring_flash_attn_func, zigzag_ring_flash_attn_func
+
     from tokenring_xdit.ring import token_ring_attn_func
 
     impls = {"token_ring": lambda q, k, v, c: token_ring_attn_func(q, k, v, causal=c)}
-    try:
-        import flash_attn  # noqa: F401
-        from yunchang import ring_flash_attn_func, zigzag_ring_flash_attn_func
+    _yunchang_kernel()
 
-        impls["yunchang_zigzag"] = lambda q, k, v, c: zigzag_ring_flash_attn_func(q, k, v, causal=c)
-        impls["yunchang_basic"] = lambda q, k, v, c: ring_flash_attn_func(q, k, v, causal=c)
-    except ImportError:
-        pass  # yunchang's rings need flash-attn kernels for their backward
-    impls["torch_templated_ring"] = _torch_ring(n)
+    def yunchang_zigzag(q, k, v, c):
+        if not c:  # yunchang's zigzag ring is causal-only: its non-causal ring is the basic one
+            return ring_flash_attn_func(q, k, v, causal=c)
+        return zigzag_ring_flash_attn_func(q, k, v, causal=c)
+
+    impls["yunchang_zigzag"] = yunchang_zigzag
+    impls["yunchang_basic"] = lambda q, k, v, c: ring_flash_attn_func(q, k, v, causal=c)
+    impls["torch_templated_ring"] = _torch_ring(n, "flash")
+    impls["torch_templated_ring_cudnn"] = _torch_ring(n, "cudnn")
     impls["ulysses"] = _ulysses(n)
     return impls
 
 
-def _torch_ring(n):
+YUNCHANG_KERNEL = "flash_attn"
+
+
+def _yunchang_kernel() -> None:
+    """yunchang's rings take their block kernels from yunchang.kernels (flash-attn for AttnType.FA,
+    the only type with a backward there). Without flash-attn they get TokenRing's cuDNN pair
+    behind the same two functions, so their schedule and communication can still be measured
+    (the pair's output is written into yunchang's buffers: one copy per block more than FA)."""
+    global YUNCHANG_KERNEL
+    if importlib.util.find_spec("flash_attn") is not None:
+        return
+    import yunchang.kernels as yk
+
+    from tokenring_xdit.ring.backward_kernels import PAIRS
+    from tokenring_xdit.ring.layout import BSHD
+
+    pair = PAIRS["cudnn"]
+    YUNCHANG_KERNEL = "cudnn (TokenRing's pair in yunchang.kernels.flash_attn_forward/_backward)"
+
+    def forward(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, *args, **kwargs):
+        scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+        return pair.forward(q, k, v, scale, BSHD, causal)
+
+    def backward(dout, q, k, v, out, lse, dq, dk, dv, dropout_p, softmax_scale, causal, *rest,
+                 **kwargs):  # fmt: skip
+        scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+        grads = pair.backward(dout, q, k, v, out, lse, None, scale, BSHD, causal)
+        for buf, g in zip((dq, dk, dv), grads, strict=True):
+            buf.copy_(g)
+
+    yk.flash_attn_forward, yk.flash_attn_backward = forward, backward
+
+
+def _torch_ring(n, kind):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.experimental._context_parallel import _attention as cp
 
     mesh = init_device_mesh("cuda", (n,))
+    fwd = getattr(cp, f"_scaled_dot_product_ring_{kind}_attention")
+    bwd = getattr(cp, f"_scaled_dot_product_ring_{kind}_attention_backward")
 
     class Ring(torch.autograd.Function):
         @staticmethod
         def forward(ctx, q, k, v, causal):
-            res = cp._scaled_dot_product_ring_flash_attention(mesh, q, k, v, is_causal=causal)
+            res = fwd(mesh, q, k, v, is_causal=causal)
             ctx.save_for_backward(q, k, v, res[0], res[1])
             ctx.rest, ctx.causal = res[2:], causal
             return res[0]
@@ -71,13 +117,22 @@ def _torch_ring(n):
         def backward(ctx, dout):
             q, k, v, out, lse = ctx.saved_tensors
             cum_q, cum_k, max_q, max_k, seed, offset = ctx.rest[:6]
-            grads = cp._scaled_dot_product_ring_flash_attention_backward(
-                mesh, dout, q, k, v, out, lse, cum_q, cum_k, max_q, max_k, 0.0, ctx.causal,
-                seed, offset, scale=None,
-            )  # fmt: skip
+            if kind == "flash":
+                grads = bwd(
+                    mesh, dout, q, k, v, out, lse, cum_q, cum_k, max_q, max_k, 0.0, ctx.causal,
+                    seed, offset, scale=None,
+                )  # fmt: skip
+            else:
+                grads = bwd(
+                    mesh, dout, q, k, v, out, lse, seed, offset, None, cum_q, cum_k, max_q,
+                    max_k, 0.0, ctx.causal, scale=None,
+                )  # fmt: skip
             return (*grads[:3], None)
 
     def run(q, k, v, causal):  # torch's op is (b, h, s, d)
+        # head-tail load balancing = our zigzag shards, causal only; non-causal shards are
+        # contiguous and torch refuses load balancing for them
+        cp._cp_options.enable_load_balance = causal
         out = Ring.apply(*(x.transpose(1, 2) for x in (q, k, v)), causal)
         return out.transpose(1, 2)
 
@@ -89,7 +144,8 @@ def _ulysses(n):
     from yunchang.kernels import AttnType
 
     set_seq_parallel_pg(n, 1, dist.get_rank(), n)
-    layer = LongContextAttention(ring_impl_type="basic", attn_type=AttnType.TORCH_FLASH)
+    # AttnType.FA: the ring kernel with a backward (flash-attn, or the cuDNN pair above)
+    layer = LongContextAttention(ring_impl_type="basic", attn_type=AttnType.FA)
     return lambda q, k, v, c: layer(q, k, v, causal=c)
 
 
@@ -180,6 +236,7 @@ def main() -> None:
             gpu=torch.cuda.get_device_name(),
             torch=torch.__version__,
             world=n,
+            yunchang_kernel=YUNCHANG_KERNEL,
             checks=checks,
             rows=rows,
         )

@@ -7,8 +7,10 @@ Python callers can pass a `RingConfig` to `token_ring_attn(config=...)` instead 
 output, a test's). The `.pth` bootstrap reads TOKENRING_XDIT_AUTOPATCH itself: it runs in every
 interpreter and must not import even this module.
 
-Settings that change what ranks exchange (final_chunks) are checked across the ring by the input
-check; the others are local and must be set identically on every rank.
+A value outside a variable's allowed set is a ValueError naming the allowed ones (booleans take
+1/0, true/false, yes/no, on/off). Settings that decide what a call does (final pieces, CUDA graphs,
+validate mode, the ring choice and what `auto` decides from) are agreed across the ring before
+any transfer (ring/checks.py); ranks that differ fail together with one clear error.
 """
 
 from __future__ import annotations
@@ -70,6 +72,21 @@ ENV: dict[str, tuple[str, str, str]] = {
         "0",
         "`1`: a patch that cannot apply raises instead of warning (the tests set it)",
     ),
+    "timeout": (
+        PREFIX + "TIMEOUT",
+        "",
+        "seconds any TokenRing wait may take before it raises `TokenRingCommError`; unset: the "
+        "smaller of the ring group's and the world group's timeouts (read when a ring's "
+        "communicators are made)",
+    ),
+    "transport": (
+        PREFIX + "TRANSPORT",
+        "nccl",
+        "how ring ranks move data: `nccl` (the group's torch.distributed backend: NCCL, or gloo "
+        "for CPU tensors), `ipc` (CUDA IPC copies into the peer's memory: several ranks on one "
+        "GPU, or GPUs that can access each other; needs `cuda-bindings`), `auto` (`ipc` when "
+        "ranks share a GPU or CUDA tensors meet a gloo group, else `nccl`)",
+    ),
 }
 
 _TRUE = ("1", "true", "yes", "on")
@@ -78,6 +95,9 @@ RING_IMPLS = ("default", "token_ring", "auto")
 # Not ours, but it changes the links `auto` predicts with; read here like our own variables.
 NCCL_P2P_DISABLE = "NCCL_P2P_DISABLE"
 VALIDATE_MODES = ("auto", "always", "signature")
+TRANSPORTS = ("nccl", "ipc", "auto")
+FABRICS = ("nvswitch", "nvlink-pair", "pcie", "p2p-off", "ib")  # planner/fabric.py's names
+FABRIC_ALIASES = {"nvlink": "nvswitch", "p2p_off": "p2p-off", "infiniband": "ib"}
 
 
 @dataclass(frozen=True)
@@ -96,26 +116,29 @@ class RingConfig:
     final_chunks: int = 1
     validate: str = "auto"
     strict: bool = False
+    timeout: float | None = None  # seconds; None: from the groups (comm/groups.py)
+    transport: str = "nccl"  # agreed across the ring by the input check (ring/checks.py)
 
     @classmethod
     def from_env(cls, environ: os._Environ | dict | None = None) -> RingConfig:
+        """The environment's settings; ValueError naming the allowed values for a bad one."""
         environ = os.environ if environ is None else environ
         raw = {name: environ.get(var) for name, (var, _, _) in ENV.items()}
-        validate = (raw["validate"] or "auto").strip().lower()
         return cls(
-            # checked where it is used (hosts.selection), so a typo fails xDiT's ring choice,
-            # not every other TokenRing call
-            ring_impl=(raw["ring_impl"] or "").strip() or None,
-            # checked by the planner when `auto` first predicts, identically on every rank
-            fabric=(raw["fabric"] or "").strip().lower() or None,
-            nccl_p2p_disabled=_flag(environ.get(NCCL_P2P_DISABLE), False),
-            autopatch=_flag(raw["autopatch"], True),
-            cuda_graphs=_flag(raw["cuda_graphs"], True),
-            cuda_graph_transformer=_flag(raw["cuda_graph_transformer"], False),
-            fused_merge=_flag(raw["fused_merge"], True),
+            ring_impl=_choice(raw["ring_impl"], "ring_impl", RING_IMPLS),
+            fabric=_fabric(raw["fabric"]),
+            nccl_p2p_disabled=_flag(environ.get(NCCL_P2P_DISABLE), False, NCCL_P2P_DISABLE),
+            autopatch=_flag(raw["autopatch"], True, ENV["autopatch"][0]),
+            cuda_graphs=_flag(raw["cuda_graphs"], True, ENV["cuda_graphs"][0]),
+            cuda_graph_transformer=_flag(
+                raw["cuda_graph_transformer"], False, ENV["cuda_graph_transformer"][0]
+            ),
+            fused_merge=_flag(raw["fused_merge"], True, ENV["fused_merge"][0]),
             final_chunks=_positive_or_invalid(raw["final_chunks"]),
-            validate=validate if validate in VALIDATE_MODES else "auto",
-            strict=(raw["strict"] or "").strip() not in ("", "0"),
+            validate=_choice(raw["validate"], "validate", VALIDATE_MODES, lower=True) or "auto",
+            strict=_flag(raw["strict"], False, ENV["strict"][0]),
+            timeout=_seconds(raw["timeout"]),
+            transport=_choice(raw["transport"], "transport", TRANSPORTS, lower=True) or "nccl",
         )
 
     def replace(self, **changes) -> RingConfig:
@@ -130,7 +153,7 @@ class RingConfig:
         return "p2p-off" if self.nccl_p2p_disabled else "nvswitch"
 
 
-def _flag(raw: str | None, default: bool) -> bool:
+def _flag(raw: str | None, default: bool, var: str) -> bool:
     if raw is None or not raw.strip():
         return default
     text = raw.strip().lower()
@@ -138,7 +161,35 @@ def _flag(raw: str | None, default: bool) -> bool:
         return True
     if text in _FALSE:
         return False
-    return default
+    raise ValueError(f"{var}={raw!r}: use one of {', '.join(_TRUE + _FALSE)}")
+
+
+def _choice(raw: str | None, field: str, allowed: tuple[str, ...], lower: bool = False):
+    """None when unset; the value when allowed; ValueError naming the allowed values."""
+    text = (raw or "").strip()
+    text = text.lower() if lower else text
+    if not text:
+        return None
+    if text not in allowed:
+        raise ValueError(f"{ENV[field][0]}={raw!r}: use one of {', '.join(allowed)}")
+    return text
+
+
+def _fabric(raw: str | None) -> str | None:
+    name = _choice(raw, "fabric", FABRICS + tuple(FABRIC_ALIASES), lower=True)
+    return FABRIC_ALIASES.get(name, name) if name else None
+
+
+def _seconds(raw: str | None) -> float | None:
+    if raw is None or not raw.strip():
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{ENV['timeout'][0]}={raw!r}: use a positive number of seconds")
+    return value
 
 
 def _positive_or_invalid(raw: str | None) -> int:

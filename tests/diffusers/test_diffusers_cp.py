@@ -45,11 +45,30 @@ def test_ring2_pipeline_image(ring2):
         assert result["pipeline"]["calls"] == 4  # 2 steps x 2 attention layers
 
 
+def test_ranks_that_choose_different_rings_fail_together(ring2):
+    """No abort, no two rings meeting on one group: the same ValueError on every rank, naming
+    each rank's choice, and the model works again once the ranks agree."""
+    for result in ring2:
+        got = result["mismatch"]
+        for case in ("switch", "auto_grad"):
+            assert "chose different ring attentions" in got[case], (case, got[case])
+        assert "rank 0: TokenRing, chosen by set_xdit_ring_impl()" in got["switch"], got
+        assert "rank 1: the host's own ring" in got["switch"], got
+        assert "rank 0: auto" in got["auto_grad"] and "requires_grad" in got["auto_grad"], got
+        assert got["after_finite"], got
+
+
 def test_training_through_diffusers_ring_matches_one_process(ring2):
     for result in ring2:
         grads = result["grads"]
         assert grads["calls"] > 0, grads  # TokenRing ran the forward
         assert grads["loss_err"] <= 1e-6 and grads["grad_rel_err"] <= 1e-4, grads
+
+
+def test_cpu_mode_backward_through_diffusers_ring_is_a_clear_error(ring2):
+    for result in ring2:
+        msg = result["their_ring_grad_error"]
+        assert "forward-only" in msg and "TOKENRING_XDIT_RING_IMPL=token_ring" in msg, msg
 
 
 def test_refusals_on_every_rank(ring2):

@@ -166,6 +166,30 @@ def _late_selection(inputs: dict) -> dict:
     return {"max_err": (ours - theirs).abs().max().item(), "calls": _calls() - calls}
 
 
+def _mismatch(model, inputs: dict, rank: int) -> dict:
+    """Ranks that chose different rings (a Python switch on one rank; `auto` with gradients on
+    one rank only): one ValueError on every rank before either ring moves anything, and the
+    model runs normally afterwards."""
+    from tokenring_xdit.hosts import selection
+
+    def attempt(grad: bool) -> str:
+        try:
+            with torch.set_grad_enabled(grad):
+                model(**inputs)
+        except ValueError as exc:
+            return str(exc)
+        return "no error"
+
+    selection.set_xdit_ring_impl("token_ring" if rank == 0 else "default")
+    switch = attempt(grad=False)
+    selection.set_xdit_ring_impl("auto")
+    grads = attempt(grad=rank == 0)
+    selection.set_xdit_ring_impl("token_ring")
+    with torch.no_grad():
+        after = model(**inputs)[0]
+    return {"switch": switch, "auto_grad": grads, "after_finite": bool(after.isfinite().all())}
+
+
 def _grad_check(inputs: dict) -> dict:
     """Training through diffusers' ring with TokenRing: the loss and the parameter gradients
     (summed over ranks: each rank's layers saw its own tokens) equal one process's."""
@@ -238,12 +262,16 @@ def ring2(rank: int, world_size: int) -> dict:
     flux = compare(flux_model, inputs, ContextParallelConfig(ring_degree=2))
     model = flux.pop("model")
     out["flux"] = flux
+    out["mismatch"] = _mismatch(model, inputs, rank)
     wan = compare(wan_model, wan_inputs(), ContextParallelConfig(ring_degree=2))
     wan.pop("model")
     out["wan"] = wan
 
     # refusals, raised on every rank before the ring posts anything
     out["grads"] = _grad_check(inputs)
+    selection.set_xdit_ring_impl("default")  # diffusers' own ring: no CPU backward
+    out["their_ring_grad_error"] = _expect_error(model, inputs, grad=True)
+    selection.set_xdit_ring_impl("token_ring")
     model.set_attention_backend("native")
     out["no_lse_error"] = _expect_error(model, inputs, grad=False)
     model.set_attention_backend(BACKEND)

@@ -36,7 +36,8 @@ def _scenario(rank, n, name):
     world = dist.group.WORLD
     if name == "not_member":
         ring = dist.new_group([0, 1])  # collective: every rank creates it
-        setup_token_ring_group(ring if rank < 2 else None)
+        if rank < 2:  # (None would mean the default group, as in TokenRing calls)
+            setup_token_ring_group(ring)
         q, k, v = _qkv(torch, seed=rank)
         with torch.no_grad():
             out, _ = token_ring_attn(q, k, v, group=ring)  # rank 2 is not in `ring`
@@ -97,6 +98,24 @@ def _scenario(rank, n, name):
     elif name == "causal_odd_len":
         q, k, v = _qkv(torch, s=15, kv=15)  # a zigzag shard is two equal halves
         kwargs["causal"] = True
+    elif name == "causal_contiguous":
+        # equal even contiguous shards: no shape shows it, only the missing proof does
+        q, k, v = _qkv(torch, kv=16)
+        kwargs["causal"] = True
+    elif name == "causal_torch_chunk":
+        # torch.chunk(10 tokens, 2N=4) = 3, 3, 3, 1: rank 0 holds chunks 0+3 (4), rank 1 1+2 (6)
+        from tokenring_xdit.ring.sharding import declare_zigzag
+
+        s = 4 if rank == 0 else 6
+        q, k, v = _qkv(torch, s=s, kv=s)
+        declare_zigzag(world, 10)
+        kwargs["causal"] = True
+    elif name == "causal_wrong_positions":
+        q, k, v = _qkv(torch, kv=16)
+        kwargs.update(causal=True, positions=torch.arange(16 * rank, 16 * (rank + 1)))
+    elif name == "kernel_name_rank1":
+        q, k, v = _qkv(torch)
+        kwargs["kernel"] = "no_such_kernel" if rank == 1 else "auto"
     elif name == "requires_grad_joint":
         q, k, v = (x.requires_grad_() for x in _qkv(torch))
         joint = _qkv(torch, s=4, kv=4)[1:]
@@ -169,6 +188,32 @@ def test_inconsistent_or_invalid_inputs_raise_value_error_everywhere(name, needl
 )
 def test_unsupported_modes_raise_not_implemented_everywhere(name, needles):
     _assert_all_raise(_launch(name), "NotImplementedError", *needles)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize(
+    "name,needles",
+    [
+        # a causal call must prove its zigzag layout; wrong results would be silent otherwise
+        ("causal_contiguous", ["rank(s) [0, 1]", "needs proof", "tokenring_xdit.shard"]),
+        ("causal_torch_chunk", ["local lengths [4, 6]", "torch.chunk makes unequal chunks"]),
+        ("causal_wrong_positions", ["rank(s) [0, 1]", "not this rank's zigzag positions"]),
+        # a kernel name only one rank cannot use: every rank raises, naming that rank
+    ],
+)
+def test_causal_layout_and_kernel_are_checked_everywhere(name, needles):
+    _assert_all_raise(_launch(name), "ValueError", *needles)
+
+
+@pytest.mark.timeout(90)
+def test_a_kernel_name_only_one_rank_cannot_use_fails_every_rank():
+    """Every rank raises; the rank that has the problem says what it is, the others point to it."""
+    r0, r1 = _launch("kernel_name_rank1")
+    for r in (r0, r1):
+        assert r.error_type == "ValueError" and "rank(s) [1]" in r.error, (r.rank, r.error)
+        assert "the kernel cannot be used" in r.error, r.error
+    assert "unknown kernel 'no_such_kernel'" in r1.error, r1.error
+    assert "that rank's own error says why" in r0.error, r0.error
 
 
 @pytest.mark.timeout(90)

@@ -159,9 +159,9 @@ def _assert_all_raise(results, error_type, *needles):
         ("bad_after_good", "ValueError", ["head count differs across ring ranks", "[2, 4]"]),
         ("meta_device", "ValueError", ["rank(s) [1]", "device type", "meta"]),
         (
-            "different_group",
-            "TokenRingCommError",
-            ["input check failed", "did not take part", "different group"],
+            "different_group",  # each rank's own communicators meet, so the check names it
+            "ValueError",
+            ["different process groups with the same ranks", "same group object"],
         ),
         (
             "yunchang_attn_type_without_cpu_kernel",
@@ -204,24 +204,59 @@ def _fault(rank, n, report, mode):
 
     q, k, v = _qkv(torch, seed=rank)
     start = time.monotonic()
+    group = dist.group.WORLD
+    if mode == "yunchang_skips":  # yunchang's groups carry torch's 30-min default timeout
+        import tokenring_xdit
+
+        tokenring_xdit.install()
+        from yunchang import set_seq_parallel_pg
+        from yunchang.globals import PROCESS_GROUP
+
+        set_seq_parallel_pg(1, n, rank, n)
+        group = PROCESS_GROUP.RING_PG
+        if rank == n - 1:  # skips the call, stays alive
+            time.sleep(GROUP_TIMEOUT_S + 4)
+            return ("injected", "skipped", 0.0, "")
+        start = time.monotonic()
     try:
         with torch.no_grad():
-            token_ring_attn(q, k, v, kernel=kernel)
+            token_ring_attn(q, k, v, kernel=kernel, group=group)
     except RuntimeError as exc:
         if rank == n - 1:  # the failing rank stays alive past everyone's timeout
             time.sleep(GROUP_TIMEOUT_S + 4)
-            return ("injected", str(exc), 0.0)
-        return (type(exc).__name__, str(exc), time.monotonic() - start)
-    return ("no error", "", time.monotonic() - start)
+            return ("injected", str(exc), 0.0, "")
+        first = (type(exc).__name__, str(exc), time.monotonic() - start)
+        try:  # the ring is unusable now, and says so plainly
+            with torch.no_grad():
+                token_ring_attn(q, k, v, kernel=kernel, group=group)
+            again = "no error"
+        except RuntimeError as exc2:
+            again = f"{type(exc2).__name__}: {exc2}"
+        return (*first, again)
+    return ("no error", "", time.monotonic() - start, "")
 
 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("mode", ["dies", "raises_and_stays"])
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_peer_failure_mid_call_is_named_on_every_live_rank(n, mode):
-    outcomes = launch_outcomes(
+    _assert_named_on_live_ranks(_launch_fault(n, mode), mode)
+
+
+@pytest.mark.timeout(150)
+def test_yunchang_route_is_bounded_by_the_world_timeout():
+    """yunchang makes its groups with torch's 30-minute default; a rank that skips the call
+    must still cost its peers only the world group's timeout (the user's), then a named error."""
+    _assert_named_on_live_ranks(_launch_fault(2, "yunchang_skips"), "yunchang_skips")
+
+
+def _launch_fault(n, mode):
+    return launch_outcomes(
         _fault, n, (mode,), timeout=LAUNCH_TIMEOUT_S, env={"OMP_NUM_THREADS": "1"}
     )
+
+
+def _assert_named_on_live_ranks(outcomes, mode):
     failing = outcomes[-1]
     if mode == "dies":
         assert not failing.ok and failing.failure.error_type == "ProcessDied", failing
@@ -229,7 +264,11 @@ def test_peer_failure_mid_call_is_named_on_every_live_rank(n, mode):
         assert failing.ok and failing.value[0] == "injected", failing
     for o in outcomes[:-1]:
         assert o.ok, f"rank {o.rank}: {o.failure}"
-        kind, message, elapsed = o.value
+        kind, message, elapsed, again = o.value
         assert kind == "TokenRingCommError", (o.rank, kind, message)
-        assert "global rank" in message and "step" in message and "likely causes" in message
+        assert "global rank" in message and "likely causes" in message, message
+        if mode != "yunchang_skips":
+            assert "step" in message, message
         assert elapsed < GROUP_TIMEOUT_S + 5, (o.rank, elapsed, message)
+        assert again.startswith("TokenRingCommError") and "unusable after an earlier" in again
+        assert "recover" in again, again

@@ -60,3 +60,24 @@ def test_destroy_process_group_frees_graphs_and_uninstall_restores_it() -> None:
         restored=True,
         after_uninstall=[],
     ), report
+
+
+GUARD_CODE = textwrap.dedent(
+    """
+    import torch.distributed.distributed_c10d as c10d
+    original = c10d.destroy_process_group
+    from tokenring_xdit.ring import graphs  # the ring alone: nothing of the patch layer yet
+    graphs._run_guards()  # what the first capture runs
+    print(c10d.destroy_process_group is not original)
+    """
+)
+
+
+def test_the_destroy_guard_comes_with_the_ring_whatever_is_imported_first():
+    """`from tokenring_xdit.ring import ...` never imports the patch layer, but the first graph
+    capture still installs the guard: it is found through the package's entry points."""
+    done = subprocess.run(
+        [sys.executable, "-c", GUARD_CODE], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True", (done.stdout, done.stderr)

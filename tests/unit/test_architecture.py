@@ -4,6 +4,8 @@ import circles, README's environment table is the config's."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -75,8 +77,31 @@ def test_the_ring_imports_no_host_patch_or_tool_module():
     graph = _graph()
     for name, deps in graph.items():
         if name.startswith("ring"):
-            bad = {d for d in deps if d.split(".")[0] in ("hosts", "patches", "tools", "planner")}
+            top = ("hosts", "patches", "tools", "planner", "integrations")
+            bad = {d for d in deps if d.split(".")[0] in top}
             assert not bad, f"{name} imports {bad}"
+
+
+def _third_party_imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            found.update(a.name.split(".")[0] for a in node.names)
+    return found
+
+
+def test_transformers_is_imported_by_its_integration_only_and_lazily():
+    """transformers is an optional dependency: only integrations/ names it, inside functions,
+    and importing tokenring_xdit (even the integration module) does not import it."""
+    users = {n for n, p in _modules().items() if "transformers" in _third_party_imports(p)}
+    assert users <= {"integrations.transformers"}, users
+    code = (
+        "import sys, tokenring_xdit, tokenring_xdit.ring, tokenring_xdit.integrations.transformers"
+        "\nassert 'transformers' not in sys.modules, 'transformers was imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
 def test_no_import_circles():

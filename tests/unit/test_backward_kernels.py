@@ -68,10 +68,25 @@ def test_select_pair_honours_or_rejects_deterministic():
     assert select_pair("auto", cpu, torch.float32, 64, 64, True).name == "cpu_flash"
     with pytest.raises(NotImplementedError, match="not deterministic"):
         select_pair("torch_flash", cpu, torch.bfloat16, 64, 64, True)
-    # cuDNN's and efficient's backward cannot serve the ring (checked on H100): their forward's
-    # equivalent with a usable backward runs instead
-    for name in ("cudnn", "torch_efficient"):
-        assert select_pair(name, cpu, torch.bfloat16, 64, 64, False).name == "torch_flash"
-        assert select_pair(name, cpu, torch.float32, 64, 64, False).name == "math"
+    # cuDNN's backward serves the ring (with O and dO in q's order); the efficient op's backward
+    # was wrong on H100, so its forward's equivalent with a usable backward runs instead
+    assert select_pair("cudnn", cpu, torch.bfloat16, 64, 64, False).name == "cudnn"
+    assert select_pair("torch_efficient", cpu, torch.bfloat16, 64, 64, False).name == "torch_flash"
+    assert select_pair("torch_efficient", cpu, torch.float32, 64, 64, False).name == "math"
     with pytest.raises(ValueError, match="unknown kernel"):
         select_pair("nope", cpu, torch.float32, 64, 64, False)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 2e-6)])
+def test_standin_has_the_row_sum_and_strides_asked_for(dtype, tol):
+    from tokenring_xdit.ring.standin import out_standin_bhsd
+
+    gen = torch.Generator().manual_seed(7)
+    do, o = (torch.randn(2, 3, 5, 16, generator=gen, dtype=dtype) for _ in range(2))
+    do[0, 1, 2] = 0  # a row without gradient gets a zero stand-in
+    delta = row_delta(do, o, BHSD)
+    strides = torch.empty(2, 5, 3, 16).transpose(1, 2).stride()  # bshd memory, bhsd view
+    x = out_standin_bhsd(do, delta, strides)
+    assert x.stride() == strides and x.dtype == dtype
+    assert (row_delta(do, x, BHSD) - delta).abs().max().item() <= tol
+    assert x[0, 1, 2].abs().max().item() == 0

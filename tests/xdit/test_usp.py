@@ -94,3 +94,16 @@ def test_token_ring_agrees_with_xdit_ring(layout: str) -> None:
             worst = max(worst, max_err(a, b))
     print(f"{layout}: max |TokenRing - xDiT ring| over all cases = {worst:.2e}")
     assert worst <= FP32_TOL, f"{layout}: max |TokenRing - xDiT ring| {worst:.3e} > {FP32_TOL}"
+
+
+def test_ring_ranks_that_choose_different_rings_fail_together() -> None:
+    """One ring rank selects TokenRing, the other xDiT's ring: the same ValueError on every
+    rank before either ring moves data; the next call, agreed again, is exact."""
+    for layout in LAYOUTS:
+        for result in cpu_launch(layout):
+            usp = part(result, "usp")
+            assert "chose different ring attentions" in usp["mismatch"], usp["mismatch"]
+            assert "rank 1: the host's own ring" in usp["mismatch"], usp["mismatch"]
+            sp, ring, sp_rank, ring_rank = (usp[n] for n in ("sp", "ring", "sp_rank", "ring_rank"))
+            ref = workers.expected_rows("plain", sp, ring, sp_rank, ring_rank)
+            assert max_err(usp["after_mismatch"], ref) <= FP32_TOL

@@ -322,6 +322,18 @@ def _usp_part(rank: int, spec: dict, calls: _Calls) -> dict:
             run = _run_counted(calls, cases[name])
             run["out"] = _np(run["out"])
             results[f"{impl}/{name}"] = run
+    if ring > 1:  # ring ranks that chose different rings: one ValueError on each, no hang
+        from tokenring_xdit.hosts import selection
+
+        saved = selection._chosen["python"]
+        _select("token_ring" if ring_rank == 0 else "default")
+        try:
+            cases["plain"]()
+            results["mismatch"] = "no error"
+        except ValueError as exc:
+            results["mismatch"] = str(exc)
+        selection.set_xdit_ring_impl(saved)
+        results["after_mismatch"] = _np(cases["plain"]())
     return results
 
 
@@ -346,7 +358,11 @@ def _long_ctx_run(calls: _Calls, layer, x: dict, attn=None, **kwargs) -> dict:
     run = _run_counted(calls, lambda: layer(attn, x["q"], x["k"], x["v"], **kwargs))
     run["out"] = _np(run["out"].transpose(1, 2))  # back to (b, h, s, d)
     run["ring_fn"] = getattr(layer.ring_attn_fn, "__qualname__", repr(layer.ring_attn_fn))
-    run["ring_fn_is_token_ring"] = layer.ring_attn_fn is xdit_ring.long_ctx_ring_attn
+    fn = layer.ring_attn_fn  # TokenRing itself, or the per-call dispatcher that agrees on it
+    run["ring_fn_is_token_ring"] = xdit_ring.long_ctx_ring_attn in (
+        fn,
+        getattr(fn, "__wrapped__", None),
+    )
     return run
 
 

@@ -5,9 +5,13 @@ parsers (read when xFuserArgs.from_cli_args / from_runner_args runs, so in every
 the TOKENRING_XDIT_RING_IMPL environment variable (inherited by every worker), then "default".
 
 `auto` decides per call signature (`AutoSignature`), from the planner's cost model
-(`planner.choose`). Every input of the decision is the same on every rank of a ring (shapes of a
-call the rings accept, the device model, the environment), so the ranks never disagree: one
-picking TokenRing while its peer all-gathers would hang both. Decisions are cached per signature.
+(`planner.choose`). Decisions are cached per signature.
+
+Ranks must never disagree (one running TokenRing while its peer all-gathers K/V would hang or
+abort both), so `choose` agrees the choice across the ring before either ring runs
+(ring/checks.agree_ring_choice): each rank's choice, where it came from, and, under `auto`,
+what it decides from besides the shapes (fabric, CUDA graphs, gradients); ranks that differ get
+one ValueError on every rank, and `auto` then decides from the agreed longest lengths.
 """
 
 from __future__ import annotations
@@ -79,6 +83,7 @@ class AutoSignature:
     fabric: str
     graphs: bool
     refused: str = ""  # why TokenRing cannot run this call; "" when it can
+    kv_heads: int = 0  # K/V heads under GQA/MQA (0: as many as query heads)
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,7 @@ def ring_call(
     kv_len: int,
     ring: int,
     refused: str = "",
+    kv_heads: int = 0,
 ) -> AutoSignature:
     """A call's signature: the shapes a host read, dtype and device from `tensor` (its query),
     fabric and graphs from the configuration."""
@@ -114,6 +120,7 @@ def ring_call(
         fabric=cfg.auto_fabric(),
         graphs=cfg.cuda_graphs,
         refused=refused,
+        kv_heads=kv_heads if kv_heads != heads else 0,
     )
 
 
@@ -158,6 +165,7 @@ def _decide(call: AutoSignature) -> Decision:
         call.device_name,
         call.fabric,
         call.graphs,
+        call.batch * call.kv_heads or None,  # GQA: the K/V ring moves g times fewer bytes
     )
     tr_ms, host_ms = ring_times(*args)
     mode = "graphed" if call.graphs else "eager"
@@ -169,12 +177,44 @@ def describe(call: AutoSignature, decision: Decision, host_ring: str) -> str:
     """The rank-0 log line of one decision."""
     what = "TokenRing" if decision.impl == TOKEN_RING else host_ring
     shape = f"{call.heads}x{call.head_dim}" + (f", batch {call.batch}" if call.batch > 1 else "")
+    if call.kv_heads:
+        shape += f", {call.kv_heads} K/V heads"
     tokens = f"{call.q_len * call.ring} tokens"
     if call.kv_len != call.q_len:
         tokens += f" (K/V {call.kv_len * call.ring})"
     return (
         f"ring attention: auto -> {what} for {shape}, {tokens}, ring {call.ring} ({decision.why})"
     )
+
+
+_CHOICE_CODES = {DEFAULT: 0, TOKEN_RING: 1, AUTO: 2}
+
+
+def choose(group, query, q_len: int, kv_len: int, signature, announce) -> str:
+    """TOKEN_RING or DEFAULT for one host call, the same on every rank of the ring `group`.
+
+    signature(q_len, kv_len) -> AutoSignature builds `auto`'s view from the agreed longest
+    lengths; announce(impl, source, call, decision) logs once (call/decision None unless auto).
+    """
+    from ..ring.checks import agree_ring_choice, needs_grad
+
+    impl, source = xdit_ring_impl()
+    cfg = config.current()
+    inputs = None
+    if impl == AUTO:
+        grad = needs_grad(query, query, query)
+        inputs = (cfg.auto_fabric(), cfg.cuda_graphs, grad, query.dtype, query.device.type)
+    validate = cfg.validate
+    lengths = agree_ring_choice(
+        group, _CHOICE_CODES[impl], source, inputs, (q_len, kv_len), query.device, validate
+    )
+    if impl != AUTO:
+        announce(impl, source, None, None)
+        return impl
+    call = signature(*lengths)
+    decision = decide(call)
+    announce(impl, source, call, decision)
+    return decision.impl
 
 
 def reset_decisions() -> None:

@@ -69,48 +69,33 @@ def _cp_arguments(
     return locals()
 
 
-def _announce(impl: str, source: str) -> None:
-    """Say once per process, on global rank 0, which ring diffusers runs."""
+def _announce(impl: str, source: str, call, decision) -> None:
+    """Say once per process, on global rank 0, which ring diffusers runs (`auto`: per call
+    signature)."""
+    if call is not None:
+        message = "context-parallel " + selection.describe(call, decision, HOST_RING)
+        selection.log_once(log, _announced, call, message)
+        return
     what = "TokenRing (tokenring_xdit)" if impl == selection.TOKEN_RING else "diffusers' own"
     message = f"context-parallel ring attention: {what}, selected by {source}"
     selection.log_once(log, _announced, impl, message)
 
 
 def _resolve(call: dict, cp) -> str:
-    """TOKEN_RING or DEFAULT for this call; `auto` asks the planner once per call signature."""
-    impl, source = selection.xdit_ring_impl()
-    if impl != selection.AUTO:
-        _announce(impl, source)
-        return impl
-    ring_call = _ring_call(call, cp)
-    decision = selection.decide(ring_call)
-    message = "context-parallel " + selection.describe(ring_call, decision, HOST_RING)
-    selection.log_once(log, _announced, ring_call, message)
-    return decision.impl
-
-
-def _ring_call(call: dict, cp) -> selection.AutoSignature:
-    """`auto`'s signature: the ring's view of this (b, s, h, d) call, after ulysses (heads / u,
-    sequence x u). With ring_anything the ring ranks' lengths differ, so they agree on the
-    longest first (one small all-gather over the ring; the all-gather ring pads to it too)."""
+    """TOKEN_RING or DEFAULT for this call, agreed across the ring before either ring runs;
+    `auto` asks the planner once per call signature, with the ring's longest shard (under
+    ring_anything the ranks' lengths differ; the all-gather ring pads to the longest too)."""
     query, key = call["query"], call["key"]
     b, s, h, d = query.shape
     u = cp.ulysses_degree
-    q_len, kv_len = s * u, key.shape[1] * u
-    if getattr(cp, "ring_anything", False):
-        q_len, kv_len = _longest_over_ring(query, q_len, kv_len, cp._ring_mesh.get_group())
-    return selection.ring_call(query, b, h // u, d, q_len, kv_len, cp.ring_degree, _refusal(call))
 
+    def signature(q_len: int, kv_len: int) -> selection.AutoSignature:
+        # the ring's view of this (b, s, h, d) call, after ulysses (heads / u, sequence x u)
+        refused = _refusal(call)
+        return selection.ring_call(query, b, h // u, d, q_len, kv_len, cp.ring_degree, refused)
 
-def _longest_over_ring(query, q_len: int, kv_len: int, group) -> tuple[int, int]:
-    import torch
-    import torch.distributed as dist
-
-    mine = torch.tensor([q_len, kv_len], device=query.device)
-    every = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(every, mine, group=group)
-    longest = torch.stack(every).amax(dim=0).tolist()
-    return int(longest[0]), int(longest[1])
+    group = cp._ring_mesh.get_group()
+    return selection.choose(group, query, s * u, key.shape[1] * u, signature, _announce)
 
 
 def _refusal(call: dict) -> str:

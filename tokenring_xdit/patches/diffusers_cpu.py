@@ -15,8 +15,9 @@ under `enable_parallelism` on gloo ranks), and what each shim changes (rows `dif
    (`aten._scaled_dot_product_flash_attention_for_cpu`, which returns out and lse) instead, so
    `set_attention_backend("_native_flash")` serves diffusers' ring, TokenRing and Ulysses alike
    (outside CP diffusers already runs that backend through SDPA, which works on CPU).
-3. Its backward op would call the CUDA-only backward kernel: on CPU tensors it raises a clear
-   NotImplementedError instead (CPU mode is forward-only).
+3. Its backward op would call the CUDA-only backward kernel: a forward that saves for a backward
+   (inputs that require grad) and the backward op raise a clear NotImplementedError on CPU
+   instead (diffusers' own CP attention is forward-only in CPU mode; TokenRing's is not).
 4. `_modeling_parallel.gather_size_by_comm` (ring_anything's and Ulysses-anything's length
    exchange) puts its int64 sizes on `torch.accelerator.current_accelerator()` unless the group's
    backend names "cpu": with a CUDA build on a machine without a GPU that is `cuda` ("Found no
@@ -89,6 +90,8 @@ def _cpu_flash_forward(wrapped, instance, args, kwargs):
 
     if call["attn_mask"] is not None or call["enable_gqa"]:
         raise ValueError("diffusers' CPU mode: _native_flash takes no attn_mask and no GQA")
+    if call["_save_ctx"] and any(call[n].requires_grad for n in ("query", "key", "value")):
+        _forward_only()  # diffusers' ring/ulysses backward would find nothing saved
     q, k, v = (call[n].transpose(1, 2) for n in ("query", "key", "value"))
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         q, k, v, call["dropout_p"], call["is_causal"], scale=call["scale"]
@@ -101,11 +104,17 @@ def _cpu_flash_forward(wrapped, instance, args, kwargs):
 def _cpu_flash_backward(wrapped, instance, args, kwargs):
     grad_out = args[1] if len(args) > 1 else kwargs.get("grad_out")
     if grad_out is not None and grad_out.device.type == "cpu":
-        raise NotImplementedError(
-            "diffusers' CPU mode (tokenring_xdit.patches.diffusers_cpu) is forward-only: "
-            "run under torch.no_grad() / torch.inference_mode()"
-        )
+        _forward_only()
     return wrapped(*args, **kwargs)
+
+
+def _forward_only():
+    raise NotImplementedError(
+        "diffusers' CPU mode (tokenring_xdit.patches.diffusers_cpu) is forward-only for "
+        "diffusers' own context-parallel attention: run under torch.no_grad() / "
+        "torch.inference_mode(), or select TokenRing (TOKENRING_XDIT_RING_IMPL=token_ring), "
+        "whose training path runs on CPU"
+    )
 
 
 def _gloo_gather_anything(wrapped, instance, args, kwargs):

@@ -3,7 +3,8 @@
 A CUDA graph that captured NCCL kernels keeps its communicator in use, and torch's
 `destroy_process_group` then waits forever in ncclCommDestroy (pytorch/pytorch#115388, open;
 seen here on 2 x H200 with torch 2.11). xDiT's scripts end with `destroy_distributed_env()`, so
-without this every run that replayed a TokenRing or transformer graph would hang at exit.
+without this every run that replayed a TokenRing or transformer graph would hang at exit. The
+same wrapper destroys TokenRing's own ring communicators first, in order.
 Applied when the first graph is captured (this module registers `ensure_applied` as a capture
 guard of ring/graphs.py when it is imported, which patches/__init__ and tokenring_xdit's public
 entry points do); `tokenring_xdit.uninstall()` reverts it.
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import gc
 
-from ..ring import graphs
+from ..ring import comm, graphs
 from .base import PatchSet
 from .table import TORCH_VERSIONS
 
@@ -28,6 +29,8 @@ def release_graphs() -> None:
 
 def _destroy_process_group(wrapped, instance, args, kwargs):
     release_graphs()
+    group = args[0] if args else kwargs.get("group")
+    comm.release_ring_comms(group)  # ours first, newest first (None: every ring's)
     return wrapped(*args, **kwargs)
 
 

@@ -24,22 +24,20 @@ _TAKEN_OVER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 HOST_RING = "xDiT's own ring"
 
 
-def _announce(impl: str, source: str) -> None:
-    """Say once per process, on global rank 0, which ring xDiT runs."""
+def _announce(impl: str, source: str, call, decision) -> None:
+    """Say once per process, on global rank 0, which ring xDiT runs (`auto`: per signature)."""
+    if call is not None:
+        selection.log_once(log, _announced, call, selection.describe(call, decision, HOST_RING))
+        return
     what = "TokenRing (tokenring_xdit)" if impl == selection.TOKEN_RING else HOST_RING
     selection.log_once(log, _announced, impl, f"ring attention: {what}, selected by {source}")
 
 
 def _resolve(signature, args, kwargs) -> str:
-    """TOKEN_RING or DEFAULT for this call; `auto` asks the planner once per call signature."""
-    impl, source = selection.xdit_ring_impl()
-    if impl != selection.AUTO:
-        _announce(impl, source)
-        return impl
-    call = signature(*args, **kwargs)
-    decision = selection.decide(call)
-    selection.log_once(log, _announced, call, selection.describe(call, decision, HOST_RING))
-    return decision.impl
+    """TOKEN_RING or DEFAULT for this call, agreed across the ring before either ring runs;
+    `auto` asks the planner once per call signature."""
+    group, query, call = signature(*args, **kwargs)
+    return selection.choose(group, query, call.q_len, call.kv_len, lambda *_: call, _announce)
 
 
 def _usp_call(
@@ -51,9 +49,10 @@ def _usp_call(
     is_causal=False,
     joint_attn_kwargs=None,
     attention_kwargs=None,
-) -> selection.AutoSignature:
-    """`auto`'s signature of a `usp.ring_attn` call (same parameters): (b, h, s, d) shards of
-    equal length on every ring rank (both rings need that), heads already split by ulysses."""
+) -> tuple:
+    """(ring group, query, `auto`'s signature) of a `usp.ring_attn` call (same parameters):
+    (b, h, s, d) shards of equal length on every ring rank (both rings need that), heads
+    already split by ulysses."""
     import torch.distributed as dist
     from yunchang.globals import PROCESS_GROUP
 
@@ -63,7 +62,8 @@ def _usp_call(
     refused = _usp_refusal(dropout_p, is_causal, attention_kwargs)
     # every query meets the joint K/V once: as K/V per rank, 1/ring of it each
     kv_len = key.shape[2] + -(-joint // ring)
-    return selection.ring_call(query, b, h, d, s, kv_len, ring, refused)
+    call = selection.ring_call(query, b, h, d, s, kv_len, ring, refused, key.shape[1])
+    return PROCESS_GROUP.RING_PG, query, call
 
 
 def _usp_refusal(dropout_p, is_causal, attention_kwargs) -> str:
@@ -119,18 +119,19 @@ def _long_ctx_init(wrapped, instance, args, kwargs):
 
     requested = inspect.signature(wrapped).bind(*args, **kwargs).arguments.get("ring_impl_type")
     selected = selection.xdit_ring_impl()[0]
-    if requested == selection.TOKEN_RING or selected == selection.TOKEN_RING:
+    if requested == selection.TOKEN_RING:  # chosen in code, like any yunchang ring type
         from ..hosts.xdit import long_ctx_ring_attn
 
         _TAKEN_OVER[instance] = instance.ring_attn_fn
         instance.ring_attn_fn = long_ctx_ring_attn
-    elif selected == selection.AUTO:
+    elif selected in (selection.TOKEN_RING, selection.AUTO):
         _TAKEN_OVER[instance] = instance.ring_attn_fn
-        instance.ring_attn_fn = _auto_long_ctx(instance.ring_attn_fn)
+        instance.ring_attn_fn = _dispatching_long_ctx(instance.ring_attn_fn)
 
 
-def _auto_long_ctx(own_ring_fn):
-    """A ring function that runs TokenRing or xDiT's `own_ring_fn`, per call signature."""
+def _dispatching_long_ctx(own_ring_fn):
+    """A ring function that runs TokenRing or xDiT's `own_ring_fn`, per call, as the ranks
+    agree (the process-wide choice can change after the layer was built)."""
     import functools
 
     from ..hosts.xdit import long_ctx_ring_attn
@@ -165,10 +166,10 @@ def _long_ctx_call(
     q_descale=None,
     k_descale=None,
     v_descale=None,
-) -> selection.AutoSignature:
-    """`auto`'s signature of a long-context ring call (long_ctx_ring_attn's parameters):
-    (b, s, h, d), K/V before any PipeFusion cache (the cached length is known only inside the
-    ring function; the uncached one is equal on every rank)."""
+) -> tuple:
+    """(ring group, query, `auto`'s signature) of a long-context ring call (the parameters of
+    long_ctx_ring_attn): (b, s, h, d), K/V before any PipeFusion cache (the cached length is
+    known only inside the ring function; the uncached one is equal on every rank)."""
     import torch.distributed as dist
 
     ring = dist.get_world_size(group)
@@ -182,7 +183,9 @@ def _long_ctx_call(
         "FP8 descale factors": any(x is not None for x in (q_descale, k_descale, v_descale)),
     }
     refused = ", ".join(name for name, present in unsupported.items() if present)
-    return selection.ring_call(q, b, h, d, s, k.shape[1] + -(-joint // ring), ring, refused)
+    kv_len = k.shape[1] + -(-joint // ring)
+    call = selection.ring_call(q, b, h, d, s, kv_len, ring, refused, k.shape[2])  # GQA: K/V heads
+    return group, q, call
 
 
 def _give_back_ring_fns() -> None:

@@ -23,14 +23,50 @@ class UnknownRingImplError(ValueError, KeyError):
 
 
 def _setup_after(wrapped, instance, args, kwargs):
-    """set_seq_parallel_pg, then TokenRing's return communicators for the new ring groups."""
+    """set_seq_parallel_pg, then a bounded timeout on the groups it made and TokenRing's
+    communicators for the new ring groups.
+
+    yunchang makes its groups without a timeout, so they carry torch's 30-minute default: a rank
+    that raised would block its peers (in TokenRing and in yunchang's all-to-all) that long.
+    They get the ring deadline instead (TOKENRING_XDIT_TIMEOUT, else the world group's timeout,
+    the one the user set), never a longer one."""
     result = wrapped(*args, **kwargs)
+    import torch.distributed as dist
     from yunchang.globals import PROCESS_GROUP
 
     from ..ring.comm import setup_token_ring_group
+    from ..ring.comm.groups import ring_deadline
 
-    setup_token_ring_group(PROCESS_GROUP.RING_PG)
+    set_timeout = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
+    try:
+        for group in (PROCESS_GROUP.ULYSSES_PG, PROCESS_GROUP.RING_PG):
+            if set_timeout is not None and group is not None and dist.get_world_size(group) > 1:
+                set_timeout(ring_deadline(group), group)
+        setup_token_ring_group(PROCESS_GROUP.RING_PG)
+    except ValueError:
+        pass  # a bad TOKENRING_XDIT_* value: the first ring call names it, on every rank
     return result
+
+
+def zigzag_extract_local(value, rank, world_size, rd, ud, dim=1, *args, **kwargs):
+    """yunchang's zigzag split (EXTRACT_FUNC_DICT["token_ring"]) that also records it for the
+    ring group, the proof a causal TokenRing call checks; refuses lengths it would garble."""
+    import yunchang.comm.extract_local as extract_local
+    from yunchang.globals import PROCESS_GROUP
+
+    from ..ring.sharding import declare_zigzag
+
+    total = value.shape[dim]
+    if total % (2 * rd * ud):
+        raise ValueError(
+            f"a zigzag split of {total} tokens over ring {rd} x ulysses {ud} needs a multiple "
+            f"of 2 x {rd} x {ud} = {2 * rd * ud} tokens; pad the sequence"
+        )
+    local = extract_local.zigzag_extract_local(
+        value, rank, world_size, rd, ud, dim, *args, **kwargs
+    )
+    declare_zigzag(PROCESS_GROUP.RING_PG, total)  # after the a2a, the ring holds all `total`
+    return local
 
 
 def _ring_impl_check(registry: dict):
@@ -80,8 +116,8 @@ def _build(patches: PatchSet) -> None:
         "yunchang.extract_local",
         extract_local.EXTRACT_FUNC_DICT,
         RING_IMPL_NAME,
-        # zigzag shards: what the causal schedule needs; the non-causal ring is exact on any
-        extract_local.zigzag_extract_local,
+        # zigzag shards (recorded as the causal check's proof); non-causal is exact on any
+        zigzag_extract_local,
     )
     original = ygl.set_seq_parallel_pg
     wrapped = patches.wrapper(

@@ -29,6 +29,7 @@ def ring_times(
     device_name: str = "NVIDIA H200",
     fabric: str = "nvswitch",
     graphs: bool = True,
+    kv_heads: int | None = None,
 ) -> tuple[float, float]:
     """Predicted ms of one call: (TokenRing, all-gather K/V ring). Arguments as choose_ring's."""
     m = make_machine(ring_degree, fabric_name=fabric, gpu=device_name)
@@ -39,6 +40,7 @@ def ring_times(
         kv_len=kv_len_local,
         dtype_bytes=4 if dtype == "float32" else 2,
         dtype=dtype,
+        kv_heads=kv_heads,
     )
     ranks = list(range(ring_degree))
     return token_ring(m, block, ranks, graphs=graphs).ms, allgather_ring(m, block, ranks).ms
@@ -55,12 +57,15 @@ def choose_ring(
     device_name: str = "NVIDIA H200",
     fabric: str = "nvswitch",
     graphs: bool = True,
+    kv_heads: int | None = None,
 ) -> str:
     """ "token_ring" or "default" (all-gather K/V ring) for one ring attention call.
 
     heads: heads on this rank (after ulysses); q_len_local/kv_len_local: tokens per rank in the
     ring (kv_len_local > q_len_local with a PipeFusion KV cache); graphs: whether TokenRing
-    replays its CUDA graph. Ring degree 1 has no ring: "default".
+    replays its CUDA graph; kv_heads: K/V heads on this rank under GQA (None: = heads), which
+    shrink what the K/V ring moves and not what TokenRing moves. Ring degree 1 has no ring:
+    "default".
     """
     if ring_degree <= 1:
         return "default"
@@ -74,5 +79,6 @@ def choose_ring(
         device_name,
         fabric,
         graphs,
+        kv_heads,
     )
     return "token_ring" if tr < ag * (1 - MARGIN) else "default"

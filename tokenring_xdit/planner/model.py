@@ -91,14 +91,21 @@ def predict(
     batch: int = 1,
     dtype: str = "bfloat16",
     final_pieces: int | None = None,
+    kv_heads: int | None = None,
 ) -> Prediction:
     """Milliseconds of one attention call (every rank; the slowest rank sets the time).
 
     final_pieces: pieces TokenRing cuts its last block into (default 1, the current code; the
-    committed sweeps ran with `schedules.old_final_pieces`).
+    committed sweeps ran with `schedules.old_final_pieces`). kv_heads: K/V heads under GQA/MQA
+    (None: = heads); ulysses splits them too, so it must divide them.
     """
-    if heads % ulysses:
-        raise ValueError(f"ulysses degree {ulysses} must divide the {heads} heads")
+    kv_heads = kv_heads or heads
+    if heads % ulysses or kv_heads % ulysses:
+        raise ValueError(
+            f"ulysses degree {ulysses} must divide the {heads} heads and {kv_heads} K/V heads"
+        )
+    if heads % kv_heads:
+        raise ValueError(f"{kv_heads} K/V heads must divide the {heads} query heads")
     if ulysses * ring > m.gpus:
         raise ValueError(f"{ulysses} x {ring} needs {ulysses * ring} GPUs, machine has {m.gpus}")
     n = ulysses * ring
@@ -111,15 +118,17 @@ def predict(
         kv_len=round(local),
         dtype_bytes=4 if dtype == "float32" else 2,
         dtype=dtype,
+        kv_heads=kv_heads // ulysses * batch,
     )
     method = method if ring > 1 else "ulysses"
     res = _ring(m, method, block, ring_ranks(m, ulysses, ring), final_pieces or 1)
     a2a = 0.0
     host = res.host_ms
     if ulysses > 1:
-        shard = tokens / n * heads * batch * head_dim * block.dtype_bytes
-        one = _alltoall_ms(m, ulysses_ranks(m, ulysses), shard)
-        a2a = 4 * one  # q, k, v in; out back
+        shard = tokens / n * batch * head_dim * block.dtype_bytes
+        q_one = _alltoall_ms(m, ulysses_ranks(m, ulysses), shard * heads)
+        kv_one = _alltoall_ms(m, ulysses_ranks(m, ulysses), shard * kv_heads)
+        a2a = 2 * q_one + 2 * kv_one  # q, k, v in; out back
         host += m.params.host_us["comm"] * 4 / 1e3 + m.params.host_us["elementwise"] * 8 / 1e3
     gpu = res.gpu_ms + a2a
     parts = {**res.breakdown, "all_to_all": a2a}

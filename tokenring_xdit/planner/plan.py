@@ -22,9 +22,14 @@ class Choice:
         return f"ulysses {p.ulysses} x ring {p.ring} ({ring})"
 
 
-def splits(heads: int, gpus: int) -> list[tuple[int, int]]:
-    """(ulysses, ring) with ulysses x ring = gpus and ulysses dividing the heads."""
-    return [(u, gpus // u) for u in range(1, gpus + 1) if gpus % u == 0 and heads % u == 0]
+def splits(heads: int, gpus: int, kv_heads: int | None = None) -> list[tuple[int, int]]:
+    """(ulysses, ring) with ulysses x ring = gpus and ulysses dividing the (K/V) heads."""
+    kv = kv_heads or heads
+    return [
+        (u, gpus // u)
+        for u in range(1, gpus + 1)
+        if gpus % u == 0 and heads % u == 0 and kv % u == 0
+    ]
 
 
 def rank_all(
@@ -36,11 +41,15 @@ def rank_all(
     batch: int = 1,
     dtype: str = "bfloat16",
     rings: tuple[str, ...] = tuple(RINGS),
+    kv_heads: int | None = None,
 ) -> list[Choice]:
     out = []
-    for u, r in splits(heads, m.gpus):
+    for u, r in splits(heads, m.gpus, kv_heads):
         for method in rings if r > 1 else ("ulysses",):
-            p = predict(m, method, heads, head_dim, tokens, u, r, batch=batch, dtype=dtype)
+            p = predict(
+                m, method, heads, head_dim, tokens, u, r, batch=batch, dtype=dtype,
+                kv_heads=kv_heads,
+            )  # fmt: skip
             out.append(Choice(p, p.ms * layers))
     return sorted(out, key=lambda c: c.prediction.ms)
 

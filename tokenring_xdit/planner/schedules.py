@@ -36,7 +36,13 @@ LSE_BYTES = 4  # lse is fp32, one per (head, query)
 
 @dataclass(frozen=True)
 class Block:
-    """One ring call's local shapes: q_len/kv_len tokens per rank, heads on this rank."""
+    """One ring call's local shapes: q_len/kv_len tokens per rank, heads on this rank;
+    kv_heads: K/V heads on this rank under GQA/MQA (None: as many as query heads).
+
+    Under GQA (g = heads / kv_heads) what a K/V ring moves shrinks by g while TokenRing's Q and
+    partials do not: per call TokenRing sends (n-1) x (q_bytes + partial_bytes), a K/V ring
+    (n-1) x kv_bytes, so at equal lengths TokenRing moves g x (1 + 2 / (head_dim x dtype_bytes))
+    times the bytes of a K/V ring (MHA: about the same; Llama-3 70B's g = 8: about 8 times)."""
 
     heads: int
     head_dim: int
@@ -44,14 +50,16 @@ class Block:
     kv_len: int
     dtype_bytes: int = 2
     dtype: str = "bfloat16"
+    kv_heads: int | None = None
 
     @property
     def q_bytes(self) -> float:
         return self.q_len * self.heads * self.head_dim * self.dtype_bytes
 
     @property
-    def kv_bytes(self) -> float:  # K and V together
-        return 2 * self.kv_len * self.heads * self.head_dim * self.dtype_bytes
+    def kv_bytes(self) -> float:  # K and V together, in their own head count
+        heads = self.kv_heads or self.heads
+        return 2 * self.kv_len * heads * self.head_dim * self.dtype_bytes
 
     @property
     def partial_bytes(self) -> float:  # out + lse

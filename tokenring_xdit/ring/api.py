@@ -8,10 +8,12 @@ import torch
 import torch.distributed as dist
 
 from ..config import RingConfig, current
-from .checks import check_inputs, needs_grad
+from .backward_kernels import select_pair
+from .checks import CallSpec, agree, digest, needs_grad
 from .comm import RingPosition
 from .forward import RingCall, local_forward, ring_forward
 from .function import train_attn
+from .gqa import gqa_kernel, gqa_pair
 from .graphs import graphs_wanted, run_graphed
 from .kernels import BlockKernel, KeyedKernel, select_kernel
 from .layout import Layout, get_layout
@@ -44,41 +46,54 @@ def token_ring_attn(
     kernel_key: Hashable | None = None,
     config: RingConfig | None = None,
     deterministic: bool = False,
+    positions: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact attention of the local queries against the K/V of every rank of `group`.
 
     q: (b, s_q, h, d) or (b, h, s_q, d) per `layout`; k, v: the local K/V in the same layout,
-    whose length may differ from s_q (a KV cache) and from other ranks' lengths. Returns
-    out (layout and dtype of q) and lse (b, h, s_q) fp32. `kernel` is a name from
-    `kernels.KERNELS`, "auto", or a callable (q, k, v, scale, layout) -> (out, lse fp32)
-    (a `KeyedKernel` names itself for the CUDA-graph cache; a plain callable needs `kernel_key`
-    to be graphed). `joint_kv` is extra K/V (xDiT's joint text tokens) that this rank's own
-    queries attend exactly once, joined before ("front") or after ("rear") the local K/V in the
-    step-0 block. `config` defaults to the environment's (`tokenring_xdit.config`); the
-    `final_chunks` and `cuda_graph` arguments override its fields.
+    whose length may differ from s_q (a KV cache) and from other ranks' lengths. `group`: the
+    ring's process group; None means the default (world) group. Returns out (layout and dtype of
+    q) and lse (b, h, s_q) fp32. `kernel` is a name from `kernels.KERNELS`, "auto", or a callable
+    (q, k, v, scale, layout) -> (out, lse fp32) (a `KeyedKernel` names itself for the CUDA-graph
+    cache; a plain callable needs `kernel_key` to be graphed). `joint_kv` is extra K/V (xDiT's
+    joint text tokens) that this rank's own queries attend exactly once, joined before
+    ("front") or after ("rear") the local K/V in the step-0 block. `config` defaults to the
+    environment's (`tokenring_xdit.config`); the `final_chunks` and `cuda_graph` arguments
+    override its fields.
 
     causal=True (zigzag shards: see `function.py`) and inputs that require grad run the
     differentiable block-schedule path (`function.train_attn`); `deterministic` applies there.
+    A causal call over several ranks must prove its zigzag layout: shards cut by
+    `tokenring_xdit.shard(x, group, causal=True)` (or yunchang's EXTRACT_FUNC_DICT
+    ["token_ring"]), or `positions`, the global token positions of the local shard ((s,) or
+    (b, s)). Every setting that decides the call is agreed across the ring first (checks.py).
     """
     cfg = config if config is not None else current()
     layout = get_layout(layout)
     pos = RingPosition.of(group)
     if joint_strategy not in _JOINT_STRATEGIES:
         raise ValueError(f"joint_strategy must be 'front' or 'rear', got {joint_strategy!r}")
-    # resolved before the handshake, so ranks that disagree (or a bad setting) fail together
     chunks = final_chunks if final_chunks is not None else cfg.final_chunks
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
-    shapes = check_inputs(q, k, v, layout, causal, chunks, scale, pos, joint_kv, cfg.validate)
-    if causal or needs_grad(q, k, v):
-        return train_attn(q, k, v, pos, shapes.q_lens, layout, scale, causal, kernel, deterministic)
-    fn, key = _resolve_kernel(kernel, kernel_key, q, v)
+    train = causal or needs_grad(q, k, v)
+    fn, key, family, problem = _resolve_kernel(
+        kernel, kernel_key, q, k, v, layout, train, deterministic
+    )
+    graphs = (cfg.cuda_graphs if cuda_graph is None else cuda_graph) and key is not None
+    spec = CallSpec(
+        q, k, v, layout, causal, chunks, scale, digest(family), graphs and not train,
+        cfg.validate, joint_kv, positions, *problem, transport=cfg.transport,
+    )  # fmt: skip
+    ring = agree(spec, pos)  # raises the same error on every rank, or returns the agreed ring
+    if train:
+        return train_attn(q, k, v, ring, layout, scale, causal, fn)
     call = RingCall(
         schedule=NON_CAUSAL,
         kernel=fn,
         kernel_key=key,
         layout=layout,
         scale=scale,
-        chunks=min(chunks, min(shapes.q_lens)),  # equal piece count on every rank
+        chunks=min(chunks, min(ring.q_lens)),  # equal piece count on every rank
         joint_strategy=joint_strategy,
         fused_merge=cfg.fused_merge,
     )
@@ -87,22 +102,48 @@ def token_ring_attn(
     inputs = (q, k, v) + (tuple(joint_kv) if joint_kv is not None else ())
 
     def run(xs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        return ring_forward(call, pos, shapes.q_lens, *xs[:3], xs[3:] or None)
+        return ring_forward(call, ring, ring.q_lens, *xs[:3], xs[3:] or None)
 
-    graphs = cfg.cuda_graphs if cuda_graph is None else cuda_graph
-    if call.kernel_key is None or not graphs_wanted(graphs, q.device):
-        return run(inputs)
-    signature = tuple((x.shape, x.stride(), x.dtype) for x in inputs)
-    return run_graphed((pos.group, pos.rank, call.graph_key(), signature), inputs, run, pos.group)
+    if not graphs_wanted(graphs, q.device):
+        result = run(inputs)
+    else:
+        signature = tuple((x.shape, x.stride(), x.dtype) for x in inputs)
+        graph_key = (pos.group, ring.key, call.graph_key(), signature)  # agreed + local shapes
+        result = run_graphed(graph_key, inputs, run, pos.group)
+    ring.finished("forward")
+    return result
 
 
-def _resolve_kernel(kernel, kernel_key, q, v) -> tuple[BlockKernel, Hashable | None]:
-    if isinstance(kernel, KeyedKernel):
-        return kernel, kernel.key
-    if callable(kernel):
-        return kernel, kernel_key
-    name, fn = select_kernel(kernel, q.device, q.dtype, q.shape[3], v.shape[3])
-    return fn, kernel
+def _resolve_kernel(kernel, kernel_key, q, k, v, layout, train: bool, deterministic: bool):
+    """(kernel or training pair, graph key, family name agreed across ranks, (problem, text)).
+
+    A kernel that cannot be used here is reported through the check (problem 13), so every
+    rank raises instead of this one alone."""
+    try:
+        gqa = q.shape[layout.head_dim] != k.shape[layout.head_dim]  # K/V keep their head count
+        args = (q.device, q.dtype, q.shape[3], v.shape[3])
+        if train:
+            pair = select_pair(kernel, *args, deterministic)
+            return (
+                gqa_pair(pair, *args) if gqa else pair,
+                None,
+                ("pair", pair.name, deterministic),
+                (0, ""),
+            )
+        if isinstance(kernel, KeyedKernel):
+            fn, key, family = kernel, kernel.key, kernel.key
+        elif callable(kernel):
+            fn, key, family = kernel, kernel_key, kernel_key if kernel_key is not None else kernel
+        else:
+            family, fn = select_kernel(kernel, *args)
+            key = kernel
+        if gqa:
+            fn, key = gqa_kernel(fn, key, *args)
+        return fn, key, family, (0, "")
+    except (ValueError, NotImplementedError, RuntimeError, IndexError) as exc:
+        # (IndexError: q is not 4-d, which the check reports as such)
+        code = 16 if isinstance(exc, NotImplementedError) else 13
+        return None, None, "unusable", (code, str(exc).splitlines()[0][:300])
 
 
 # --- flash-attn style functional API (ring-flash-attention's keyword names) ---------------
@@ -141,9 +182,12 @@ def token_ring_attn_func(
     *,
     layout: str = "bshd",
     kernel: str = "auto",
+    positions: torch.Tensor | None = None,
 ):
     """Differentiable TokenRing: out (layout of q), or (out, lse (b, h, s) fp32, None) when
-    return_attn_probs. `kernel`: "auto" or a name from `backward_kernels.PAIRS`."""
+    return_attn_probs. `kernel`: "auto" or a name from `backward_kernels.PAIRS`. `group=None`:
+    the default (world) group. causal=True over several ranks needs zigzag shards with proof
+    (`tokenring_xdit.shard(x, group, causal=True)`, or `positions`: see token_ring_attn)."""
     reject_unsupported(dropout_p, window_size, softcap, alibi_slopes)
     out, lse = token_ring_attn(
         q,
@@ -155,6 +199,7 @@ def token_ring_attn_func(
         causal=causal,
         kernel=kernel,
         deterministic=deterministic,
+        positions=positions,
     )
     return (out, lse, None) if return_attn_probs else out
 

@@ -1,10 +1,11 @@
 """The TokenRing backward loop: the forward's block schedule with backward payloads.
 
-K/V stay home and so do their gradients: dK/dV of the local K/V are accumulated here (fp32) at
-every step and never travel. What travels one hop per step on the Q lane is the held query part
-with everything its backward needs: (Q, dO, lse, delta = rowsum(dO * O)); the dQ partial of each
-step goes straight back to its owner one step late on the return lane, and the owner sums them
-(fp32). Both lanes are posted before the step's kernel and waited after it.
+K/V stay home and so do their gradients: dK/dV of the local K/V are accumulated here at every
+step (fp32 from N = 3 on) and never travel. What travels one hop per step on the Q lane is the
+held query part with everything its backward needs: (Q, dO, lse, delta = rowsum(dO * O)); the
+kernel pair builds its O stand-in from dO and delta (`standin.py`). The dQ partial of each step
+goes straight back to its owner one step late on the return lane, and the owner sums them.
+Both lanes are posted before the step's kernel and waited after it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import torch
 
 from .backward_kernels import row_delta
 from .block_forward import BlockCall
-from .comm import COUNTERS, RingPosition, lanes
+from .checks import Ring
+from .comm import COUNTERS
 from .schedules.blocks import part_len, part_slice
 
 __all__ = ["block_backward"]
@@ -46,21 +48,24 @@ def _bundle_part(call: BlockCall, bundle, held: str, wanted: str, length: int):
 
 
 def block_backward(
-    call: BlockCall, pos: RingPosition, q_lens: tuple[int, ...], dout, q, k, v, out, lse
+    call: BlockCall, pos: Ring, q_lens: tuple[int, ...], dout, q, k, v, out, lse
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of this rank's q, k, v, in their dtypes. out/lse: the forward's result."""
     layout, rank, n = call.layout, pos.rank, pos.size
     plan = call.schedule.block_steps(rank, n)
     dout = dout.contiguous()
-    delta = row_delta(dout, out, layout)
     if n == 1:
+        # the kernel reads O itself: no delta, no accumulators, no copies (what SDPA does)
         COUNTERS.kernel_calls += 1
-        args = (dout, q, k, v, out, lse, delta, call.scale, layout, plan[0].causal)
+        args = (dout, q, k, v, out, lse, None, call.scale, layout, plan[0].causal)
         return call.pair.run_backward(*args)
-    q_lane, ret_lane = lanes(pos)
-    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
-    dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+    delta = row_delta(dout, out, layout)  # travels instead of O (one fp32 per row)
+    q_lane, ret_lane = pos.lanes()
+    # Sums start from step 0's block (our own Q against all our K/V: every position). A position
+    # gets at most N contributions; with N = 2 the input dtype's own add (fp32 math, one
+    # rounding) equals an fp32 sum rounded once, so fp32 accumulators only from N = 3 on.
+    acc = torch.float32 if n > 2 else None
+    dq = dk = dv = None
     held = [q.contiguous(), dout, lse.contiguous(), delta]
     prev_dq = None
     for st in plan:
@@ -88,14 +93,26 @@ def block_backward(
             block_dq, block_dk, block_dv = call.pair.run_backward(
                 do_b, q_b, k_b, v_b, own_out, lse_b, delta_b, call.scale, layout, st.causal
             )
-            layout.seq_slice(dk, kv_sl).add_(block_dk)
-            layout.seq_slice(dv, kv_sl).add_(block_dv)
+            if st.step == 0:
+                dk, dv = _start(block_dk, k, acc), _start(block_dv, v, acc)
+            else:
+                layout.seq_slice(dk, kv_sl).add_(block_dk)
+                layout.seq_slice(dv, kv_sl).add_(block_dv)
         q_lane.wait()
         ret_lane.wait()
         if st.step == 0:
-            dq.add_(block_dq)
+            dq = _start(block_dq, q, acc)
         elif ret is not None:
             layout.seq_slice(dq, part_slice(st.ret_recv_part, q_lens[rank])).add_(ret)
         prev_dq = block_dq.contiguous() if block_dq is not None and st.step > 0 else None
         held = next_held if next_held is not None else held
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def _start(grad: torch.Tensor, like: torch.Tensor, acc: torch.dtype | None) -> torch.Tensor:
+    """The running sum of a gradient, holding step 0's block (the kernel's fresh output, which we
+    may add into; a copy when it must become fp32 or is not a dense tensor of like's shape)."""
+    dtype = acc or grad.dtype
+    if grad.dtype == dtype and grad.shape == like.shape and grad.is_contiguous():
+        return grad
+    return grad.to(dtype, copy=True)

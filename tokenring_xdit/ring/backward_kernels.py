@@ -5,9 +5,16 @@ backward(dout, q, k, v, out, lse, delta, scale, layout, causal) -> (dq, dk, dv) 
 
 `lse` and `delta` = rowsum(dO * O) are those of the WHOLE attention row (the merged result), so
 the per-block gradients of all key blocks sum to the exact gradients. `out` is the merged output
-where this rank has it (its own queries) and None for a travelling query block: only delta
-travels (b*h*s floats instead of a full tensor). The SDPA-style backward ops read `out` only
-through rowsum(dO * out), so for them a stand-in with that row sum is built from dO and delta.
+where this rank has it (its own queries; `delta` may then be None) and None for a travelling
+query block, which brings only delta (one fp32 per row instead of a row of O). The SDPA-style
+backward ops read `out` only through rowsum(dO * out), so for them a stand-in with that row sum
+is built from dO and delta (`standin.py`).
+
+cuDNN's backward additionally bakes the STRIDES of O and dO into a graph that torch caches under
+a key of q/k/v's shapes and strides only: a later call with the same q/k/v but differently
+strided O or dO reuses the plan and reads them wrongly (that, not the stand-in's values, made
+the stand-in look wrong on H100). So cuDNN always gets O (or the stand-in) and dO laid out in
+q's dimension order, as torch's own forward allocates O; that is a no-op in the ring's own calls.
 `causal` is top-left aligned (only used on the square diagonal block).
 """
 
@@ -21,8 +28,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .kernels import empty_block, lse_bhs
+from .kernels import empty_block, has_flash_attn, lse_bhs
 from .layout import BHSD, Layout
+from .standin import out_standin_bhsd, row_delta_bhsd
 
 __all__ = ["KernelPair", "PAIRS", "select_pair", "row_delta"]
 
@@ -39,31 +47,20 @@ class KernelPair:
         return empty if empty is not None else self.forward(q, k, v, scale, layout, causal)
 
     def run_backward(self, dout, q, k, v, out, lse, delta, scale, layout, causal):
+        """out: the merged output, or None (then delta is required); delta may be None with out."""
         if 0 in (q.shape[layout.seq_dim], k.shape[layout.seq_dim]):
             return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         return self.backward(dout, q, k, v, out, lse, delta, scale, layout, causal)
 
 
 def row_delta(dout: torch.Tensor, out: torch.Tensor, layout: Layout) -> torch.Tensor:
-    """delta = rowsum(dO * O), (b, h, s) fp32."""
-    return (layout.to_bhsd(dout).float() * layout.to_bhsd(out).float()).sum(-1)
-
-
-def _out_standin(dout_b: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-    """A (b, h, s, d) tensor X with rowsum(dO * X) = delta: X = delta * dO / |dO|^2 per row.
-
-    Rounding X to a half type changes its row sum by at most ~2^-9 of |delta| (all terms have
-    delta's sign), no worse than the rounding of the real O the kernels would read.
-    """
-    do = dout_b.float()
-    norm2 = (do * do).sum(-1, keepdim=True)
-    scale = torch.where(norm2 > 0, delta.unsqueeze(-1) / norm2, torch.zeros_like(norm2))
-    return (do * scale).to(dout_b.dtype)
+    """delta = rowsum(dO * O), (b, h, s) fp32 (one pass, fp32 math)."""
+    return row_delta_bhsd(layout.to_bhsd(dout), layout.to_bhsd(out))
 
 
 def _bhsd_args(dout, q, k, v, out, delta, layout):
     dob, qb, kb, vb = (layout.to_bhsd(x) for x in (dout, q, k, v))
-    ob = layout.to_bhsd(out) if out is not None else _out_standin(dob, delta)
+    ob = layout.to_bhsd(out) if out is not None else out_standin_bhsd(dob, delta)
     return dob, qb, kb, vb, ob
 
 
@@ -93,6 +90,8 @@ def _math_forward(q, k, v, scale, layout, causal):
 
 
 def _math_backward(dout, q, k, v, out, lse, delta, scale, layout, causal):
+    if delta is None:
+        delta = row_delta(dout, out, layout)
     qb, kb, scores = _math_scores(q, k, scale, layout, causal)
     acc = scores.dtype
     p = torch.exp(scores - lse.to(acc).unsqueeze(-1))
@@ -177,8 +176,32 @@ def _cudnn_forward(q, k, v, scale, layout, causal):
     return layout.from_bhsd(out), lse_bhs(lse, *qb.shape[:3])
 
 
+def _matching_strides(q: torch.Tensor, shape) -> tuple[int, ...]:
+    """Dense strides for `shape` in q's dimension order (how torch's cuDNN forward lays out O)."""
+    order = sorted(range(q.dim()), key=lambda i: q.stride(i))  # innermost first, stable
+    strides, step = [0] * q.dim(), 1
+    for i in order:
+        strides[i] = step
+        step *= shape[i]
+    return tuple(strides)
+
+
+def _with_strides(x: torch.Tensor, strides: tuple[int, ...]) -> torch.Tensor:
+    """x itself when it already has `strides` (sizes of 1 ignored), else a copy that has them."""
+    if all(n == 1 or a == b for n, a, b in zip(x.shape, x.stride(), strides, strict=True)):
+        return x
+    return torch.empty_strided(x.shape, strides, dtype=x.dtype, device=x.device).copy_(x)
+
+
 def _cudnn_backward(dout, q, k, v, out, lse, delta, scale, layout, causal):
-    dob, qb, kb, vb, ob = _bhsd_args(dout, q, k, v, out, delta, layout)
+    qb, kb, vb, dob = (layout.to_bhsd(x) for x in (q, k, v, dout))
+    # O and dO in q's order: torch caches cuDNN's plan by q/k/v strides only (module docstring)
+    strides = _matching_strides(qb, dob.shape)
+    dob = _with_strides(dob, strides)
+    if out is not None:
+        ob = _with_strides(layout.to_bhsd(out), strides)
+    else:
+        ob = out_standin_bhsd(dob, delta, strides)
     rng = _no_rng(q.device)
     # cuDNN's stats tensor is (b, h, s, 1), as its forward returns it
     grads = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
@@ -214,7 +237,7 @@ def _fa_backward_impl(dout, q, k, v, out, lse, delta, scale, layout, causal, det
     from flash_attn.flash_attn_interface import _flash_attn_backward
 
     if out is None:
-        out = layout.from_bhsd(_out_standin(layout.to_bhsd(dout), delta))
+        out = layout.from_bhsd(out_standin_bhsd(layout.to_bhsd(dout), delta))
     dos, qs, ks, vs, os_ = (x.contiguous() for x in _fa_flip(layout, dout, q, k, v, out))
     dq, dk, dv = (torch.empty_like(x) for x in (qs, ks, vs))
     kwargs = dict(dropout_p=0.0, softmax_scale=scale, causal=causal, softcap=0.0)
@@ -250,16 +273,56 @@ PAIRS: dict[str, KernelPair] = {
 _DETERMINISTIC_FA = KernelPair("flash_attn", _fa_forward, _fa_backward_deterministic, True)
 
 
-# forward kernels whose backward TokenRing cannot use on CUDA (see select_pair)
-_NO_RING_BACKWARD = ("cudnn", "torch_efficient")
+# The efficient op's backward gave wrong gradients even with the real O (H100, torch 2.11): its
+# forward's equivalent with a usable backward runs instead.
+_NO_RING_BACKWARD = ("torch_efficient",)
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _auto_order(device: torch.device, dtype: torch.dtype) -> tuple[str, ...]:
+    """Training pairs to try, fastest first, for 'auto'."""
+    if device.type != "cuda":
+        return ("cpu_flash", "math")
+    if dtype not in _HALF:
+        return ("math",)  # the fast CUDA kernels take half precision only
+    # cuDNN runs ~1.7x torch flash on Hopper (550 vs 310 TFLOP/s fwd+bwd, H100) and is ahead
+    # of flash-attn 2 there; before Hopper flash-attn is the fast, well-trodden one.
+    if torch.cuda.get_device_capability(device)[0] >= 9:
+        return ("cudnn", "flash_attn", "torch_flash", "math")
+    return ("flash_attn", "torch_flash", "cudnn", "math")
+
+
+@functools.cache
+def _pair_works(name: str, device: str, dtype: torch.dtype, d_qk: int, d_v: int) -> bool:
+    """One tiny causal forward + stand-in backward, compared with the exact pair: a kernel that
+    lacks this head size (or its backward) is skipped instead of failing in the first step."""
+    if name == "flash_attn" and not has_flash_attn():
+        return False
+    if name == "math":
+        return True
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    q, k = (torch.randn(1, 2, 24, d_qk, generator=gen) for _ in range(2))
+    v, dout = (torch.randn(1, 2, 24, d_v, generator=gen) for _ in range(2))
+    q, k, v, dout = (x.to(device, dtype) for x in (q, k, v, dout))
+    got, ref = [], []
+    try:
+        for pair, res in ((PAIRS[name], got), (PAIRS["math"], ref)):
+            out, lse = pair.run_forward(q, k, v, d_qk**-0.5, BHSD, True)
+            delta = row_delta(dout, out, BHSD)
+            grads = pair.run_backward(dout, q, k, v, None, lse, delta, d_qk**-0.5, BHSD, True)
+            res.extend(x.float() for x in (out, lse, *grads))
+        for a, b in zip(got, ref, strict=True):
+            if a.shape != b.shape or not (a - b).abs().max() <= 3e-2 * max(1.0, b.abs().max()):
+                return False
+    except (RuntimeError, NotImplementedError, ImportError, TypeError):
+        return False
+    return True
 
 
 def select_pair(
     kernel: str, device: torch.device, dtype: torch.dtype, d_qk: int, d_v: int, deterministic: bool
 ) -> KernelPair:
-    """The training pair for a kernel name ("auto": the forward kernel `select_kernel` picks)."""
-    from .kernels import select_kernel
-
+    """The training pair for a kernel name ("auto": the fastest pair that works here)."""
     if not isinstance(kernel, str):
         raise NotImplementedError(
             "TokenRing training and causal attention need a kernel with a matching backward; a "
@@ -267,12 +330,12 @@ def select_pair(
             "yunchang: attn_type FA, TORCH_FLASH, TORCH_EFFICIENT, TORCH_CUDNN or TORCH_MATH, "
             "no attn_processor)"
         )
-    name = select_kernel(kernel, device, dtype, d_qk, d_v)[0] if kernel == "auto" else kernel
+    name = kernel
+    if kernel == "auto":
+        order = _auto_order(device, dtype)
+        name = next(n for n in order if _pair_works(n, device.type, dtype, d_qk, d_v))
     if name in _NO_RING_BACKWARD:
-        # Checked on one H100 (torch 2.11, docs/training.md): cuDNN's backward is exact only with
-        # the real O, which TokenRing does not move (it sends delta); the efficient backward
-        # was wrong even with O. Their forward's equivalent with a usable backward runs instead.
-        name = "torch_flash" if dtype in (torch.float16, torch.bfloat16) else "math"
+        name = "torch_flash" if dtype in _HALF else "math"
     if name not in PAIRS:
         raise ValueError(f"unknown kernel {name!r}; use 'auto' or one of {sorted(PAIRS)}")
     if name == "flash_attn" and importlib.util.find_spec("flash_attn") is None:

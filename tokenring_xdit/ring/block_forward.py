@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from .backward_kernels import KernelPair
-from .comm import COUNTERS, RingPosition, lanes
+from .checks import Ring
+from .comm import COUNTERS
 from .layout import Layout
 from .merge import PartialMerge
 from .schedules.blocks import BlockStep, part_len, part_slice, sub_slice
@@ -42,9 +43,12 @@ class BlockCall:
 
 
 def block_forward(
-    call: BlockCall, pos: RingPosition, q_lens: tuple[int, ...], q, k, v
+    call: BlockCall, pos: Ring, q_lens: tuple[int, ...], q, k, v
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out in q's dtype, lse (b, h, s) fp32) of our queries against every rank's K/V."""
+    """(out in q's dtype, lse (b, h, s) fp32) of our queries against every rank's K/V.
+
+    Of `pos` the loop uses rank, size and lanes() only (benchmarks/replay_rank.py and
+    tests/thread_ring.py pass rings whose lanes are local)."""
     layout, rank, n = call.layout, pos.rank, pos.size
     b, _, h, d = layout.dims(q)
     dv = v.shape[3]
@@ -53,7 +57,7 @@ def block_forward(
         COUNTERS.kernel_calls += 1
         out, lse = call.pair.run_forward(q, k, v, call.scale, layout, plan[0].causal)
         return out.to(q.dtype), lse.float()
-    q_lane, ret_lane = lanes(pos)
+    q_lane, ret_lane = pos.lanes()
     held = q.contiguous()
     merge = prev = None
     for st in plan:
@@ -88,7 +92,7 @@ def block_forward(
         if merge is None:
             # step 0: our own Q against our own K/V. The accumulator stays fp32 throughout: a
             # causal rank merges partials of different parts, so no merge is "last" for all rows.
-            merge = PartialMerge(*block, layout, q.dtype, updates=None, fused=False)
+            merge = PartialMerge(*block, layout, q.dtype, updates=None, eager_fused=True)
         elif ret is not None:
             merge.update(*ret, seq=part_slice(st.ret_recv_part, q_lens[rank]))
         prev = block if st.step > 0 else None

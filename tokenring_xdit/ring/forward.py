@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .comm import COUNTERS, Lane, RingPosition, lanes
+from .checks import Ring
+from .comm import COUNTERS, Lane
 from .kernels import BlockKernel, run_block
 from .layout import Layout
 from .merge import PartialMerge
@@ -68,11 +69,11 @@ def local_forward(call: RingCall, q, k, v, joint_kv) -> tuple[torch.Tensor, torc
 
 
 def ring_forward(
-    call: RingCall, pos: RingPosition, q_lens: tuple[int, ...], q, k, v, joint_kv
+    call: RingCall, pos: Ring, q_lens: tuple[int, ...], q, k, v, joint_kv
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of our queries against every rank's K/V. q_lens: every rank's query length."""
     layout, rank, n = call.layout, pos.rank, pos.size
-    q_lane, out_lane = lanes(pos)
+    q_lane, out_lane = pos.lanes()
     own_kv = call.join(k, v, joint_kv)
     b, _, h, d = layout.dims(q)
     held_q = q.contiguous()

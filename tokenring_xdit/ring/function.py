@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 
 from .backward import block_backward
-from .backward_kernels import select_pair
+from .backward_kernels import KernelPair
 from .block_forward import BlockCall, block_forward
-from .comm import RingPosition
+from .checks import Ring
 from .layout import Layout
 from .schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
 
@@ -25,8 +25,9 @@ class TokenRingAttention(torch.autograd.Function):
     """out, lse = TokenRing(q, k, v); saves only this rank's q, k, v, out and lse."""
 
     @staticmethod
-    def forward(ctx, q, k, v, call: BlockCall, pos: RingPosition, q_lens: tuple[int, ...]):
+    def forward(ctx, q, k, v, call: BlockCall, pos: Ring, q_lens: tuple[int, ...]):
         out, lse = block_forward(call, pos, q_lens, q, k, v)
+        pos.finished("forward")
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.call, ctx.pos, ctx.q_lens = call, pos, q_lens
         ctx.mark_non_differentiable(lse)
@@ -36,6 +37,7 @@ class TokenRingAttention(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = block_backward(ctx.call, ctx.pos, ctx.q_lens, dout, q, k, v, out, lse)
+        ctx.pos.finished("backward")
         return dq, dk, dv, None, None, None
 
 
@@ -43,16 +45,13 @@ def train_attn(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    pos: RingPosition,
-    q_lens: tuple[int, ...],
+    ring: Ring,
     layout: Layout,
     scale: float,
     causal: bool,
-    kernel,
-    deterministic: bool,
+    pair: KernelPair,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The block-schedule path, after the input handshake (`api.token_ring_attn` calls it)."""
-    pair = select_pair(kernel, q.device, q.dtype, q.shape[3], v.shape[3], deterministic)
+    """The block-schedule path, after the input check (`api.token_ring_attn` calls it)."""
     schedule = CAUSAL_ZIGZAG if causal else NON_CAUSAL_BLOCKS
     call = BlockCall(schedule=schedule, pair=pair, layout=layout, scale=scale)
-    return TokenRingAttention.apply(q, k, v, call, pos, q_lens)
+    return TokenRingAttention.apply(q, k, v, call, ring, ring.q_lens)

@@ -31,9 +31,15 @@ __all__ = [
     "run_graphed",
 ]
 
-# Called before every capture (they must be idempotent). The patch layer registers the guard
-# that frees our graphs before NCCL teardown (pytorch#115388); the ring does not import it.
+# Called before every capture (they must be idempotent): the guard that frees our graphs before
+# NCCL teardown (pytorch#115388). The ring does not import the patch layer; the guard is found
+# through the entry-point group below (pyproject.toml), whichever module was imported first.
 CAPTURE_GUARDS: list[Callable[[], None]] = []
+GUARD_ENTRY_POINTS = "tokenring_xdit.capture_guards"
+_GUARDS_LOADED: list[bool] = []
+# TokenRing call graphs kept at most (least recently used dropped first): a growing KV cache
+# makes a new signature per length, and each graph holds its buffers.
+RING_GRAPH_LIMIT = 64
 
 
 @dataclass
@@ -61,12 +67,17 @@ class GraphCache:
     inputs (tensors and plain values) that is capturable; `key` must be equal on every rank.
 
     max_entries: past it, new keys run eagerly (their arguments probably change per call).
+    lru: past it, the least recently used graph is dropped (with its memory) for a new key; the
+    key sequence is agreed across ranks, so every rank drops the same one.
     agree_on_key: compare the key across the group before capturing (a caller whose key can
     differ between ranks, e.g. built from Python state).
     """
 
-    def __init__(self, max_entries: int | None = None, agree_on_key: bool = False) -> None:
+    def __init__(
+        self, max_entries: int | None = None, agree_on_key: bool = False, lru: int | None = None
+    ) -> None:
         self.max_entries = max_entries
+        self.lru = lru
         self.agree_on_key = agree_on_key
         self.stats = GraphStats()
         self._graphs: dict[Hashable, _Graph | None] = {}  # None: stay eager for this key
@@ -82,8 +93,12 @@ class GraphCache:
                 entry = None
         if entry is _MISSING:
             result = run(leaves)  # warm-up, and this call's answer
+            if self.lru is not None and len(self._graphs) >= self.lru:
+                del self._graphs[next(iter(self._graphs))]  # least recently used
             self._graphs[key] = self._capture(key, leaves, run, group)
             return result
+        if self.lru is not None:
+            self._graphs[key] = self._graphs.pop(key)  # most recently used last
         if entry is None:
             self.stats.eager += 1
             return run(leaves)
@@ -132,6 +147,14 @@ class GraphCache:
 
 
 def _run_guards() -> None:
+    if not _GUARDS_LOADED:
+        _GUARDS_LOADED.append(True)
+        from importlib.metadata import entry_points
+
+        for entry in entry_points(group=GUARD_ENTRY_POINTS):
+            guard = entry.load()
+            if guard not in CAPTURE_GUARDS:
+                CAPTURE_GUARDS.append(guard)
     for guard in CAPTURE_GUARDS:
         guard()
 
@@ -140,11 +163,17 @@ def _digest(key: Hashable) -> int:
     return int.from_bytes(hashlib.sha256(repr(key).encode()).digest()[:7], "little")
 
 
+def _flag_device(device: torch.device, group) -> torch.device:
+    """Where a capture's agreement flag lives: a gloo group (a same-GPU ring over IPC) moves
+    CPU tensors."""
+    return torch.device("cpu") if dist.get_backend(group) == "gloo" else device
+
+
 def _agree_on_key(key: Hashable, device: torch.device, group) -> bool:
     if not dist.is_initialized():
         return True
     d = _digest(key)
-    both = torch.tensor([d, -d], device=device, dtype=torch.int64)
+    both = torch.tensor([d, -d], device=_flag_device(device, group), dtype=torch.int64)
     dist.all_reduce(both, op=dist.ReduceOp.MIN, group=group)
     return both[0].item() == d and -both[1].item() == d
 
@@ -153,7 +182,7 @@ def all_ranks_ok(ok: bool, device: torch.device, group: dist.ProcessGroup | None
     """True only if `ok` on every rank of `group` (a capture is used by all ranks or none)."""
     if not dist.is_initialized():
         return ok
-    flag = torch.tensor([int(ok)], device=device)
+    flag = torch.tensor([int(ok)], device=_flag_device(device, group))
     dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
     return bool(flag.item())
 
@@ -166,7 +195,7 @@ def graphs_wanted(enabled: bool, device: torch.device) -> bool:
 
 
 # TokenRing calls share one cache (keys hold the group, rank, kernel and tensor signature).
-RING_GRAPHS = GraphCache()
+RING_GRAPHS = GraphCache(lru=RING_GRAPH_LIMIT)
 
 
 def run_graphed(key: Hashable, inputs: tuple[torch.Tensor, ...], run, group) -> Any:

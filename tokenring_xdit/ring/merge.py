@@ -16,8 +16,8 @@ class PartialMerge:
     ring-flash-attention PR #34). Storage follows the work left: with more than one merge to
     come the running out is an fp32 accumulator; the last merge of each query (`last=True`)
     writes the caller's dtype directly, so a 2-rank ring never materialises fp32 at all.
-    In a captured CUDA graph each merge is one Triton pass (fused_merge; `fused=False` turns
-    it off); elsewhere a few torch ops.
+    In a captured CUDA graph (or with `eager_fused`) each merge is one Triton pass (fused_merge;
+    `fused=False` turns it off); elsewhere a few torch ops.
     """
 
     def __init__(
@@ -28,6 +28,7 @@ class PartialMerge:
         out_dtype: torch.dtype | None = None,
         updates: int | None = None,
         fused: bool = True,
+        eager_fused: bool = False,
     ):
         self.layout = layout
         self.dtype = out_dtype or block_out.dtype
@@ -36,11 +37,13 @@ class PartialMerge:
         self.lse = block_lse.to(torch.float32, copy=True)
         self.final: torch.Tensor | None = None
         # The Triton pass only while a CUDA graph is being captured: its Python launcher costs
-        # more host time per call than the torch ops, which only a graph replay hides.
+        # more host time per call than the torch ops, which only a graph replay hides. Unless
+        # `eager_fused` (the training loops' large blocks, where device time dominates: one
+        # pass instead of five kernels and two fp32 temporaries per merge).
         self._fused = (
             fused
             and block_out.is_cuda
-            and torch.cuda.is_current_stream_capturing()
+            and (eager_fused or torch.cuda.is_current_stream_capturing())
             and fused_merge.serves(block_out)
         )
 

@@ -8,6 +8,10 @@ so a causal call must carry proof, checked on every rank before any transfer (ri
   zigzag shards, e.g. yunchang's EXTRACT_FUNC_DICT["token_ring"] under our patch), recording
   the global sequence length per ring group; or
 - the call's global token positions (`positions=`), verified against the zigzag split.
+
+`shard` / `unshard` cut a full sequence into this rank's shard and put shards back together,
+for any process group (no yunchang groups needed): zigzag for causal attention (and the
+declaration above), contiguous otherwise.
 """
 
 from __future__ import annotations
@@ -17,7 +21,15 @@ import weakref
 import torch
 import torch.distributed as dist
 
-__all__ = ["zigzag_chunks", "zigzag_positions", "declare_zigzag", "declared_total", "proof_of"]
+__all__ = [
+    "shard",
+    "unshard",
+    "zigzag_chunks",
+    "zigzag_positions",
+    "declare_zigzag",
+    "declared_total",
+    "proof_of",
+]
 
 # ring group -> global sequence length its members last cut zigzag shards of (None: no group)
 _DECLARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -91,3 +103,86 @@ def proof_of(
         return (POSITIONS, total) if total >= 0 else (BAD_POSITIONS, 0)
     total = declared_total(group)
     return (DECLARED, total) if total is not None else (NO_PROOF, 0)
+
+
+# --- the sharding helpers of the functional API ----------------------------------------------
+
+
+def _rank_and_size(group: dist.ProcessGroup | None) -> tuple[int, int]:
+    """(rank, size) of this process in `group` (None: the default group; 1 process without
+    torch.distributed)."""
+    if not dist.is_initialized():
+        if group is not None:
+            raise ValueError("a group was given but torch.distributed is not initialized")
+        return 0, 1
+    group = group if group is not None else dist.group.WORLD
+    rank = dist.get_rank(group)
+    if rank < 0:
+        raise ValueError(
+            f"global rank {dist.get_rank()} is not a member of the given group (ranks "
+            f"{dist.get_process_group_ranks(group)}); pass this rank's own ring group"
+        )
+    return rank, dist.get_world_size(group)
+
+
+def _pieces(total: int, world_size: int, causal: bool) -> int:
+    """Equal pieces the sequence is cut into (2N zigzag chunks, or N contiguous shards)."""
+    pieces = 2 * world_size if causal else world_size
+    if total % pieces:
+        kind = "a causal (zigzag) split" if causal else "a contiguous split"
+        raise ValueError(
+            f"{kind} of {total} tokens over {world_size} ranks needs a multiple of {pieces} "
+            f"tokens ({'2 x ' if causal else ''}ring size); pad the sequence to "
+            f"{-(-total // pieces) * pieces} tokens (e.g. with the tokenizer's pad id and "
+            "labels = -100)"
+        )
+    return pieces
+
+
+def shard(
+    x: torch.Tensor, group: dist.ProcessGroup | None = None, *, causal: bool, dim: int = 1
+) -> torch.Tensor:
+    """This rank's shard of the full sequence `x` (sequence along `dim`) for ring `group`.
+
+    causal=True: the zigzag shard TokenRing's causal path needs (chunks r and 2N-1-r of 2N equal
+    chunks, concatenated) and a declaration for `group` (`declare_zigzag`) that proves the
+    layout to the causal input check. causal=False: the r-th of N contiguous equal shards.
+    Call it on every rank of `group` with the same full `x` shape; group=None is the default
+    group. The length must divide by 2N (causal) or N: pad it first (the error says how far).
+    """
+    rank, n = _rank_and_size(group)
+    dim = dim % x.dim()
+    total = x.shape[dim]
+    size = total // _pieces(total, n, causal)
+    if not causal:
+        return x.narrow(dim, rank * size, size)
+    front, back = zigzag_chunks(rank, n)
+    declare_zigzag(group, total)
+    return torch.cat([x.narrow(dim, front * size, size), x.narrow(dim, back * size, size)], dim)
+
+
+def unshard(
+    x: torch.Tensor, group: dist.ProcessGroup | None = None, *, causal: bool, dim: int = 1
+) -> torch.Tensor:
+    """The full sequence from every rank's shard `x` (as `shard` cut it), on every rank.
+
+    An all-gather over `group` (every rank calls it, shards of one shape): for outputs, logits
+    and checks. No gradient flows back through it.
+    """
+    rank, n = _rank_and_size(group)
+    dim = dim % x.dim()
+    if n == 1:
+        return x
+    if causal and x.shape[dim] % 2:
+        raise ValueError(
+            f"unshard(causal=True) takes zigzag shards (two equal halves); got a shard of "
+            f"{x.shape[dim]} tokens along dim {dim}"
+        )
+    shards = [torch.empty_like(x) for _ in range(n)]
+    dist.all_gather(shards, x.contiguous(), group=group)
+    if not causal:
+        return torch.cat(shards, dim)
+    halves = [s.chunk(2, dim) for s in shards]
+    # chunk c of 2N: rank c's front half (c < N), else rank 2N-1-c's back half
+    chunks = [halves[c][0] if c < n else halves[2 * n - 1 - c][1] for c in range(2 * n)]
+    return torch.cat(chunks, dim)

@@ -1,0 +1,263 @@
+"""TokenRing as a transformers attention implementation, plus the batch and loss helpers.
+
+    from tokenring_xdit.integrations import transformers as tr_hf
+
+    tr_hf.register(group)                                    # once per process
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="token_ring")
+    batch = tr_hf.shard_batch(input_ids, group)              # input_ids, position_ids, shift_labels
+    labels = batch.pop("shift_labels")
+    loss = tr_hf.ring_loss(model(**batch).logits, labels, group)
+    loss.backward()
+    tr_hf.sync_gradients(model, group)                       # sum over the ring's ranks
+    opt.step()
+
+The attention function follows transformers' contract (transformers 5.x,
+`modeling_utils.AttentionInterface`): it is called as `fn(module, query, key, value,
+attention_mask, dropout=, scaling=, **kwargs)` with (b, h, s, d) tensors, K/V with their own
+(GQA) head count, and returns `(out (b, s, h, d), None)`. Causal or not is the module's
+`is_causal` (or the `is_causal` keyword). transformers builds no mask for a name its mask
+interface does not know; we register one that builds none either, but that refuses a padding
+mask instead of letting transformers drop it silently (TokenRing has no masks). Importing this
+module does not import transformers; `register` does.
+
+Sequence parallelism changes three things a single process never sees, and the helpers do them:
+causal shards must be zigzag (`shard_batch`, which also declares that layout for the group's
+causal calls), labels must be shifted over the WHOLE sequence before sharding (the last token of
+one shard predicts the first token of another rank's shard), and the loss must be averaged over
+the tokens of all ranks (`ring_loss`), with the parameter gradients summed over the ring's ranks
+(`sync_gradients`). Decoding (`model.generate`) is not sequence-parallel: over several ranks its
+prefill fails the causal layout check (contiguous positions), on one rank its first decode step
+is refused; both errors say the way out (switch the model to "sdpa" on one process).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.distributed as dist
+
+from ..ring.api import token_ring_attn_func
+from ..ring.sharding import shard
+
+__all__ = ["NAME", "register", "unregister", "shard_batch", "ring_loss", "sync_gradients"]
+
+NAME = "token_ring"
+IGNORE_INDEX = -100  # transformers' and torch's cross-entropy default
+
+
+_POSITIONS_HINT = (
+    "  (transformers: the model's position_ids must be the global positions of this rank's "
+    "zigzag shard: cut the batch with tokenring_xdit.integrations.transformers.shard_batch. "
+    "model.generate is not sequence-parallel: generate on one process after "
+    "model.set_attn_implementation('sdpa'))"
+)
+
+
+class TokenRingAttention:
+    """transformers attention function running TokenRing over `group` (None: default group)."""
+
+    def __init__(self, group: dist.ProcessGroup | None, kernel: str, name: str):
+        self.group, self.kernel, self.name = group, kernel, name
+
+    def __call__(
+        self,
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        dropout: float = 0.0,
+        scaling: float | None = None,
+        is_causal: bool | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, None]:
+        causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+        self._refuse(attention_mask, query, key, causal, kwargs)
+        # decoders pass the global position ids: the causal check verifies the zigzag layout
+        # with them (packed sequences, whose positions restart, are refused there)
+        positions = kwargs.get("position_ids") if causal else None
+        try:
+            out = self._ring(query, key, value, dropout, scaling, causal, positions, kwargs)
+        except ValueError as exc:
+            if "positions" not in str(exc):
+                raise
+            # every rank raises this same error; say what it means under transformers
+            raise ValueError(f"{exc}\n{_POSITIONS_HINT}") from exc
+        return out.transpose(1, 2), None
+
+    def _ring(self, query, key, value, dropout, scaling, causal, positions, kwargs):
+        return token_ring_attn_func(
+            query,
+            key,
+            value,
+            dropout_p=dropout,
+            softmax_scale=scaling,
+            causal=causal,
+            softcap=kwargs.get("softcap") or 0.0,
+            group=self.group,
+            layout="bhsd",
+            kernel=self.kernel,
+            positions=positions,
+        )
+
+    def _refuse(self, attention_mask, query, key, causal: bool, kwargs: dict) -> None:
+        if attention_mask is not None:
+            raise ValueError(
+                f"attn_implementation={self.name!r}: TokenRing takes no attention mask (got "
+                f"{tuple(attention_mask.shape)}); pass unpadded sequences without "
+                "attention_mask (pad to a multiple of 2 x ring size with labels = -100)"
+            )
+        if kwargs.get("sliding_window"):
+            raise NotImplementedError(
+                f"attn_implementation={self.name!r}: sliding-window attention is not supported "
+                f"(sliding_window={kwargs['sliding_window']}); use a config without it"
+            )
+        if causal and query.shape[2] != key.shape[2]:
+            raise NotImplementedError(
+                f"attn_implementation={self.name!r}: a decode step ({query.shape[2]} new "
+                f"queries against {key.shape[2]} cached keys, e.g. model.generate) is not "
+                "sequence-parallel. Generate on one process with the full sequence after "
+                "model.set_attn_implementation('sdpa'), or call the model with use_cache=False"
+            )
+
+
+def _refuse_padding(*args, attention_mask: torch.Tensor | None = None, **kwargs) -> None:
+    """Mask builder for our name: no mask at all (TokenRing runs exact attention over the
+    ring), but a padding mask is an error rather than silently dropped."""
+    if attention_mask is not None and not bool(attention_mask.all()):
+        raise ValueError(
+            "TokenRing takes no padding mask: pass sequences without padding (or pack them), "
+            "and drop attention_mask; pad only at the end, with labels = -100, to reach a "
+            "multiple of 2 x ring size"
+        )
+    return None
+
+
+def register(
+    group: dist.ProcessGroup | None = None, *, name: str = NAME, kernel: str = "auto"
+) -> str:
+    """Register TokenRing over `group` as transformers' attention implementation `name`.
+
+    Then `from_pretrained(..., attn_implementation=name)`, `from_config(..., attn_implementation=
+    name)` or `model.set_attn_implementation(name)`. group=None is the default process group
+    (the whole world); register one name per ring group to use several. `kernel`: "auto" or a
+    name from `tokenring_xdit.ring.backward_kernels.PAIRS`. Returns `name`.
+    """
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(name, TokenRingAttention(group, kernel, name))
+    AttentionMaskInterface.register(name, _refuse_padding)
+    return name
+
+
+def unregister(name: str = NAME) -> None:
+    """Remove `name` from transformers' attention and mask interfaces."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface._global_mapping.pop(name, None)
+    AttentionMaskInterface._global_mapping.pop(name, None)
+
+
+def shard_batch(
+    input_ids: torch.Tensor,
+    group: dist.ProcessGroup | None = None,
+    *,
+    labels: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
+    causal: bool = True,
+    shift_labels: bool | None = None,
+    ignore_index: int = IGNORE_INDEX,
+) -> dict[str, torch.Tensor]:
+    """This rank's shard of a batch of FULL sequences (b, S), for the ring `group`.
+
+    Returns {"input_ids", "position_ids", and "shift_labels" (causal) or "labels"}: pass the
+    first two to the model (position_ids are the GLOBAL positions, so rotary/absolute position
+    embeddings stay right) and the labels to `ring_loss`, not to the model (a model would
+    shift them again, inside the shard). Causal (decoder) models get zigzag shards (and the
+    layout is declared for `group`'s causal TokenRing calls); labels (default: input_ids) are
+    shifted over the whole sequence first, the last position getting `ignore_index`.
+    Non-causal (encoder) models get contiguous shards and unshifted labels (shift_labels=True
+    overrides). S must divide by 2 x ring size (causal) or ring size: pad it (labels -100).
+    """
+    shift = causal if shift_labels is None else shift_labels
+    if position_ids is None:
+        position_ids = torch.arange(input_ids.shape[-1], device=input_ids.device)
+        position_ids = position_ids.unsqueeze(0).expand(input_ids.shape[0], -1)
+    if labels is None and shift:
+        labels = input_ids
+    out = {
+        "input_ids": shard(input_ids, group, causal=causal, dim=-1),
+        "position_ids": shard(position_ids, group, causal=causal, dim=-1),
+    }
+    if labels is not None:
+        if shift:
+            pad = torch.full_like(labels[..., :1], ignore_index)
+            labels = torch.cat([labels[..., 1:], pad], dim=-1)
+        out["shift_labels" if shift else "labels"] = shard(labels, group, causal=causal, dim=-1)
+    return out
+
+
+def _group_size(group: dist.ProcessGroup | None) -> int:
+    return dist.get_world_size(group) if dist.is_initialized() else 1
+
+
+def _sum_over(group, values: torch.Tensor) -> torch.Tensor:
+    """all_reduce(SUM) of a small tensor over `group`, on the device its backend moves."""
+    if _group_size(group) == 1:
+        return values
+    device = "cpu" if dist.get_backend(group) == "gloo" else values.device
+    buf = values.to(device)
+    dist.all_reduce(buf, group=group)
+    return buf.to(values.device)
+
+
+def ring_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    group: dist.ProcessGroup | None = None,
+    *,
+    ignore_index: int = IGNORE_INDEX,
+) -> torch.Tensor:
+    """Cross-entropy averaged over the labelled tokens of ALL ranks of `group`.
+
+    logits (b, s_local, vocab), labels (b, s_local) as `shard_batch` gave them. The returned
+    value is the loss of the whole batch (equal on every rank, fp32); its gradient is this
+    rank's share (its tokens' sum over the global token count), so the ranks' parameter
+    gradients SUM to the full gradient: call `sync_gradients` after backward (or, under DDP,
+    which averages, multiply the loss by the group size first).
+    """
+    local = torch.nn.functional.cross_entropy(
+        logits.float().flatten(0, -2),
+        labels.flatten().to(logits.device),
+        ignore_index=ignore_index,
+        reduction="sum",
+    )
+    count = (labels != ignore_index).sum().to(local.dtype)
+    total_sum, total_count = _sum_over(group, torch.stack([local.detach(), count])).unbind()
+    share = local / total_count.clamp_min(1)
+    # value: the whole batch's loss; gradient: this rank's share of it
+    return share + (total_sum / total_count.clamp_min(1) - share).detach()
+
+
+def sync_gradients(
+    model: torch.nn.Module | Iterable[torch.nn.Parameter], group: dist.ProcessGroup | None = None
+) -> None:
+    """Sum the parameter gradients over `group` (every rank's tokens' share, see ring_loss);
+    one flat all-reduce."""
+    params = model.parameters() if isinstance(model, torch.nn.Module) else model
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads or _group_size(group) == 1:
+        return
+    gloo = dist.get_backend(group) == "gloo"
+    for dtype in {g.dtype for g in grads}:  # one flat all-reduce per dtype
+        same = [g for g in grads if g.dtype == dtype]
+        flat = torch.cat([g.reshape(-1) for g in same])
+        buf = flat.cpu() if gloo else flat
+        dist.all_reduce(buf, group=group)
+        offset = 0
+        for g in same:
+            g.copy_(buf[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()

@@ -1,0 +1,214 @@
+"""A ring's extra communicators: made once per ring group by its members, torn down in order.
+
+TokenRing's return lane needs a second communicator of the ring's ranks (both lanes then run at
+once; on NCCL on separate streams); on NCCL the Q lane gets one of its own too, and every ring
+gets a CPU (gloo) communicator for the input check and the host's ring choice, so checks never
+synchronise the GPU and never share a group with the host's own collectives (a gloo group that
+met two differently sized all-gathers would abort the process). They are made the first time a
+ring is used (or by `setup_token_ring_group`), by the ring's members only
+(`use_local_synchronization`), so any group works.
+
+The ring's deadline bounds every wait: TOKENRING_XDIT_TIMEOUT when set, else the smaller of the
+ring group's and the world group's timeouts (groups made without one, like yunchang's, carry
+torch's 30-minute default; the world's is the one a user sets in init_process_group). NCCL lane
+communicators get twice that, so our own deadline (comm/watchdog.py) always fires before torch's
+watchdog would abort the process. After a failure the ring is marked unusable: later calls say
+so instead of failing in a misleading way. `release_ring_comms()` destroys them, newest first;
+it runs at interpreter exit and before `destroy_process_group` (patches/torch_dist.py).
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import weakref
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from ...config import current
+from .errors import TokenRingCommError
+
+__all__ = [
+    "RingPosition",
+    "RingComms",
+    "comms_of",
+    "setup_token_ring_group",
+    "release_ring_comms",
+    "group_timeout",
+    "describe_peer",
+]
+
+
+@dataclass(frozen=True)
+class RingPosition:
+    """This process's place in a ring: the group (None without torch.distributed), its rank
+    there and the ring size."""
+
+    group: dist.ProcessGroup | None
+    rank: int
+    size: int
+
+    @classmethod
+    def of(cls, group: dist.ProcessGroup | None) -> RingPosition:
+        if not dist.is_initialized():
+            if group is not None:
+                raise ValueError(
+                    "TokenRing: a group was given but torch.distributed is not initialized"
+                )
+            return cls(None, 0, 1)
+        group = group if group is not None else dist.group.WORLD  # None: the default group
+        rank = dist.get_rank(group)
+        if rank < 0:
+            raise ValueError(
+                f"TokenRing: global rank {dist.get_rank()} is not a member of the given group "
+                f"(ranks {dist.get_process_group_ranks(group)}); pass this rank's own ring group"
+            )
+        return cls(group, rank, dist.get_world_size(group))
+
+
+def group_timeout(group: dist.ProcessGroup) -> timedelta:
+    """The timeout `group` was created with."""
+    backend = dist.get_backend(group)
+    device = torch.device("cuda" if backend == "nccl" else "cpu")
+    try:
+        return group._get_backend(device).options._timeout
+    except (AttributeError, RuntimeError):
+        return dist.distributed_c10d._get_default_timeout(backend)
+
+
+def ring_deadline(group: dist.ProcessGroup) -> timedelta:
+    """How long any wait of this ring may take (see the module docstring)."""
+    configured = current().timeout
+    if configured is not None:
+        return timedelta(seconds=configured)
+    return min(group_timeout(group), group_timeout(dist.group.WORLD))
+
+
+@dataclass(eq=False)
+class RingComms:
+    """What a ring needs besides its own group; one per ring group, shared by every call."""
+
+    group: dist.ProcessGroup  # the ring (the caller's group)
+    ranks: tuple[int, ...]  # ring rank -> global rank
+    q: dist.ProcessGroup  # Q lane: the ring group itself on gloo, our own on NCCL
+    out: dist.ProcessGroup  # returned partials
+    check: dist.ProcessGroup  # CPU: input check and host ring choice
+    deadline: timedelta
+    backend: str
+    name: int = 0  # digest of the ring group's name: equal on its ranks for one group
+    failed: str | None = None  # why the ring is unusable (set by the first failure)
+
+    def fail(self, why: str) -> None:
+        if self.failed is None:
+            self.failed = why
+
+    def ensure_usable(self) -> None:
+        if self.failed is not None:
+            raise TokenRingCommError(
+                f"TokenRing: the ring of global ranks {list(self.ranks)} is unusable after an "
+                f"earlier failure ({self.failed[:400]}). Its communicators may hold half-done "
+                "transfers; recover by ending the job or by destroying and re-creating the "
+                "process groups (destroy_process_group, then init_process_group / new_group)"
+            )
+
+    def owned(self) -> list[dist.ProcessGroup]:
+        """The communicators we made (not the caller's group)."""
+        return [g for g in dict.fromkeys((self.q, self.out, self.check)) if g is not self.group]
+
+
+# ring group -> its communicators; weak keys, so a destroyed group's entry cannot be found
+# again by a new group that reuses its name
+_COMMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def comms_of(group: dist.ProcessGroup) -> RingComms:
+    """The communicators of `group`, made on first use by the ring's members."""
+    comms = _COMMS.get(group)
+    if comms is None:
+        comms = _COMMS[group] = _make(group)
+    return comms
+
+
+def _make(group: dist.ProcessGroup) -> RingComms:
+    ranks = tuple(dist.get_process_group_ranks(group))
+    backend = dist.get_backend(group)
+    deadline = ring_deadline(group)
+    # NCCL: torch's watchdog aborts the process at a communicator's timeout; ours must come first
+    lane_timeout = deadline if backend == "gloo" else deadline * 2 + timedelta(seconds=10)
+
+    def new(kind: str, timeout: timedelta) -> dist.ProcessGroup:
+        # members only, same order on each: never involves ranks outside this ring
+        return dist.new_group(
+            list(ranks), timeout=timeout, backend=kind, use_local_synchronization=True
+        )
+
+    try:
+        check = new("gloo", deadline)
+        q = group if backend == "gloo" else new(backend, lane_timeout)
+        out = new(backend, lane_timeout)
+    except (RuntimeError, dist.DistError) as exc:
+        raise TokenRingCommError(
+            f"TokenRing could not create the communicators of the ring of global ranks "
+            f"{list(ranks)} on global rank {dist.get_rank()} within "
+            f"{deadline.total_seconds():.0f} s ({str(exc).strip().splitlines()[0][:200]}); "
+            "likely causes: a member of the ring raised or exited, did not call TokenRing "
+            "(or setup_token_ring_group) with this group, or passed a different group"
+        ) from exc
+    _ensure_teardown()
+    name = int.from_bytes(hashlib.sha256(group.group_name.encode()).digest()[:7], "little")
+    return RingComms(group, ranks, q, out, check, deadline, backend, name)
+
+
+def setup_token_ring_group(group: dist.ProcessGroup | None) -> None:
+    """Create the extra communicators of `group` now instead of at its first TokenRing call.
+
+    Optional: a ring call creates them itself. Called by the ring's members only; `group=None`
+    means the default (world) group, as in TokenRing calls; idempotent. Without
+    torch.distributed initialised there is nothing to set up: it raises.
+    """
+    if not dist.is_initialized():
+        raise ValueError(
+            "setup_token_ring_group: torch.distributed is not initialized; call "
+            "init_process_group first (or skip set-up: TokenRing makes its communicators itself)"
+        )
+    group = group if group is not None else dist.group.WORLD
+    if dist.get_world_size(group) > 1:
+        comms_of(group)
+
+
+def describe_peer(comms: RingComms, rank: int) -> str:
+    return f"ring rank {rank} (global rank {comms.ranks[rank]})"
+
+
+# --- teardown --------------------------------------------------------------------------------
+
+_TEARDOWN = {"registered": False}
+
+
+def _ensure_teardown() -> None:
+    if not _TEARDOWN["registered"]:
+        _TEARDOWN["registered"] = True
+        atexit.register(release_ring_comms)
+
+
+def release_ring_comms(group: dist.ProcessGroup | None = None) -> None:
+    """Destroy the communicators TokenRing made (for `group`'s ring, or every ring's), newest
+    first, while torch.distributed is still whole. Safe to call twice; rings made again later
+    get fresh communicators."""
+    if not dist.is_initialized():
+        _COMMS.clear()
+        return
+    for ring in reversed(list(_COMMS.keys())):
+        if group is not None and ring is not group:
+            continue
+        comms = _COMMS.pop(ring, None)
+        if comms is None:
+            continue
+        for owned in reversed(comms.owned()):
+            try:
+                dist.destroy_process_group(owned)
+            except (RuntimeError, ValueError):
+                pass  # already destroyed with the world group

@@ -1,0 +1,81 @@
+"""A deadline for NCCL rings that never blocks the host.
+
+On NCCL a lane's wait only orders the GPU stream; a peer that died or went elsewhere leaves the
+ring's kernels waiting forever, and torch's own watchdog would abort the process at the
+communicator's timeout. Instead each finished NCCL call records one CUDA event (a few
+microseconds, also after CUDA-graph replays), and a daemon thread polls the oldest: one that is
+not done by the ring's deadline aborts the ring's own communicators (the stuck transfers then
+end, so the GPU moves on), marks the ring unusable, and logs the named error; the next TokenRing
+call on that ring raises it as TokenRingCommError. Our communicators' NCCL timeout is twice the
+deadline (comm/groups.py), so this fires first.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+
+import torch
+import torch.distributed as dist
+
+from .errors import LIKELY_CAUSES
+from .groups import RingComms
+
+__all__ = ["watch"]
+
+log = logging.getLogger("tokenring_xdit")
+_POLL_S = 0.002
+_items: deque = deque()  # (event, deadline, comms, what), oldest first
+_cv = threading.Condition()
+_thread: list[threading.Thread] = []
+
+
+def watch(comms: RingComms, what: str) -> None:
+    """Bound the NCCL work this call queued (everything on the current stream so far)."""
+    event = torch.cuda.Event()
+    event.record()
+    with _cv:
+        _items.append((event, time.monotonic() + comms.deadline.total_seconds(), comms, what))
+        if not _thread:
+            _thread.append(threading.Thread(target=_run, name="tokenring-watchdog", daemon=True))
+            _thread[0].start()
+        _cv.notify()
+
+
+def _run() -> None:
+    while True:
+        with _cv:
+            while not _items:
+                _cv.wait()
+            event, deadline, comms, what = _items[0]
+        if event.query():
+            with _cv:
+                _items.popleft()
+            continue
+        if time.monotonic() > deadline:
+            _expire(comms, what)
+            with _cv:
+                for item in [i for i in _items if i[2] is comms]:
+                    _items.remove(item)
+            continue
+        time.sleep(_POLL_S)
+
+
+def _expire(comms: RingComms, what: str) -> None:
+    message = (
+        f"TokenRing {what} on the ring of global ranks {list(comms.ranks)} did not finish within "
+        f"its deadline of {comms.deadline.total_seconds():.0f} s on global rank "
+        f"{dist.get_rank() if dist.is_initialized() else 0}; "
+        + LIKELY_CAUSES.format(timeout=comms.deadline.total_seconds())
+    )
+    comms.fail(message)
+    log.error("%s", message)
+    for group in comms.owned():
+        if group is comms.check:
+            continue
+        try:  # frees the GPU from the stuck transfers
+            dist.distributed_c10d._abort_process_group(group)
+        except (RuntimeError, ValueError, AttributeError) as exc:
+            log.error("TokenRing: could not abort a ring communicator: %s", exc)
