@@ -196,13 +196,15 @@ def choose(group, query, q_len: int, kv_len: int, signature, announce) -> str:
     signature(q_len, kv_len) -> AutoSignature builds `auto`'s view from the agreed longest
     lengths; announce(impl, source, call, decision) logs once (call/decision None unless auto).
     """
-    from ..ring.checks import agree_ring_choice, needs_grad
+    import torch
+
+    from ..ring.checks import agree_ring_choice
 
     impl, source = xdit_ring_impl()
     cfg = config.current()
     inputs = None
     if impl == AUTO:
-        grad = needs_grad(query, query, query)
+        grad = torch.is_grad_enabled() and query.requires_grad
         inputs = (cfg.auto_fabric(), cfg.cuda_graphs, grad, query.dtype, query.device.type)
     validate = cfg.validate
     lengths = agree_ring_choice(

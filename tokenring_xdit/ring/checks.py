@@ -396,8 +396,8 @@ def _always(validate: str, device_type: str) -> bool:
 
 
 def _fast_key(spec: CallSpec, pos: RingPosition) -> tuple | None:
-    """What fixes a non-causal call's header besides nothing else (cheap: the per-call path of
-    the signature cache). Causal calls carry a proof to read each time: no fast key."""
+    """Everything a non-causal call's header is made of, read without building it (the cheap
+    per-call path of the signature cache). Causal calls carry a proof to read each time."""
     if spec.causal:
         return None
     q, k, v, joint = spec.q, spec.k, spec.v, spec.joint_kv
@@ -414,8 +414,9 @@ def agree(spec: CallSpec, pos: RingPosition) -> Ring:
     if comms is not None:
         comms.ensure_usable()
     device_type = _ring_device_type(comms, spec)
+    use_cache = comms is not None and not _always(spec.validate, device_type)
     fast = None
-    if comms is not None and not _always(spec.validate, device_type):
+    if use_cache:
         fast = _fast_key(spec, pos)
         hit = _cached(fast) if fast is not None else None
         if hit is not None:
@@ -438,7 +439,7 @@ def agree(spec: CallSpec, pos: RingPosition) -> Ring:
     # Our K/V length is nobody else's business (K/V never move), so a KV cache growing on one
     # rank must not send that rank alone into the exchange: leave it out of the key.
     key = (pos.group, tuple(meta[:_SKV] + meta[_SKV + 1 :]), spec.q.device)
-    if not _always(spec.validate, device_type) and problem == 0:
+    if use_cache and problem == 0:
         hit = _cached(key)
         if hit is not None:
             if fast is not None:

@@ -157,7 +157,6 @@ def _make(group: dist.ProcessGroup) -> RingComms:
             "likely causes: a member of the ring raised or exited, did not call TokenRing "
             "(or setup_token_ring_group) with this group, or passed a different group"
         ) from exc
-    _ensure_teardown()
     name = int.from_bytes(hashlib.sha256(group.group_name.encode()).digest()[:7], "little")
     return RingComms(group, ranks, q, out, check, deadline, backend, name)
 
@@ -185,14 +184,6 @@ def describe_peer(comms: RingComms, rank: int) -> str:
 
 # --- teardown --------------------------------------------------------------------------------
 
-_TEARDOWN = {"registered": False}
-
-
-def _ensure_teardown() -> None:
-    if not _TEARDOWN["registered"]:
-        _TEARDOWN["registered"] = True
-        atexit.register(release_ring_comms)
-
 
 def release_ring_comms(group: dist.ProcessGroup | None = None) -> None:
     """Destroy the communicators TokenRing made (for `group`'s ring, or every ring's), newest
@@ -212,3 +203,8 @@ def release_ring_comms(group: dist.ProcessGroup | None = None) -> None:
                 dist.destroy_process_group(owned)
             except (RuntimeError, ValueError):
                 pass  # already destroyed with the world group
+
+
+# At interpreter exit, before finalisation tears down gloo's threads in no particular order
+# (registered after torch's import, so it runs before torch's own exit handlers).
+atexit.register(release_ring_comms)
