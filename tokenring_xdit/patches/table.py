@@ -223,16 +223,16 @@ PATCH_TABLE: tuple[PatchPoint, ...] = (
         "yunchang.extract_local",
         "yunchang.comm.extract_local:EXTRACT_FUNC_DICT['token_ring']",
         "registry entry",
-        "TokenRing takes zigzag shards (maps to zigzag_extract_local: chunks r and 2N-1-r), "
-        "which its causal schedule needs; non-causal TokenRing is exact on any sharding, so "
-        "xDiT's USP keeps its own contiguous shards",
+        "TokenRing takes zigzag shards (yunchang's zigzag_extract_local, chunks r and 2N-1-r, "
+        "which also records the split as the causal check's proof); non-causal TokenRing is "
+        "exact on any sharding, so xDiT's USP keeps its own contiguous shards",
     ),
     _auto(
         "yunchang.set_seq_parallel_pg",
         "yunchang.globals:set_seq_parallel_pg (and its alias yunchang:set_seq_parallel_pg)",
         "wrapper",
-        "after yunchang builds the ulysses/ring groups, creates TokenRing's return "
-        "communicator for every ring group, collectively, in the same order on all ranks",
+        "after yunchang builds the ulysses/ring groups (made without a timeout: torch's 30-min "
+        "default), gives them the ring's deadline and creates TokenRing's communicators",
     ),
     _auto(
         "yunchang.ring_impl_type_check",
