@@ -47,8 +47,14 @@ def _impls(n: int):
     from yunchang import ring_flash_attn_func, zigzag_ring_flash_attn_func
 
     from tokenring_xdit.ring import token_ring_attn_func
+    from tokenring_xdit.ring.sharding import declare_zigzag
 
-    impls = {"token_ring": lambda q, k, v, c: token_ring_attn_func(q, k, v, causal=c)}
+    def token_ring(q, k, v, c):
+        if c:  # this script cuts zigzag shards itself: declare them, as tokenring_xdit.shard does
+            declare_zigzag(None, q.shape[1] * n)
+        return token_ring_attn_func(q, k, v, causal=c)
+
+    impls = {"token_ring": token_ring}
     _yunchang_kernel()
 
     def yunchang_zigzag(q, k, v, c):

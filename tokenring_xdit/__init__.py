@@ -45,8 +45,5 @@ def __getattr__(name: str):
     if name in _LAZY:
         import importlib
 
-        if _LAZY[name].startswith("tokenring_xdit.ring"):
-            # the ring's CUDA graphs need the torch teardown guard, which lives with the patches
-            importlib.import_module("tokenring_xdit.patches.torch_dist")
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'tokenring_xdit' has no attribute {name!r}")

@@ -75,7 +75,8 @@ GUARD_CODE = textwrap.dedent(
 
 def test_the_destroy_guard_comes_with_the_ring_whatever_is_imported_first():
     """`from tokenring_xdit.ring import ...` never imports the patch layer, but the first graph
-    capture still installs the guard: it is found through the package's entry points."""
+    capture still installs the guard: the ring names it and imports it then, so a checkout on
+    PYTHONPATH without install metadata gets it too (issue 34: ring_sweep.py hung in destroy)."""
     done = subprocess.run(
         [sys.executable, "-c", GUARD_CODE], capture_output=True, text=True, timeout=120
     )

@@ -17,7 +17,7 @@ from types import ModuleType
 import wrapt
 
 from .. import config
-from . import torch_dist  # noqa: F401  (registers the CUDA-graph teardown guard)
+from . import torch_dist  # noqa: F401  (the CUDA-graph teardown patch: uninstall reverts it)
 from .table import PATCH_TABLE, TRIGGERS, PatchPoint
 
 __all__ = ["install", "uninstall", "installed_patches", "PATCH_TABLE", "PatchPoint"]

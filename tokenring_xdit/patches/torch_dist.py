@@ -5,9 +5,8 @@ A CUDA graph that captured NCCL kernels keeps its communicator in use, and torch
 seen here on 2 x H200 with torch 2.11). xDiT's scripts end with `destroy_distributed_env()`, so
 without this every run that replayed a TokenRing or transformer graph would hang at exit. The
 same wrapper destroys TokenRing's own ring communicators first, in order.
-Applied when the first graph is captured (this module registers `ensure_applied` as a capture
-guard of ring/graphs.py when it is imported, which patches/__init__ and tokenring_xdit's public
-entry points do); `tokenring_xdit.uninstall()` reverts it.
+Applied when the first graph is captured (ring/graphs.py names `ensure_applied` as its capture
+guard and imports it then); `tokenring_xdit.uninstall()` reverts it.
 """
 
 from __future__ import annotations
@@ -23,8 +22,10 @@ PATCHES = PatchSet("torch", TORCH_VERSIONS)
 
 def release_graphs() -> None:
     """Drop every CUDA graph tokenring_xdit holds (TokenRing calls and graphed transformers)."""
-    graphs.release_all_graphs()
-    gc.collect()  # a graph is destroyed with its last reference
+    if graphs.release_all_graphs():
+        # a graph is destroyed with its last reference; collect only when graphs were dropped:
+        # xDiT destroys a dozen groups at exit and a full collection each cost seconds there
+        gc.collect()
 
 
 def _destroy_process_group(wrapped, instance, args, kwargs):
@@ -54,6 +55,3 @@ def revert() -> None:
     release_graphs()  # the unpatched destroy_process_group would hang on them
     PATCHES.revert()
 
-
-if ensure_applied not in graphs.CAPTURE_GUARDS:
-    graphs.CAPTURE_GUARDS.append(ensure_applied)

@@ -11,6 +11,7 @@ group agrees on the capture (all keep a graph or none does), so ranks never dive
 from __future__ import annotations
 
 import hashlib
+import importlib
 import weakref
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
@@ -31,12 +32,13 @@ __all__ = [
     "run_graphed",
 ]
 
-# Called before every capture (they must be idempotent): the guard that frees our graphs before
-# NCCL teardown (pytorch#115388). The ring does not import the patch layer; the guard is found
-# through the entry-point group below (pyproject.toml), whichever module was imported first.
-CAPTURE_GUARDS: list[Callable[[], None]] = []
-GUARD_ENTRY_POINTS = "tokenring_xdit.capture_guards"
-_GUARDS_LOADED: list[bool] = []
+# Called before every capture (idempotent): the guard that frees our graphs before NCCL
+# teardown (pytorch#115388). The ring does not import the patch layer at import time; it names
+# the guard and imports it at the first capture. Found by name, not by an installed entry point:
+# a checkout on PYTHONPATH has no install metadata, and without the guard destroy_process_group
+# waited forever for the graphs' NCCL work (issue 34: ring_sweep.py on 2 GPUs).
+CAPTURE_GUARDS: tuple[str, ...] = ("tokenring_xdit.patches.torch_dist:ensure_applied",)
+_GUARDS: list[Callable[[], None]] = []
 # TokenRing call graphs kept at most (least recently used dropped first): a growing KV cache
 # makes a new signature per length, and each graph holds its buffers.
 RING_GRAPH_LIMIT = 64
@@ -147,15 +149,11 @@ class GraphCache:
 
 
 def _run_guards() -> None:
-    if not _GUARDS_LOADED:
-        _GUARDS_LOADED.append(True)
-        from importlib.metadata import entry_points
-
-        for entry in entry_points(group=GUARD_ENTRY_POINTS):
-            guard = entry.load()
-            if guard not in CAPTURE_GUARDS:
-                CAPTURE_GUARDS.append(guard)
-    for guard in CAPTURE_GUARDS:
+    if not _GUARDS:
+        for spec in CAPTURE_GUARDS:
+            module, _, name = spec.partition(":")
+            _GUARDS.append(getattr(importlib.import_module(module), name))
+    for guard in _GUARDS:
         guard()
 
 
@@ -208,7 +206,11 @@ def clear_graphs() -> None:
     RING_GRAPHS.clear()
 
 
-def release_all_graphs() -> None:
-    """Drop every graph of every cache in this process (before NCCL teardown)."""
+def release_all_graphs() -> int:
+    """Drop every graph of every cache in this process (before NCCL teardown); returns how many
+    caches held any."""
+    held = 0
     for cache in list(_LIVE):
+        held += len(cache) > 0
         cache.clear()
+    return held
