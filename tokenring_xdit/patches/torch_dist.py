@@ -54,4 +54,3 @@ def ensure_applied() -> None:
 def revert() -> None:
     release_graphs()  # the unpatched destroy_process_group would hang on them
     PATCHES.revert()
-
