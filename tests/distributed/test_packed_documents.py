@@ -49,7 +49,7 @@ def _draw(n: int, i: int) -> dict:
 def _doc_mask(torch, cu: list[int], causal: bool):
     total = cu[-1]
     doc = torch.zeros(total, dtype=torch.long)
-    for i, (a, b) in enumerate(zip(cu, cu[1:])):
+    for i, (a, b) in enumerate(zip(cu, cu[1:], strict=False)):
         doc[a:b] = i
     mask = doc[:, None] == doc[None, :]
     if causal:
@@ -95,7 +95,7 @@ def _case(rank: int, n: int, c: dict) -> dict:
 
     ins = [local(x).float().requires_grad_() for x in (q, k, v)]
     if c["by_positions"]:
-        pos = torch.cat([torch.arange(e - a) for a, e in zip(cu, cu[1:])])
+        pos = torch.cat([torch.arange(e - a) for a, e in zip(cu, cu[1:], strict=False)])
         kwargs = {"position_ids": shard(pos.expand(b, -1), causal=causal, dim=1)}
     else:
         kwargs = {"cu_seqlens": torch.tensor(cu, dtype=torch.int32)}

@@ -61,7 +61,7 @@ def _train(torch, ring: bool):
             loss = tr_hf.ring_loss(model(**batch).logits, labels)
         else:  # every document alone, its tokens' summed loss over the whole count
             total, count = 0.0, 0
-            for a, b in zip(cu.tolist(), cu.tolist()[1:]):
+            for a, b in zip(cu.tolist(), cu.tolist()[1:], strict=False):
                 doc = ids[:, a:b]
                 logits = model(input_ids=doc).logits[:, :-1]
                 total = total + torch.nn.functional.cross_entropy(

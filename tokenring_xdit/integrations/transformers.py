@@ -252,7 +252,7 @@ def shard_batch(
 
 
 def _lengths(docs: Documents) -> list[int]:
-    return [b - a for a, b in zip(docs.bounds, docs.bounds[1:])]
+    return [b - a for a, b in zip(docs.bounds, docs.bounds[1:], strict=False)]
 
 
 def _batch_documents(input_ids, position_ids, cu_seqlens) -> Documents | None:

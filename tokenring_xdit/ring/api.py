@@ -156,9 +156,7 @@ def _resolve_kernel(
         args = (q.device, q.dtype, q.shape[3], v.shape[3])
         if train:
             if packed:
-                pair = doc_pair(
-                    kernel, *args, lambda name: select_pair(name, *args, deterministic)
-                )
+                pair = doc_pair(kernel, *args, lambda name: select_pair(name, *args, deterministic))
                 if deterministic and not pair.deterministic:
                     raise NotImplementedError(
                         f"deterministic=True: the {pair.name!r} backward is not deterministic; "

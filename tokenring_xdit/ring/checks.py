@@ -469,7 +469,9 @@ def agree(spec: CallSpec, pos: RingPosition) -> Ring:
             problem = 15
     claims = 0
     if not problem and spec.doc_positions is not None:
-        claims = claim_count(spec.doc_positions, spec.q.shape[spec.layout.seq_dim], _chunks(spec, pos))
+        claims = claim_count(
+            spec.doc_positions, spec.q.shape[spec.layout.seq_dim], _chunks(spec, pos)
+        )
         problem = 19 if claims < 0 else 0
     meta = _meta(spec, problem, proof)
     meta[_NDOCS] = max(meta[_NDOCS], claims)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .schedules.blocks import ALL, BACK, FRONT, BlockStep
+from .schedules.blocks import ALL, FRONT, BlockStep
 
 __all__ = [
     "Documents",
@@ -64,7 +64,7 @@ class Documents:
         bounds = [int(x) for x in cu_seqlens]
         if len(bounds) < 2 or bounds[0] != 0:
             raise ValueError(f"cu_seqlens must start at 0 and have >= 2 entries, got {bounds[:8]}")
-        if any(b > a for a, b in zip(bounds[1:], bounds)):
+        if any(b > a for a, b in zip(bounds[1:], bounds, strict=False)):
             raise ValueError("cu_seqlens must be non-decreasing (document offsets)")
         if total is not None and bounds[-1] != total:
             raise ValueError(
@@ -333,7 +333,9 @@ def documents_from_claims(claims: list[list[int]], chunks: int, total: int) -> D
     fit together. Equal input on every rank gives an equal result or an equal error."""
     starts = {0}
     for c in claims:
-        starts.update(s for g, s in zip(c[0 : 2 * chunks : 2], c[1 : 2 * chunks : 2]) if g >= 0)
+        starts.update(
+            s for g, s in zip(c[0 : 2 * chunks : 2], c[1 : 2 * chunks : 2], strict=False) if g >= 0
+        )
         starts.update(c[2 * chunks :])
     ordered = sorted(starts)
     for r, c in enumerate(claims):
