@@ -5,7 +5,8 @@ step (fp32 from N = 3 on) and never travel. What travels one hop per step on the
 held query part with everything its backward needs: (Q, dO, lse, delta = rowsum(dO * O)); the
 kernel pair builds its O stand-in from dO and delta (`standin.py`). The dQ partial of each step
 goes straight back to its owner one step late on the return lane, and the owner sums them.
-Both lanes are posted before the step's kernel and waited after it.
+Both lanes are posted before the step's kernel and waited after it. Packed documents skip what
+the forward skips (block_forward.py: empty blocks, their dQ returns, queries nobody needs).
 """
 
 from __future__ import annotations
