@@ -28,6 +28,14 @@ the tokens of all ranks (`ring_loss`), with the parameter gradients summed over 
 (`sync_gradients`). Decoding (`model.generate`) is not sequence-parallel: over several ranks its
 prefill fails the causal layout check (contiguous positions), on one rank its first decode step
 is refused; both errors say the way out (switch the model to "sdpa" on one process).
+
+Packed batches (documents laid end to end, position ids restarting at each, no attention mask:
+transformers' DataCollatorWithFlattening, TRL's padding-free packing): `shard_batch` takes the
+packed position ids (or cu_seqlens), cuts the zigzag shards, masks the label that would cross a
+document boundary and adds the documents of the WHOLE sequence as `cu_seq_lens_q` /
+`cu_seq_lens_k` (transformers' FlashAttentionKwargs names, which the model hands to every
+attention call); the attention function passes them on as the ring's `cu_seqlens`, so each
+document attends only to itself (docs/training.md: the recipe).
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ import torch
 import torch.distributed as dist
 
 from ..ring.api import token_ring_attn_func
+from ..ring.documents import Documents, documents_from_position_ids
 from ..ring.sharding import shard
 
 __all__ = ["NAME", "register", "unregister", "shard_batch", "ring_loss", "sync_gradients"]
@@ -50,7 +59,9 @@ _POSITIONS_HINT = (
     "  (transformers: the model's position_ids must be the global positions of this rank's "
     "zigzag shard: cut the batch with tokenring_xdit.integrations.transformers.shard_batch. "
     "model.generate is not sequence-parallel: generate on one process after "
-    "model.set_attn_implementation('sdpa'))"
+    "model.set_attn_implementation('sdpa')). Packed batches (position ids that restart at each "
+    "document): cut them with shard_batch(input_ids, group, position_ids=packed_position_ids), "
+    "which passes the documents on as cu_seq_lens_q / cu_seq_lens_k)"
 )
 
 
@@ -74,11 +85,15 @@ class TokenRingAttention:
     ) -> tuple[torch.Tensor, None]:
         causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
         self._refuse(attention_mask, query, key, causal, kwargs)
+        cu_seqlens = _packed_documents(kwargs)
         # decoders pass the global position ids: the causal check verifies the zigzag layout
-        # with them (packed sequences, whose positions restart, are refused there)
-        positions = kwargs.get("position_ids") if causal else None
+        # with them (packed sequences, whose positions restart, are refused there unless their
+        # documents come along as cu_seq_lens: then shard_batch's declaration is the proof)
+        positions = kwargs.get("position_ids") if causal and cu_seqlens is None else None
         try:
-            out = self._ring(query, key, value, dropout, scaling, causal, positions, kwargs)
+            out = self._ring(
+                query, key, value, dropout, scaling, causal, positions, cu_seqlens, kwargs
+            )
         except ValueError as exc:
             if "positions" not in str(exc):
                 raise
@@ -86,7 +101,7 @@ class TokenRingAttention:
             raise ValueError(f"{exc}\n{_POSITIONS_HINT}") from exc
         return out.transpose(1, 2), None
 
-    def _ring(self, query, key, value, dropout, scaling, causal, positions, kwargs):
+    def _ring(self, query, key, value, dropout, scaling, causal, positions, cu_seqlens, kwargs):
         return token_ring_attn_func(
             query,
             key,
@@ -99,6 +114,7 @@ class TokenRingAttention:
             layout="bhsd",
             kernel=self.kernel,
             positions=positions,
+            cu_seqlens=cu_seqlens,
         )
 
     def _refuse(self, attention_mask, query, key, causal: bool, kwargs: dict) -> None:
@@ -122,13 +138,28 @@ class TokenRingAttention:
             )
 
 
+def _packed_documents(kwargs: dict) -> torch.Tensor | None:
+    """The global cu_seqlens of a packed batch from transformers' kwargs (None: not packed)."""
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if cu_q is None and cu_k is None:
+        return None
+    if cu_q is None or cu_k is None or not torch.equal(cu_q.cpu(), cu_k.cpu()):
+        raise ValueError(
+            "TokenRing packed attention needs cu_seq_lens_q == cu_seq_lens_k (self-attention "
+            "over the same packed documents); shard_batch gives both"
+        )
+    return cu_q
+
+
 def _refuse_padding(*args, attention_mask: torch.Tensor | None = None, **kwargs) -> None:
     """Mask builder for our name: no mask at all (TokenRing runs exact attention over the
     ring), but a padding mask is an error rather than silently dropped."""
     if attention_mask is not None and not bool(attention_mask.all()):
         raise ValueError(
-            "TokenRing takes no padding mask: pass sequences without padding (or pack them), "
-            "and drop attention_mask; pad only at the end, with labels = -100, to reach a "
+            "TokenRing takes no padding mask: pass sequences without padding, or pack them "
+            "(documents end to end, position ids restarting at each, no attention_mask: "
+            "DataCollatorWithFlattening) and cut the packed batch with shard_batch(input_ids, "
+            "group, position_ids=...); pad only at the end, with labels = -100, to reach a "
             "multiple of 2 x ring size"
         )
     return None
@@ -170,6 +201,7 @@ def shard_batch(
     causal: bool = True,
     shift_labels: bool | None = None,
     ignore_index: int = IGNORE_INDEX,
+    cu_seqlens: torch.Tensor | list[int] | None = None,
 ) -> dict[str, torch.Tensor]:
     """This rank's shard of a batch of FULL sequences (b, S), for the ring `group`.
 
@@ -181,8 +213,21 @@ def shard_batch(
     shifted over the whole sequence first, the last position getting `ignore_index`.
     Non-causal (encoder) models get contiguous shards and unshifted labels (shift_labels=True
     overrides). S must divide by 2 x ring size (causal) or ring size: pad it (labels -100).
+
+    Packed batches: pass `cu_seqlens` (document offsets in the full sequence) or packed
+    `position_ids` (restarting at 0 at each document; rows equal: batch size 1 is the norm).
+    Then position_ids are the per-document ones (what the model's rotary embedding wants), the
+    last token of each document gets `ignore_index` (it must not predict the next document),
+    and the result also holds `cu_seq_lens_q` / `cu_seq_lens_k` (int32, CPU, the WHOLE
+    sequence's documents), which the model passes to the attention function. Pad a packed
+    sequence with one more document (labels -100) to reach the multiple.
     """
     shift = causal if shift_labels is None else shift_labels
+    docs = _batch_documents(input_ids, position_ids, cu_seqlens)
+    if docs is not None and position_ids is None:
+        starts = torch.tensor(docs.bounds[:-1]).repeat_interleave(torch.tensor(_lengths(docs)))
+        position_ids = (torch.arange(docs.total) - starts).to(input_ids.device)
+        position_ids = position_ids.unsqueeze(0).expand(input_ids.shape[0], -1)
     if position_ids is None:
         position_ids = torch.arange(input_ids.shape[-1], device=input_ids.device)
         position_ids = position_ids.unsqueeze(0).expand(input_ids.shape[0], -1)
@@ -196,8 +241,30 @@ def shard_batch(
         if shift:
             pad = torch.full_like(labels[..., :1], ignore_index)
             labels = torch.cat([labels[..., 1:], pad], dim=-1)
+            if docs is not None:  # a document's last token predicts nothing of the next one
+                ends = torch.tensor(docs.bounds[1:], device=labels.device) - 1
+                labels = labels.index_fill(-1, ends, ignore_index)
         out["shift_labels" if shift else "labels"] = shard(labels, group, causal=causal, dim=-1)
+    if docs is not None:
+        cu = torch.tensor(docs.bounds, dtype=torch.int32)  # CPU: the ring reads it on the host
+        out["cu_seq_lens_q"] = out["cu_seq_lens_k"] = cu
     return out
+
+
+def _lengths(docs: Documents) -> list[int]:
+    return [b - a for a, b in zip(docs.bounds, docs.bounds[1:], strict=False)]
+
+
+def _batch_documents(input_ids, position_ids, cu_seqlens) -> Documents | None:
+    """The documents of a packed batch (None: not packed: no cu_seqlens and position ids that
+    never restart)."""
+    if cu_seqlens is not None:
+        return Documents.of(cu_seqlens, total=input_ids.shape[-1])
+    if position_ids is None or position_ids.shape[-1] < 2:
+        return None
+    if not bool((position_ids[..., 1:] == 0).any()):
+        return None  # one document per row: the plain (global positions) path
+    return documents_from_position_ids(position_ids)
 
 
 def _group_size(group: dist.ProcessGroup | None) -> int:

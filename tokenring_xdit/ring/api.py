@@ -11,6 +11,8 @@ from ..config import RingConfig, current
 from .backward_kernels import select_pair
 from .checks import CallSpec, agree, digest, needs_grad
 from .comm import RingPosition
+from .doc_kernels import doc_pair
+from .documents import Documents
 from .forward import RingCall, local_forward, ring_forward
 from .function import train_attn
 from .gqa import gqa_kernel, gqa_pair
@@ -47,6 +49,8 @@ def token_ring_attn(
     config: RingConfig | None = None,
     deterministic: bool = False,
     positions: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | list[int] | None = None,
+    position_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact attention of the local queries against the K/V of every rank of `group`.
 
@@ -67,6 +71,16 @@ def token_ring_attn(
     `tokenring_xdit.shard(x, group, causal=True)` (or yunchang's EXTRACT_FUNC_DICT
     ["token_ring"]), or `positions`, the global token positions of the local shard ((s,) or
     (b, s)). Every setting that decides the call is agreed across the ring first (checks.py).
+
+    Packed documents (attention stays inside each document; causal inside it when causal):
+    `cu_seqlens`, the int offsets of the documents in the WHOLE global sequence (0, ..., S;
+    flash-attn's convention; keep them on the CPU: they are read on the host), equal on every
+    rank; or `position_ids`, this shard's per-document positions that restart at 0 where a
+    document starts (transformers' packed batches), from which every rank learns the same
+    documents in the input check. Causal shards are zigzag shards as above; non-causal ones the
+    contiguous shards in rank order. K/V must be the query's tokens; one layout for the batch.
+    Blocks whose tiles share no document are skipped (ring/documents.py). Packed calls always
+    run the block-schedule path; `kernel` may also be "masked" or "flash_varlen" there.
     """
     cfg = config if config is not None else current()
     layout = get_layout(layout)
@@ -75,18 +89,22 @@ def token_ring_attn(
         raise ValueError(f"joint_strategy must be 'front' or 'rear', got {joint_strategy!r}")
     chunks = final_chunks if final_chunks is not None else cfg.final_chunks
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
-    train = causal or needs_grad(q, k, v)
+    docs, doc_problem = _documents(cu_seqlens, position_ids)
+    packed = cu_seqlens is not None or position_ids is not None
+    train = causal or needs_grad(q, k, v) or packed
     fn, key, family, problem = _resolve_kernel(
-        kernel, kernel_key, q, k, v, layout, train, deterministic
+        kernel, kernel_key, q, k, v, layout, train, deterministic, packed
     )
+    problem = doc_problem if doc_problem[0] and not problem[0] else problem
     graphs = (cfg.cuda_graphs if cuda_graph is None else cuda_graph) and key is not None
     spec = CallSpec(
         q, k, v, layout, causal, chunks, scale, digest(family), graphs and not train,
         cfg.validate, joint_kv, positions, *problem, transport=cfg.transport,
+        documents=docs, doc_positions=position_ids if cu_seqlens is None else None,
     )  # fmt: skip
     ring = agree(spec, pos)  # raises the same error on every rank, or returns the agreed ring
     if train:
-        return train_attn(q, k, v, ring, layout, scale, causal, fn)
+        return train_attn(q, k, v, ring, layout, scale, causal, fn, ring.docs)
     call = RingCall(
         schedule=NON_CAUSAL,
         kernel=fn,
@@ -114,7 +132,21 @@ def token_ring_attn(
     return result
 
 
-def _resolve_kernel(kernel, kernel_key, q, k, v, layout, train: bool, deterministic: bool):
+def _documents(cu_seqlens, position_ids) -> tuple[Documents | None, tuple[int, str]]:
+    """(checked documents from cu_seqlens, (problem, text)) for the input check."""
+    if cu_seqlens is None:
+        if position_ids is not None and not isinstance(position_ids, torch.Tensor):
+            return None, (19, "")
+        return None, (0, "")
+    try:
+        return Documents.of(cu_seqlens), (0, "")
+    except (ValueError, TypeError) as exc:
+        return None, (17, str(exc).splitlines()[0][:300])
+
+
+def _resolve_kernel(
+    kernel, kernel_key, q, k, v, layout, train: bool, deterministic: bool, packed: bool = False
+):
     """(kernel or training pair, graph key, family name agreed across ranks, (problem, text)).
 
     A kernel that cannot be used here is reported through the check (problem 13), so every
@@ -123,7 +155,15 @@ def _resolve_kernel(kernel, kernel_key, q, k, v, layout, train: bool, determinis
         gqa = q.shape[layout.head_dim] != k.shape[layout.head_dim]  # K/V keep their head count
         args = (q.device, q.dtype, q.shape[3], v.shape[3])
         if train:
-            pair = select_pair(kernel, *args, deterministic)
+            if packed:
+                pair = doc_pair(kernel, *args, lambda name: select_pair(name, *args, deterministic))
+                if deterministic and not pair.deterministic:
+                    raise NotImplementedError(
+                        f"deterministic=True: the {pair.name!r} backward is not deterministic; "
+                        "use kernel='masked' (exact) or deterministic=False"
+                    )
+            else:
+                pair = select_pair(kernel, *args, deterministic)
             return (
                 gqa_pair(pair, *args) if gqa else pair,
                 None,
@@ -185,11 +225,15 @@ def token_ring_attn_func(
     layout: str = "bshd",
     kernel: str = "auto",
     positions: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | list[int] | None = None,
+    position_ids: torch.Tensor | None = None,
 ):
     """Differentiable TokenRing: out (layout of q), or (out, lse (b, h, s) fp32, None) when
     return_attn_probs. `kernel`: "auto" or a name from `backward_kernels.PAIRS`. `group=None`:
     the default (world) group. causal=True over several ranks needs zigzag shards with proof
-    (`tokenring_xdit.shard(x, group, causal=True)`, or `positions`: see token_ring_attn)."""
+    (`tokenring_xdit.shard(x, group, causal=True)`, or `positions`: see token_ring_attn).
+    Packed documents: `cu_seqlens` (of the whole sequence) or `position_ids` (restarting): see
+    token_ring_attn."""
     reject_unsupported(dropout_p, window_size, softcap, alibi_slopes)
     out, lse = token_ring_attn(
         q,
@@ -202,6 +246,8 @@ def token_ring_attn_func(
         kernel=kernel,
         deterministic=deterministic,
         positions=positions,
+        cu_seqlens=cu_seqlens,
+        position_ids=position_ids,
     )
     return (out, lse, None) if return_attn_probs else out
 

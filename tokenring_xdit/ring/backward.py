@@ -5,7 +5,8 @@ step (fp32 from N = 3 on) and never travel. What travels one hop per step on the
 held query part with everything its backward needs: (Q, dO, lse, delta = rowsum(dO * O)); the
 kernel pair builds its O stand-in from dO and delta (`standin.py`). The dQ partial of each step
 goes straight back to its owner one step late on the return lane, and the owner sums them.
-Both lanes are posted before the step's kernel and waited after it.
+Both lanes are posted before the step's kernel and waited after it. Packed documents skip what
+the forward skips (block_forward.py: empty blocks, their dQ returns, queries nobody needs).
 """
 
 from __future__ import annotations
@@ -56,8 +57,11 @@ def block_backward(
     dout = dout.contiguous()
     if n == 1:
         # the kernel reads O itself: no delta, no accumulators, no copies (what SDPA does)
+        mask = call.mask(rank, plan[0])
+        if mask == ():
+            return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         COUNTERS.kernel_calls += 1
-        args = (dout, q, k, v, out, lse, None, call.scale, layout, plan[0].causal)
+        args = (dout, q, k, v, out, lse, None, call.scale, layout, mask)
         return call.pair.run_backward(*args)
     delta = row_delta(dout, out, layout)  # travels instead of O (one fp32 per row)
     q_lane, ret_lane = pos.lanes()
@@ -72,26 +76,33 @@ def block_backward(
         q_lane.step = ret_lane.step = st.step  # named in transfer errors
         next_held = ret = None
         if st.q_send_to is not None:
-            send = _bundle_part(call, held, st.q_part, st.q_send_part, q_lens[st.q_owner])
-            recv_len = part_len(st.q_recv_part, q_lens[st.q_recv_owner])
-            next_held = _bundle_buffers(call, q, dout, recv_len)
-            q_lane.post(
-                [(t, st.q_send_to) for t in send], [(t, st.q_recv_from) for t in next_held], "q"
-            )
+            sends = []
+            if call.moves("q_send", rank, st):
+                send = _bundle_part(call, held, st.q_part, st.q_send_part, q_lens[st.q_owner])
+                sends = [(t, st.q_send_to) for t in send]
+            if call.moves("q_recv", rank, st):
+                recv_len = part_len(st.q_recv_part, q_lens[st.q_recv_owner])
+                next_held = _bundle_buffers(call, q, dout, recv_len)
+            recvs = [(t, st.q_recv_from) for t in next_held] if next_held is not None else []
+            q_lane.post(sends, recvs, "q")
         if st.ret_send_to is not None:
-            ret_len = part_len(st.ret_recv_part, q_lens[rank])
-            b, _, h, d = layout.dims(q)
-            ret = layout.empty(b, ret_len, h, d, like=q)
-            ret_lane.post([(prev_dq, st.ret_send_to)], [(ret, st.ret_recv_from)], "partial")
+            sends = [(prev_dq, st.ret_send_to)] if prev_dq is not None else []
+            if call.moves("ret_recv", rank, st):
+                ret_len = part_len(st.ret_recv_part, q_lens[rank])
+                b, _, h, d = layout.dims(q)
+                ret = layout.empty(b, ret_len, h, d, like=q)
+            recvs = [(ret, st.ret_recv_from)] if ret is not None else []
+            ret_lane.post(sends, recvs, "partial")
         block_dq = None
-        if st.kernel:
+        mask = call.mask(rank, st) if st.kernel else ()
+        if mask != ():
             COUNTERS.kernel_calls += 1
             kv_sl = part_slice(st.kv_part, k.shape[layout.seq_dim])
             k_b, v_b = layout.seq_slice(k, kv_sl), layout.seq_slice(v, kv_sl)
             q_b, do_b, lse_b, delta_b = held
             own_out = out if st.step == 0 else None  # elsewhere the kernel gets delta only
             block_dq, block_dk, block_dv = call.pair.run_backward(
-                do_b, q_b, k_b, v_b, own_out, lse_b, delta_b, call.scale, layout, st.causal
+                do_b, q_b, k_b, v_b, own_out, lse_b, delta_b, call.scale, layout, mask
             )
             if st.step == 0:
                 dk, dv = _start(block_dk, k, acc), _start(block_dv, v, acc)
@@ -101,11 +112,15 @@ def block_backward(
         q_lane.wait()
         ret_lane.wait()
         if st.step == 0:
-            dq = _start(block_dq, q, acc)
+            if block_dq is None:  # documents: nothing of ours to attend here (no tokens)
+                dq, dk, dv = (torch.zeros_like(x, dtype=acc or x.dtype) for x in (q, k, v))
+            else:
+                dq = _start(block_dq, q, acc)
         elif ret is not None:
             layout.seq_slice(dq, part_slice(st.ret_recv_part, q_lens[rank])).add_(ret)
         prev_dq = block_dq.contiguous() if block_dq is not None and st.step > 0 else None
-        held = next_held if next_held is not None else held
+        if st.q_send_to is not None:
+            held = next_held  # None once no later step needs a query here (documents)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 

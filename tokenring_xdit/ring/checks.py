@@ -15,6 +15,12 @@ signature this rank has not seen (a peer whose shapes change alone then waits fo
 deadline and both sides raise the named error; use "always" where that can happen); "auto"
 (default) is "always" on gloo rings, where the exchange is cheap next to CPU attention, and
 "signature" on NCCL rings (docs/troubleshooting.md: the measured cost).
+
+Packed documents are agreed here too: `cu_seqlens` of the whole sequence travel as a digest in
+the header (every rank must pass the same ones); position ids that restart are turned into
+per-rank claims (documents.py) that a second all-gather on the same communicator brings to
+every rank, which then builds and checks the same documents (so a mismatch is one error on
+every rank, raised before any transfer).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from .comm import COUNTERS, RingComms, RingPosition, TokenRingCommError, comms_o
 from .comm.groups import describe_peer
 from .comm.ipc import ipc_finished, ipc_lanes
 from .comm.watchdog import watch
+from .documents import Documents, claim_count, documents_from_claims, local_claims
 from .layout import Layout
 from .sharding import BAD_POSITIONS, NO_PROOF, proof_of
 
@@ -74,6 +81,13 @@ _PROBLEMS = {
     "wrong results silently): cut them with tokenring_xdit.shard(x, group, causal=True) or "
     "yunchang's EXTRACT_FUNC_DICT['token_ring'] (both record the split for the group), or "
     "pass the shard's global token positions as positions=",
+    17: "cu_seqlens are not usable: {detail}",
+    18: "packed documents (cu_seqlens / position_ids) need k and v of the query's length (the "
+    "same tokens), no joint K/V, and one document layout for the whole batch (pack every "
+    "document into one row, batch size 1)",
+    19: "position_ids (packed, restarting at 0 per document) must be (s,) or (b, s) with equal "
+    "rows for this rank's s queries, count up by one inside a document and restart at 0 where "
+    "one starts; or pass cu_seqlens of the whole sequence",
 }
 _NOT_IMPLEMENTED = (6, 8, 16)
 
@@ -82,7 +96,9 @@ _KIND, _PROBLEM, _B, _H, _HK, _D, _DV, _SQ, _SKV = range(9)
 _DTYPE, _LAYOUT, _MODE, _CHUNKS, _DEVICE, _SCALE, _KERNEL, _GRAPHS = range(9, 17)
 _VALIDATE, _TRANSPORT, _PROOF, _TOTAL, _CHOICE, _SOURCE, _INPUTS, _GROUP = range(17, 25)
 _GPU = 25  # digest of this rank's GPU (0: not CUDA): `auto` picks ipc where ranks share one
-_META_LEN = 26
+_DOCS, _NDOCS = 26, 27  # packed documents: digest of cu_seqlens (-1: position ids); claims
+_META_LEN = 28
+DOCS_BY_POSITIONS = -1
 KIND_CALL, KIND_CHOICE = 1, 2
 CHOICE_TOKEN_RING = 1  # a KIND_CALL header's choice slot: TokenRing runs this call
 
@@ -105,6 +121,7 @@ _MUST_AGREE = {
     _TRANSPORT: "transport",
     _PROOF: "causal layout proof (0 none, 1 declared by a sharding helper, 2 positions)",
     _TOTAL: "global sequence length of the zigzag split",
+    _DOCS: "packed documents (digest of cu_seqlens; -1: position ids; 0: none)",
 }
 
 
@@ -142,6 +159,12 @@ class CallSpec:
     problem: int = 0  # found before the check (13/16: the kernel's ValueError/NotImplemented)
     detail: str = ""
     transport: str = "nccl"  # requested (config.TRANSPORTS); the agreed one is Ring.transport
+    documents: Documents | None = None  # packed documents from cu_seqlens (checked by the api)
+    doc_positions: torch.Tensor | None = None  # or this rank's position ids that restart
+
+    @property
+    def packed(self) -> bool:
+        return self.documents is not None or self.doc_positions is not None
 
 
 @dataclass(frozen=True, eq=False)
@@ -153,6 +176,7 @@ class Ring:
     q_lens: tuple[int, ...]  # every ring rank's local query length
     settings: tuple[int, ...]  # the agreed header slots (every rank's are equal)
     transport: str = "nccl"  # how the lanes move data: "nccl" (torch.distributed) or "ipc"
+    docs: Documents | None = None  # the agreed packed documents of the global sequence
 
     @property
     def rank(self) -> int:
@@ -232,6 +256,8 @@ def _local_problem(spec: CallSpec, device_type: str) -> int:
         return 8
     if joint_kv is not None and _joint_problem(k, v, joint_kv, layout):
         return 9
+    if spec.packed and (sk != layout.dims(q)[1] or joint_kv is not None):
+        return 18
     if spec.chunks < 1:
         return 10
     if not (spec.scale > 0 and spec.scale != float("inf")):
@@ -265,7 +291,16 @@ def _meta(spec: CallSpec, problem: int, proof: tuple[int, int]) -> list[int]:
     meta[_TRANSPORT] = TRANSPORT_CODES.get(spec.transport, -1)
     meta[_GPU] = _gpu_digest(q.device)
     meta[_PROOF], meta[_TOTAL] = proof
+    if spec.documents is not None:
+        meta[_DOCS], meta[_NDOCS] = _docs_digest(spec.documents.bounds), spec.documents.count
+    elif spec.doc_positions is not None:
+        meta[_DOCS] = DOCS_BY_POSITIONS
     return meta
+
+
+def _docs_digest(bounds: tuple[int, ...]) -> int:
+    packed = struct.pack(f"<{len(bounds)}q", *bounds)
+    return int.from_bytes(hashlib.sha256(packed).digest()[:8], "little") >> 2
 
 
 def _exchange(comms: RingComms, rank: int, meta: list[int]) -> list[list[int]]:
@@ -398,7 +433,7 @@ def _always(validate: str, device_type: str) -> bool:
 def _fast_key(spec: CallSpec, pos: RingPosition) -> tuple | None:
     """Everything a non-causal call's header is made of, read without building it (the cheap
     per-call path of the signature cache). Causal calls carry a proof to read each time."""
-    if spec.causal:
+    if spec.causal or spec.packed:
         return None
     q, k, v, joint = spec.q, spec.k, spec.v, spec.joint_kv
     grad = needs_grad(q, k, v)
@@ -432,13 +467,22 @@ def agree(spec: CallSpec, pos: RingPosition) -> Ring:
             problem, proof = 14, (NO_PROOF, 0)
         elif proof[0] == NO_PROOF:
             problem = 15
+    claims = 0
+    if not problem and spec.doc_positions is not None:
+        claims = claim_count(
+            spec.doc_positions, spec.q.shape[spec.layout.seq_dim], _chunks(spec, pos)
+        )
+        problem = 19 if claims < 0 else 0
     meta = _meta(spec, problem, proof)
+    meta[_NDOCS] = max(meta[_NDOCS], claims)
     if comms is None:
         _raise_for([meta], spec, 0, device_type)
-        return Ring(pos, None, (meta[_SQ],), tuple(meta[_B:_SQ] + meta[_DTYPE:_GPU]))
+        docs = _documents(None, 0, [meta], spec, pos)
+        return Ring(pos, None, (meta[_SQ],), tuple(meta[_B:_SQ] + meta[_DTYPE:_GPU]), docs=docs)
     # Our K/V length is nobody else's business (K/V never move), so a KV cache growing on one
     # rank must not send that rank alone into the exchange: leave it out of the key.
     key = (pos.group, tuple(meta[:_SKV] + meta[_SKV + 1 :]), spec.q.device)
+    use_cache = use_cache and spec.doc_positions is None  # their documents are new per call
     if use_cache and problem == 0:
         hit = _cached(key)
         if hit is not None:
@@ -449,11 +493,59 @@ def agree(spec: CallSpec, pos: RingPosition) -> Ring:
     _raise_for(metas, spec, pos.rank, device_type)
     agreed = metas[0][_B:_SQ] + metas[0][_DTYPE:_GPU]  # slots every rank agreed on
     transport = _resolve_transport(metas, comms.backend)
-    ring = Ring(pos, comms, tuple(m[_SQ] for m in metas), tuple(agreed), transport)
+    docs = _documents(comms, pos.rank, metas, spec, pos)
+    ring = Ring(pos, comms, tuple(m[_SQ] for m in metas), tuple(agreed), transport, docs)
     _remember(key, ring)
     if fast is not None:
         _remember(fast, ring)
     return ring
+
+
+def _chunks(spec: CallSpec, pos: RingPosition) -> int:
+    """Chunks of a local shard: 2 for a zigzag shard (causal over a ring), else 1."""
+    return 2 if spec.causal and pos.size > 1 else 1
+
+
+def _documents(comms, rank: int, metas, spec: CallSpec, pos: RingPosition) -> Documents | None:
+    """The agreed packed documents (every rank's metas agree by now), checked against the ring's
+    total length; from position ids through one more all-gather of every rank's claims."""
+    if not spec.packed:
+        return None
+    q_lens = [m[_SQ] for m in metas]
+    total = sum(q_lens)
+    if spec.documents is not None:
+        if spec.documents.total != total:
+            raise ValueError(
+                f"TokenRing: cu_seqlens end at {spec.documents.total} but the ring holds "
+                f"{total} tokens (local lengths {q_lens}); cu_seqlens describe the WHOLE packed "
+                "sequence (pad it with one more document to the padded length)"
+            )
+        return spec.documents
+    chunks = _chunks(spec, pos)
+    length = q_lens[rank]
+    if chunks == 2:
+        c, n = length // 2, len(q_lens)
+        starts = [rank * c, (2 * n - 1 - rank) * c]
+    else:
+        starts = [sum(q_lens[:rank])]
+    mine = local_claims(spec.doc_positions, starts, length)
+    if comms is None:
+        return documents_from_claims([mine], chunks, total)
+    width = max(m[_NDOCS] for m in metas)
+    buf = torch.full((width,), -2, dtype=torch.int64)
+    buf[: len(mine)] = torch.tensor(mine, dtype=torch.int64)
+    everyone = [torch.empty_like(buf) for _ in metas]
+    try:
+        dist.all_gather(everyone, buf, group=comms.check)
+    except RuntimeError as exc:
+        message = (
+            f"TokenRing: the exchange of packed document starts failed on "
+            f"{describe_peer(comms, rank)}: {str(exc).strip().splitlines()[0][:200]}"
+        )
+        comms.fail(message)
+        raise TokenRingCommError(message) from exc
+    claims = [x[: m[_NDOCS]].tolist() for x, m in zip(everyone, metas, strict=True)]
+    return documents_from_claims(claims, chunks, total)
 
 
 def agree_ring_choice(

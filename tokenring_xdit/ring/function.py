@@ -15,6 +15,7 @@ from .backward import block_backward
 from .backward_kernels import KernelPair
 from .block_forward import BlockCall, block_forward
 from .checks import Ring
+from .documents import Documents, doc_plan
 from .layout import Layout
 from .schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
 
@@ -50,8 +51,11 @@ def train_attn(
     scale: float,
     causal: bool,
     pair: KernelPair,
+    docs: Documents | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The block-schedule path, after the input check (`api.token_ring_attn` calls it)."""
+    """The block-schedule path, after the input check (`api.token_ring_attn` calls it).
+    `docs`: the agreed packed documents (documents.py), or None."""
     schedule = CAUSAL_ZIGZAG if causal else NON_CAUSAL_BLOCKS
-    call = BlockCall(schedule=schedule, pair=pair, layout=layout, scale=scale)
+    plan = doc_plan(docs, schedule, ring.q_lens) if docs is not None else None
+    call = BlockCall(schedule=schedule, pair=pair, layout=layout, scale=scale, docs=plan)
     return TokenRingAttention.apply(q, k, v, call, ring, ring.q_lens)

@@ -1,0 +1,239 @@
+"""Packed documents on one GPU: which kernel for the ring's blocks, and what a ring rank costs.
+
+    python benchmarks/packed_varlen.py --out packed_varlen.json
+    python benchmarks/packed_varlen.py --tokens 32768,131072 --rings 2,4,8 --iters 5
+
+A packed sequence of --tokens tokens made of documents of 512-8192 tokens (seeded, the last one
+cut to fit), Llama-3-8B attention (32 query heads, 8 K/V heads, head size 128), bf16, batch 1.
+Every number is forward + backward (CUDA events, median of --iters after --warmup):
+
+- per_document: each document alone through SDPA cuDNN, causal (the ideal: exactly the
+  documents' work, no mask); ideal_ring_N = per_document / N;
+- padded: the documents padded to the longest into a batch, SDPA cuDNN causal;
+- dense_causal: the whole packed sequence as ONE causal sequence (no documents: what an
+  unmasked causal call costs; wrong for packed data);
+- dense_masked: SDPA (efficient kernel) with the (S, S) document mask (only up to 32k tokens);
+- flex: FlexAttention with a document-causal block mask (compiled; skipped if unavailable);
+- ring1_<pair>: `token_ring_attn_func(..., causal=True, cu_seqlens=...)` at ring degree 1, with
+  the document pairs (`flash_varlen`: torch's flash kernel with cu_seqlens; `cudnn+segments`:
+  cuDNN once per document);
+- replay_N_<pair>: every rank of a ring of N replayed on this GPU with the real loops and local
+  lanes (benchmarks/replay_rank.py: compute only, no transfers): max and mean over ranks, and
+  max / ideal_ring_N; plus the plan's per-rank attended pairs (`document_work`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from replay_rank import LocalRing  # noqa: E402
+
+H, HK, D = 32, 8, 128
+
+
+def _documents(total: int, seed: int) -> list[int]:
+    rng, cu = random.Random(seed), [0]
+    while cu[-1] < total:
+        cu.append(min(total, cu[-1] + rng.randint(512, 8192)))
+    return cu
+
+
+def _timed(fn, warmup: int, iters: int) -> float:
+    times = []
+    for i in range(warmup + iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        if i >= warmup:
+            times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _grad_fn(f, ins, do):
+    def run():
+        for x in ins:
+            x.grad = None
+        f().backward(do)
+
+    return run
+
+
+def _single_gpu(cu, q, k, v, do, args) -> dict:
+    """(b, s, h, d) inputs; K/V with HK heads. Baselines get K/V expanded to H heads."""
+    from tokenring_xdit import token_ring_attn_func
+
+    total, res = cu[-1], {}
+    ke, ve = (x.detach().repeat_interleave(H // HK, dim=2).requires_grad_() for x in (k, v))
+    qb, keb, veb, dob = (x.transpose(1, 2) for x in (q, ke, ve, do))
+    lens = [b - a for a, b in zip(cu, cu[1:], strict=False)]
+
+    def sdpa(qq, kk, vv, causal=True, mask=None, backend=SDPBackend.CUDNN_ATTENTION):
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, is_causal=causal)
+
+    def per_doc():
+        spans = zip(cu, cu[1:], strict=False)
+        outs = [sdpa(*(x[:, :, a:b] for x in (qb, keb, veb))) for a, b in spans]
+        return torch.cat(outs, dim=2)
+
+    def timed(name, f, ins, grad):
+        try:
+            res[name] = _timed(_grad_fn(f, ins, grad), args.warmup, args.iters)
+        except (RuntimeError, NotImplementedError, ValueError) as exc:
+            res[name] = f"failed: {str(exc).splitlines()[0][:160]}"
+        print(f"  {name}: {res[name]}", flush=True)
+
+    timed("per_document", per_doc, (q, ke, ve), dob)
+    timed("dense_causal", lambda: sdpa(qb, keb, veb), (q, ke, ve), dob)
+    longest = max(lens)
+    pad = [torch.zeros(len(lens), H, longest, D, device="cuda", dtype=q.dtype) for _ in "qkvo"]
+    for i, (a, b) in enumerate(zip(cu, cu[1:], strict=False)):
+        for p, x in zip(pad, (qb, keb, veb, dob), strict=True):
+            p[i, :, : b - a] = x[0, :, a:b].detach()
+    pq, pk, pv = (x.requires_grad_() for x in pad[:3])
+    timed("padded", lambda: sdpa(pq, pk, pv), (pq, pk, pv), pad[3])
+    doc = torch.repeat_interleave(torch.arange(len(lens), device="cuda"), torch.tensor(lens).cuda())
+    if total <= 32768:
+        mask = (doc[:, None] == doc[None, :]) & torch.ones(
+            total, total, dtype=torch.bool, device="cuda"
+        ).tril()
+        timed(
+            "dense_masked",
+            lambda: sdpa(qb, keb, veb, False, mask, SDPBackend.EFFICIENT_ATTENTION),
+            (q, ke, ve),
+            dob,
+        )
+        del mask
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        def doc_causal(b, h, qi, ki):
+            return (doc[qi] == doc[ki]) & (ki <= qi)
+
+        block = create_block_mask(doc_causal, None, None, total, total, device="cuda")
+        flex = torch.compile(flex_attention)
+        timed("flex", lambda: flex(qb, keb, veb, block_mask=block), (q, ke, ve), dob)
+    except Exception as exc:  # optional: no flex / no compiler here
+        res["flex"] = f"skipped: {str(exc).splitlines()[0][:160]}"
+    cu_t = torch.tensor(cu, dtype=torch.int32)
+    for kernel in ("auto", "cudnn"):
+        name = f"ring1_{'flash_varlen' if kernel == 'auto' else 'cudnn+segments'}"
+        timed(
+            name,
+            lambda kernel=kernel: token_ring_attn_func(
+                q, k, v, causal=True, cu_seqlens=cu_t, kernel=kernel
+            ),
+            (q, k, v),
+            do,
+        )
+    return res
+
+
+def _replays(cu, q, k, v, do, rings, args) -> dict:
+    from tokenring_xdit.ring.backward import block_backward
+    from tokenring_xdit.ring.backward_kernels import select_pair
+    from tokenring_xdit.ring.block_forward import BlockCall, block_forward
+    from tokenring_xdit.ring.doc_kernels import doc_pair
+    from tokenring_xdit.ring.documents import Documents, doc_plan, document_work
+    from tokenring_xdit.ring.gqa import gqa_pair
+    from tokenring_xdit.ring.layout import BSHD
+    from tokenring_xdit.ring.schedules import CAUSAL_ZIGZAG
+
+    dev, dtype, total = q.device, q.dtype, cu[-1]
+    pa = (dev, dtype, D, D)
+    res = {}
+    for n in rings:
+        if total % (2 * n):
+            continue
+        report = document_work(cu, n, causal=True)
+        res[f"work_{n}"] = {
+            "spread": report["spread"],
+            "pairs_per_rank": [r["pairs"] for r in report["ranks"]],
+            "kernel_calls": [r["kernel_calls"] for r in report["ranks"]],
+            "q_transfers": [r["q_transfers"] for r in report["ranks"]],
+            "pairs_vs_dense": report["pairs_total"] / report["dense_pairs"],
+        }
+        print(f"  work N={n}: {res[f'work_{n}']}", flush=True)
+        q_lens = (total // n,) * n
+        plan = doc_plan(Documents(tuple(cu)), CAUSAL_ZIGZAG, q_lens)
+        for kernel in ("flash_varlen", "cudnn"):
+            pair = gqa_pair(doc_pair(kernel, *pa, lambda nm: select_pair(nm, *pa, False)), *pa)
+            call = BlockCall(CAUSAL_ZIGZAG, pair, BSHD, D**-0.5, plan)
+            per_rank = []
+            for r in range(n):
+                sl = slice(r * q_lens[r], (r + 1) * q_lens[r])  # any T tokens: timing only
+                ql, kl, vl, dol = (x.detach()[:, sl].contiguous() for x in (q, k, v, do))
+                ring = LocalRing(r, n)
+
+                def run(ring=ring, ql=ql, kl=kl, vl=vl, dol=dol, call=call, q_lens=q_lens):
+                    out, lse = block_forward(call, ring, q_lens, ql, kl, vl)
+                    block_backward(call, ring, q_lens, dol, ql, kl, vl, out, lse)
+
+                per_rank.append(_timed(run, args.warmup, args.iters))
+            res[f"replay_{n}_{pair.name}"] = {"max_ms": max(per_rank), "ranks_ms": per_rank}
+            print(f"  replay N={n} {pair.name}: {per_rank}", flush=True)
+    return res
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", default="32768,131072")
+    parser.add_argument("--rings", default="2,4,8")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="packed_varlen.json")
+    args = parser.parse_args()
+    rings = [int(x) for x in args.rings.split(",") if x]
+    rows = []
+    for total in (int(x) for x in args.tokens.split(",")):
+        cu = _documents(total, args.seed)
+        print(f"{total} tokens, {len(cu) - 1} documents", flush=True)
+        gen = torch.Generator(device="cuda").manual_seed(args.seed)
+
+        def rand(heads, total=total, gen=gen):
+            x = torch.randn(1, total, heads, D, device="cuda", generator=gen)
+            return x.bfloat16().requires_grad_()
+
+        q, k, v = rand(H), rand(HK), rand(HK)
+        do = torch.randn_like(q).detach()
+        row = {"tokens": total, "documents": len(cu) - 1, "cu_seqlens": cu}
+        row.update(_single_gpu(cu, q, k, v, do, args))
+        if isinstance(row.get("per_document"), float):
+            for n in rings:
+                row[f"ideal_ring_{n}"] = row["per_document"] / n
+        row.update(_replays(cu, q, k, v, do, rings, args))
+        for key, val in list(row.items()):
+            if key.startswith("replay_") and isinstance(
+                row.get(f"ideal_ring_{key.split('_')[1]}"), float
+            ):
+                val["max_over_ideal"] = val["max_ms"] / row[f"ideal_ring_{key.split('_')[1]}"]
+        rows.append(row)
+        del q, k, v, do
+        torch.cuda.empty_cache()
+    meta = {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "heads": [H, HK, D],
+        "dtype": "bfloat16",
+    }
+    Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    print(json.dumps(meta))
+
+
+if __name__ == "__main__":
+    main()

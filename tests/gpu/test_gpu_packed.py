@@ -1,0 +1,163 @@
+"""GPU checks of packed documents (marker `gpu`, run on the GPU machine):
+
+python -m pytest -m gpu tests/gpu/test_gpu_packed.py -q
+
+- `auto` picks torch's flash kernel with cu_seqlens ("flash_varlen") for bf16/fp16 on CUDA;
+- every document pair (flash_varlen, cuDNN and torch flash per segment), MHA and GQA, both
+  layouts, on a block of random documents (causal diagonal and full off-diagonal segments, rows
+  that meet no key) vs fp64 masked attention: out, lse, and dq/dk/dv fed the global lse and only
+  delta (the O stand-in), as the ring feeds them;
+- the training loops of a ring of 1-4 ranks as threads on this GPU (tests/thread_ring.py) with
+  random packed documents, causal zigzag and not;
+- token_ring_attn_func at ring degree 1 with cu_seqlens, forward + backward.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+TOL = 4e-2  # bf16
+
+
+def _ref(q, k, v, do, mask, scale):
+    """fp64 masked attention (b, h, s, d) with autograd: out, lse, dq, dk, dv."""
+    g = q.shape[1] // k.shape[1]
+    ins = [x.double().requires_grad_() for x in (q, k, v)]
+    kb, vb = (x.repeat_interleave(g, dim=1) for x in ins[1:])
+    scores = (ins[0] @ kb.transpose(-1, -2)) * scale
+    scores = scores.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(scores, -1)
+    p = torch.exp(scores - torch.where(lse.isinf(), 0, lse).unsqueeze(-1))
+    out = p @ vb
+    out.backward(do.double())
+    return out.detach(), lse.detach(), *(x.grad for x in ins)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_auto_picks_flash_varlen(dtype):
+    from tokenring_xdit.ring.backward_kernels import select_pair
+    from tokenring_xdit.ring.doc_kernels import doc_pair
+
+    dev = torch.device("cuda")
+    pair = doc_pair(
+        "auto", dev, dtype, 128, 128, lambda n: select_pair(n, dev, dtype, 128, 128, False)
+    )
+    assert pair.name == "flash_varlen"
+
+
+@pytest.mark.parametrize("name", ["flash_varlen", "cudnn", "torch_flash"])
+@pytest.mark.parametrize("kv_heads", [8, 2])
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_document_pairs_match_exact(name, kv_heads, layout):
+    from tokenring_xdit.ring.backward_kernels import row_delta, select_pair
+    from tokenring_xdit.ring.doc_kernels import doc_pair, segments_mask
+    from tokenring_xdit.ring.documents import Segment
+    from tokenring_xdit.ring.gqa import gqa_pair
+    from tokenring_xdit.ring.layout import get_layout
+
+    lay, dev, dtype, d = get_layout(layout), torch.device("cuda"), torch.bfloat16, 128
+    args = (dev, dtype, d, d)
+    pair = doc_pair(name, *args, lambda n: select_pair(n, *args, False))
+    if kv_heads != 8:
+        pair = gqa_pair(pair, *args)
+    # diagonal-style causal runs, one full off-diagonal run, rows 700..767 see nothing
+    segs = (Segment(0, 1, 0, 1, True), Segment(1, 300, 1, 300, True),
+            Segment(300, 700, 300, 700, True))  # fmt: skip
+    for mask_segs in (segs, (Segment(200, 768, 0, 500, False),)):
+        gen = torch.Generator(device="cpu").manual_seed(4)
+        q, do = (torch.randn(2, 8, 768, d, generator=gen) for _ in "qo")
+        k, v = (torch.randn(2, kv_heads, 768, d, generator=gen) for _ in "kv")
+        q, k, v, do = (x.to(dev, dtype) for x in (q, k, v, do))
+        mask = segments_mask(mask_segs, 768, 768, dev)
+        ref = _ref(q, k, v, do, mask, d**-0.5)
+        ql, kl, vl, dol = (lay.from_bhsd(x).contiguous() for x in (q, k, v, do))
+        out, lse = pair.run_forward(ql, kl, vl, d**-0.5, lay, mask_segs)
+        seen = ~ref[1].isinf()
+        assert torch.equal(lse.isinf(), ref[1].isinf())
+        assert (lse[seen].double() - ref[1][seen]).abs().max() <= 1e-2
+        assert (lay.to_bhsd(out).double() - ref[0]).abs().max() <= TOL
+        # the ring's backward: global lse, delta instead of O (rows without keys: lse 0 there)
+        glse = torch.where(lse.isinf(), torch.zeros_like(lse), lse)
+        delta = row_delta(dol, out, lay)
+        grads = pair.run_backward(dol, ql, kl, vl, None, glse, delta, d**-0.5, lay, mask_segs)
+        for g, r in zip(grads, ref[2:], strict=True):
+            err = (lay.to_bhsd(g).double() - r).abs().max() / r.abs().max().clamp_min(1)
+            assert err <= TOL, (name, float(err))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("name", ["flash_varlen", "cudnn"])
+def test_thread_ring_with_documents_matches_exact(n, causal, name):
+    from tests.thread_ring import run_ring
+    from tokenring_xdit.ring.backward import block_backward
+    from tokenring_xdit.ring.backward_kernels import select_pair
+    from tokenring_xdit.ring.block_forward import BlockCall, block_forward
+    from tokenring_xdit.ring.doc_kernels import doc_pair
+    from tokenring_xdit.ring.documents import Documents, doc_plan
+    from tokenring_xdit.ring.layout import BSHD
+    from tokenring_xdit.ring.schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
+    from tokenring_xdit.ring.sharding import zigzag_positions
+
+    rng = random.Random(n * 2 + causal)
+    dev, dtype, d, h, total = torch.device("cuda"), torch.bfloat16, 128, 4, 2 * n * 192
+    cuts = sorted(rng.sample(range(1, total), 11))
+    docs = Documents((0, *cuts, total))
+    doc = torch.tensor([docs.doc_at(i) for i in range(total)], device=dev)
+    mask = doc[:, None] == doc[None, :]
+    if causal:
+        mask &= torch.ones(total, total, dtype=torch.bool, device=dev).tril()
+    gen = torch.Generator(device="cpu").manual_seed(n)
+    q, k, v, do = (torch.randn(1, h, total, d, generator=gen).to(dev, dtype) for _ in "qkvo")
+    ref = _ref(q, k, v, do, mask, d**-0.5)
+    args = (dev, dtype, d, d)
+    pair = doc_pair(name, *args, lambda nm: select_pair(nm, *args, False))
+    schedule = CAUSAL_ZIGZAG if causal else NON_CAUSAL_BLOCKS
+    q_lens = (total // n,) * n
+    call = BlockCall(schedule, pair, BSHD, d**-0.5, doc_plan(docs, schedule, q_lens))
+
+    def positions(r):
+        if causal and n > 1:
+            return zigzag_positions(total, r, n, device=dev)
+        return torch.arange(r * total // n, (r + 1) * total // n, device=dev)
+
+    def rank_fn(ring):
+        idx = positions(ring.rank)
+        ql, kl, vl, dol = (
+            x.index_select(2, idx).transpose(1, 2).contiguous() for x in (q, k, v, do)
+        )
+        out, lse = block_forward(call, ring, q_lens, ql, kl, vl)
+        return [out, *block_backward(call, ring, q_lens, dol, ql, kl, vl, out, lse)]
+
+    results = run_ring(n, rank_fn)
+    order = torch.cat([positions(r) for r in range(n)])
+    for i, want in enumerate((ref[0], *ref[2:])):
+        got = torch.cat([res[i].transpose(1, 2).double() for res in results], dim=2)
+        want = want.index_select(2, order)
+        err = ((got - want).abs().max() / want.abs().max().clamp_min(1)).item()
+        assert err <= TOL, (n, causal, name, i, err)
+
+
+def test_ring_degree_1_api_with_cu_seqlens():
+    from tokenring_xdit.ring import token_ring_attn_func
+
+    total, d = 4096, 128
+    cu = torch.tensor([0, 1, 700, 2048, 2049, 4096], dtype=torch.int32)
+    gen = torch.Generator(device="cpu").manual_seed(2)
+    q, do = (torch.randn(1, 8, total, d, generator=gen).cuda().bfloat16() for _ in "qo")
+    k, v = (torch.randn(1, 2, total, d, generator=gen).cuda().bfloat16() for _ in "kv")
+    doc = torch.repeat_interleave(torch.arange(5), cu.diff().long()).cuda()
+    mask = (doc[:, None] == doc[None, :]) & torch.ones(total, total, dtype=torch.bool).cuda().tril()
+    ref = _ref(q, k, v, do, mask, d**-0.5)
+    loc = [x.transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v)]
+    out = token_ring_attn_func(*loc, causal=True, cu_seqlens=cu)
+    out.backward(do.transpose(1, 2))
+    assert (out.transpose(1, 2).double() - ref[0]).abs().max() <= TOL
+    for x, r in zip(loc, ref[2:], strict=True):
+        err = (x.grad.transpose(1, 2).double() - r).abs().max() / r.abs().max().clamp_min(1)
+        assert err <= TOL, float(err)

@@ -1,0 +1,354 @@
+"""Packed documents over the ring: which query/key pairs of a block share a document.
+
+A packed sequence is several documents laid end to end; attention stays inside each document
+(and is causal inside it for a decoder). The documents are given for the WHOLE (global)
+sequence as `cu_seqlens` (0 = b_0 < b_1 < ... < b_D = total, flash-attn's convention), the
+same on every ring rank (the input check agrees on it before any transfer, `checks.py`).
+
+Each rank holds some global token ranges (a zigzag shard: chunks r and 2N-1-r; or the r-th
+contiguous shard), and each block step runs a query TILE (a part of some rank's shard) against
+a key tile (a part of this rank's). Inside a tile the tokens of one document are one run: a
+document that reaches from the front chunk into the back chunk covers the end of the first and
+the start of the second, which sit next to each other in the tile. So a block is a short list
+of `Segment`s (query run x key run of one document), causal on the diagonal block and full
+elsewhere (the zigzag schedule only pairs tiles whose keys all precede the queries). A block
+with no segment is skipped: no kernel, no return of its partial, and a query tile that no
+later holder needs stops travelling (`DocPlan`, which every rank computes alike from the agreed
+layout). Off the diagonal a zigzag block meets at most one document (the one reaching across
+the chunks between the tiles), so the work left is the diagonal's per-document triangles plus
+one rectangle per document that crosses a chunk boundary.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from .schedules.blocks import ALL, FRONT, BlockStep
+
+__all__ = [
+    "Documents",
+    "Segment",
+    "DocPlan",
+    "doc_plan",
+    "documents_from_position_ids",
+    "document_work",
+]
+
+
+@dataclass(frozen=True)
+class Documents:
+    """The document boundaries of the global sequence (cu_seqlens as a tuple of ints)."""
+
+    bounds: tuple[int, ...]
+
+    @property
+    def total(self) -> int:
+        return self.bounds[-1]
+
+    @property
+    def count(self) -> int:
+        return len(self.bounds) - 1
+
+    @classmethod
+    def of(cls, cu_seqlens, total: int | None = None) -> Documents:
+        """Checked Documents from cu_seqlens (tensor or sequence of ints); ValueError says why.
+        Zero-length documents are dropped (they attend nothing)."""
+        if isinstance(cu_seqlens, torch.Tensor):
+            if cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point():
+                raise ValueError("cu_seqlens must be a 1-d integer tensor")
+            cu_seqlens = cu_seqlens.tolist()  # a host read (keep it on the CPU: docs)
+        bounds = [int(x) for x in cu_seqlens]
+        if len(bounds) < 2 or bounds[0] != 0:
+            raise ValueError(f"cu_seqlens must start at 0 and have >= 2 entries, got {bounds[:8]}")
+        if any(b > a for a, b in zip(bounds[1:], bounds, strict=False)):
+            raise ValueError("cu_seqlens must be non-decreasing (document offsets)")
+        if total is not None and bounds[-1] != total:
+            raise ValueError(
+                f"cu_seqlens ends at {bounds[-1]} but the global sequence has {total} tokens "
+                "(cu_seqlens describe the WHOLE packed sequence, not this rank's shard; pad with "
+                "a last document to reach the padded length)"
+            )
+        return cls(tuple(dict.fromkeys(bounds)))  # drops repeats, keeps order
+
+    def doc_at(self, index: int) -> int:
+        """Document number of global token `index`."""
+        return bisect.bisect_right(self.bounds, index) - 1
+
+
+def documents_from_position_ids(position_ids: torch.Tensor) -> Documents:
+    """Documents of a FULL packed sequence from its position ids, which restart at 0 at each
+    document (transformers' DataCollatorWithFlattening, TRL's padding-free packing).
+    position_ids: (S,) or (b, S) with equal rows. ValueError if they do not count up by one
+    inside a document."""
+    pos = position_ids.reshape(-1, position_ids.shape[-1]) if position_ids.dim() > 1 else None
+    if pos is not None:
+        if pos.shape[0] > 1 and not bool((pos == pos[:1]).all()):
+            raise ValueError(
+                "packed position_ids differ between batch rows: pack every document into ONE "
+                "row (batch size 1), as DataCollatorWithFlattening does"
+            )
+        position_ids = pos[0]
+    p = position_ids.to("cpu", torch.int64)
+    if p.numel() == 0:
+        raise ValueError("position_ids are empty")
+    starts = (p == 0).nonzero().flatten()
+    steps_ok = bool(((p[1:] == p[:-1] + 1) | (p[1:] == 0)).all()) if p.numel() > 1 else True
+    if int(p[0]) != 0 or not steps_ok:
+        raise ValueError(
+            "packed position_ids must start at 0 and count up by one inside each document, "
+            "restarting at 0 where a document starts"
+        )
+    return Documents(tuple(starts.tolist()) + (p.numel(),))
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Queries [q0, q1) of a tile against keys [k0, k1) of a tile, one document; `causal`:
+    the same tokens on both sides, masked causally (else every key is visible)."""
+
+    q0: int
+    q1: int
+    k0: int
+    k1: int
+    causal: bool
+
+    @property
+    def pairs(self) -> int:
+        n_q, n_k = self.q1 - self.q0, self.k1 - self.k0
+        return n_q * (n_q + 1) // 2 if self.causal else n_q * n_k
+
+
+# --- where a rank's tokens are --------------------------------------------------------------
+
+
+def _local_ranges(rank: int, q_lens: tuple[int, ...], zigzag: bool) -> list[tuple[int, int]]:
+    """Global token ranges of `rank`'s shard, in its local order."""
+    if zigzag:
+        n, c = len(q_lens), q_lens[rank] // 2
+        back = 2 * n - 1 - rank
+        return [(rank * c, (rank + 1) * c), (back * c, (back + 1) * c)]
+    start = sum(q_lens[:rank])
+    return [(start, start + q_lens[rank])]
+
+
+def _part_ranges(ranges: list[tuple[int, int]], part: str) -> list[tuple[int, int]]:
+    if part == ALL:
+        return ranges
+    if len(ranges) != 2:
+        raise ValueError(f"a {part!r} part needs a zigzag shard")
+    return [ranges[0] if part == FRONT else ranges[1]]
+
+
+def _runs(docs: Documents, ranges: list[tuple[int, int]]) -> dict[int, tuple[int, int]]:
+    """doc -> (start, end) of its tokens in a tile made of `ranges` (tile coordinates)."""
+    runs: dict[int, tuple[int, int]] = {}
+    offset = 0
+    for g0, g1 in ranges:
+        i = docs.doc_at(g0) if g1 > g0 else 0
+        while g0 < g1:
+            end = min(g1, docs.bounds[i + 1])
+            t0, t1 = offset, offset + end - g0
+            if i in runs:
+                if runs[i][1] != t0:  # impossible for zigzag / contiguous tiles (docstring)
+                    raise AssertionError(f"document {i} is split inside a tile")
+                t0 = runs[i][0]
+            runs[i] = (t0, t1)
+            offset, g0, i = t1, end, i + 1
+    return runs
+
+
+def block_segments(docs: Documents, q_ranges, k_ranges, causal: bool) -> tuple[Segment, ...]:
+    """The segments of one block (empty: the block has no pair to attend)."""
+    q_runs, k_runs = _runs(docs, q_ranges), _runs(docs, k_ranges)
+    segs = []
+    for doc, (q0, q1) in q_runs.items():
+        if doc in k_runs:
+            k0, k1 = k_runs[doc]
+            if causal and (q0, q1) != (k0, k1):
+                raise AssertionError("a causal block must hold the same tokens on both sides")
+            segs.append(Segment(q0, q1, k0, k1, causal))
+    return tuple(segs)
+
+
+# --- the plan of one call -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DocPlan:
+    """Per (rank, step) of a block schedule: the kernel's segments and which transfers run.
+
+    Pure and equal on every rank (built from the agreed documents, lengths and schedule)."""
+
+    docs: Documents
+    size: int
+    segments: tuple[tuple[tuple[Segment, ...], ...], ...]  # [rank][step]; () = skipped
+    steps: tuple[tuple[BlockStep, ...], ...]  # [rank] the schedule's rows
+
+    def block(self, rank: int, step: int) -> tuple[Segment, ...]:
+        return self.segments[rank][step] if step < self.size else ()
+
+    def q_needed(self, owner: int, after: int) -> bool:
+        """Does any holder of `owner`'s query run a kernel on it after step `after`? (At step t
+        rank r holds the query of r + t: the zigzag moves Q to r-1; the non-causal table to
+        r+1, so its holder is owner + t.)"""
+        return any(self.block(self._holder(owner, t), t) for t in range(after + 1, self.size))
+
+    def _holder(self, owner: int, t: int) -> int:
+        for r in range(self.size):  # tiny loops: N <= a few dozen
+            if self.steps[r][t].q_owner == owner:
+                return r
+        raise AssertionError("no holder")
+
+    def q_send(self, rank: int, st: BlockStep) -> bool:
+        return st.q_send_to is not None and self.q_needed(st.q_owner, st.step)
+
+    def q_recv(self, rank: int, st: BlockStep) -> bool:
+        return st.q_recv_from is not None and self.q_needed(st.q_recv_owner, st.step)
+
+    def ret_send(self, rank: int, st: BlockStep) -> bool:
+        return st.ret_send_to is not None and bool(self.block(rank, st.step - 1))
+
+    def ret_recv(self, rank: int, st: BlockStep) -> bool:
+        return st.ret_recv_from is not None and bool(self.block(st.ret_recv_from, st.step - 1))
+
+
+@functools.lru_cache(maxsize=64)
+def doc_plan(docs: Documents, schedule, q_lens: tuple[int, ...]) -> DocPlan:
+    """The DocPlan of `schedule` (a block schedule) over shards of `q_lens` tokens."""
+    n = len(q_lens)
+    zigzag = bool(schedule.causal) and n > 1
+    ranges = [_local_ranges(r, q_lens, zigzag) for r in range(n)]
+    steps = tuple(schedule.block_steps(r, n) for r in range(n))
+    segments = []
+    for r in range(n):
+        row = []
+        for st in steps[r]:
+            if not st.kernel:
+                row.append(())
+                continue
+            q_ranges = _part_ranges(ranges[st.q_owner], st.q_part)
+            k_ranges = _part_ranges(ranges[r], st.kv_part)
+            row.append(block_segments(docs, q_ranges, k_ranges, st.causal))
+        segments.append(tuple(row))
+    return DocPlan(docs, n, tuple(segments), steps)
+
+
+def document_work(cu_seqlens, world_size: int, causal: bool = True) -> dict:
+    """Load-balance report of a packed sequence over a ring of `world_size` (TokenRing's zigzag
+    when causal, contiguous shards otherwise): per rank, the attended (query, key) pairs, kernel
+    calls and query transfers; and the spread (max / mean pairs) and the dense total it replaces.
+    """
+    from .schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
+
+    docs = Documents.of(cu_seqlens)
+    n, total = world_size, docs.total
+    if total % (2 * n if causal else n):
+        raise ValueError(f"{total} tokens do not split evenly over {n} ranks; pad the sequence")
+    q_lens = (total // n,) * n
+    plan = doc_plan(docs, CAUSAL_ZIGZAG if causal else NON_CAUSAL_BLOCKS, q_lens)
+    ranks = []
+    for r in range(n):
+        blocks = [plan.block(r, t) for t in range(n)]
+        ranks.append(
+            {
+                "pairs": sum(s.pairs for b in blocks for s in b),
+                "kernel_calls": sum(1 for b in blocks if b),
+                "segments": sum(len(b) for b in blocks),
+                "q_transfers": sum(plan.q_send(r, st) for st in plan.steps[r]),
+                "returns": sum(plan.ret_send(r, st) for st in plan.steps[r]),
+            }
+        )
+    pairs = [x["pairs"] for x in ranks]
+    mean = sum(pairs) / n
+    dense = total * (total + 1) // 2 if causal else total * total
+    return {
+        "documents": docs.count,
+        "tokens": total,
+        "ranks": ranks,
+        "pairs_total": sum(pairs),
+        "dense_pairs": dense,
+        "spread": (max(pairs) / mean) if mean else 1.0,
+    }
+
+
+# --- documents from the local shards' position ids (agreed in checks.py) ------------------------
+#
+# With position ids that restart, each rank sees only its own tokens. Every token tells where
+# its document starts (global index - position id), so each rank CLAIMS, per local chunk, the
+# start of the document its first token belongs to, plus every start inside its chunks; the
+# ring all-gathers the claims and every rank builds the same documents from their union and
+# checks them alike (same data, same verdict on every rank).
+
+
+def _rows_of(position_ids: torch.Tensor) -> torch.Tensor | None:
+    """The one position-id row of a (s,) or (b, s) tensor whose rows are equal, else None."""
+    p = position_ids.reshape(-1, position_ids.shape[-1]) if position_ids.dim() > 1 else None
+    if p is None:
+        return position_ids.to("cpu", torch.int64)
+    if p.shape[0] > 1 and not bool((p == p[:1]).all()):
+        return None
+    return p[0].to("cpu", torch.int64)
+
+
+def _chunk_bounds(length: int, chunks: int) -> list[tuple[int, int]]:
+    half = length // chunks
+    return [(0, length)] if chunks == 1 else [(0, half), (half, length)]
+
+
+def claim_count(position_ids: torch.Tensor, length: int, chunks: int) -> int:
+    """How many claims this rank will send (-1: the position ids are not packed positions of
+    `length` tokens: rows differ, a wrong length, or a step other than +1 / restart at 0)."""
+    p = _rows_of(position_ids)
+    if p is None or p.numel() != length or (length and int(p.min()) < 0):
+        return -1
+    count = 0
+    for a, b in _chunk_bounds(length, chunks):
+        seg = p[a:b]
+        if seg.numel() > 1 and not bool(((seg[1:] == seg[:-1] + 1) | (seg[1:] == 0)).all()):
+            return -1
+        count += 2 + (int((seg[1:] == 0).sum()) if seg.numel() > 1 else 0)
+    return count
+
+
+def local_claims(position_ids: torch.Tensor, starts: list[int], length: int) -> list[int]:
+    """[(global start of chunk, start of its first token's document) per chunk..., then every
+    document start inside the chunks]; `starts`: the global index of each local chunk."""
+    p = _rows_of(position_ids)
+    heads, inner = [], []
+    for (a, b), g in zip(_chunk_bounds(length, len(starts)), starts, strict=True):
+        if b > a:
+            heads += [g, g - int(p[a])]
+            inner += [g + int(i) + 1 for i in (p[a + 1 : b] == 0).nonzero().flatten().tolist()]
+        else:
+            heads += [-1, -1]  # an empty chunk claims nothing
+    return heads + inner
+
+
+def documents_from_claims(claims: list[list[int]], chunks: int, total: int) -> Documents:
+    """The documents every rank's claims describe; ValueError (naming the rank) if they do not
+    fit together. Equal input on every rank gives an equal result or an equal error."""
+    starts = {0}
+    for c in claims:
+        starts.update(
+            s for g, s in zip(c[0 : 2 * chunks : 2], c[1 : 2 * chunks : 2], strict=False) if g >= 0
+        )
+        starts.update(c[2 * chunks :])
+    ordered = sorted(starts)
+    for r, c in enumerate(claims):
+        for g, s in zip(c[0 : 2 * chunks : 2], c[1 : 2 * chunks : 2], strict=True):
+            if g < 0:
+                continue
+            # the document of token g starts at s: no other document may start in (s, g]
+            later = bisect.bisect_right(ordered, s)
+            if s < 0 or (later < len(ordered) and ordered[later] <= g):
+                raise ValueError(
+                    f"TokenRing: packed position_ids do not fit together across the ring: rank "
+                    f"{r}'s token {g} has position {g - s}, but a document starts at "
+                    f"{ordered[later] if s >= 0 else 'a negative index'}; pass the position ids "
+                    "of ONE packed sequence cut by shard_batch / shard (or pass cu_seqlens)"
+                )
+    return Documents(tuple(x for x in ordered if x < total) + (total,))
