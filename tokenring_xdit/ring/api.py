@@ -11,6 +11,7 @@ from ..config import RingConfig, current
 from .backward_kernels import select_pair
 from .checks import CallSpec, agree, digest, needs_grad
 from .comm import RingPosition
+from .compiled import compiled_attn
 from .forward import RingCall, local_forward, ring_forward
 from .function import train_attn
 from .gqa import gqa_kernel, gqa_pair
@@ -67,7 +68,15 @@ def token_ring_attn(
     `tokenring_xdit.shard(x, group, causal=True)` (or yunchang's EXTRACT_FUNC_DICT
     ["token_ring"]), or `positions`, the global token positions of the local shard ((s,) or
     (b, s)). Every setting that decides the call is agreed across the ring first (checks.py).
+    Under torch.compile the call is one opaque operator (`compiled.py`; `kernel` by name only).
     """
+    if torch.compiler.is_compiling():  # Dynamo is tracing: the ring becomes one graph node
+        return compiled_attn(
+            q, k, v, group=group, layout=layout, softmax_scale=softmax_scale, causal=causal,
+            kernel=kernel, final_chunks=final_chunks, joint_kv=joint_kv,
+            joint_strategy=joint_strategy, cuda_graph=cuda_graph, config=config,
+            deterministic=deterministic, positions=positions,
+        )  # fmt: skip
     cfg = config if config is not None else current()
     layout = get_layout(layout)
     pos = RingPosition.of(group)
