@@ -165,7 +165,7 @@ def _build(patches: PatchSet) -> None:
 
     _check_parameters(attention_dispatch._templated_context_parallel_attention, _CP_PARAMS)
     _check_parameters(modeling_parallel.ContextParallelConfig.setup, _SETUP_PARAMS)
-    patches.wrapper(
+    patches.traced_wrapper(  # runs inside compiled models: a wrapper Dynamo can see
         "diffusers.cp_ring",
         attention_dispatch,
         "_templated_context_parallel_attention",

@@ -238,7 +238,8 @@ def _build(patches: PatchSet) -> None:
     import xfuser.model_executor.layers.usp as usp
     import xfuser.model_executor.pipelines.base_pipeline as base_pipeline
 
-    patches.wrapper("xfuser.usp_ring_attn", usp, "ring_attn", _ring_attn_dispatch)
+    # runs inside compiled transformers (--use_torch_compile): a wrapper Dynamo can see
+    patches.traced_wrapper("xfuser.usp_ring_attn", usp, "ring_attn", _ring_attn_dispatch)
     for name in ("add_cli_args", "add_runner_args"):
         patches.wrapper("xfuser.ring_impl_flag", args_module, f"xFuserArgs.{name}", _add_flag)
     patches.wrapper(

@@ -36,11 +36,21 @@ import torch.distributed as dist
 
 from ..config import RingConfig, current
 
-__all__ = ["compiled_attn", "refuse_callable_kernel"]
+__all__ = ["compiled_attn", "refuse_callable_kernel", "count_host_calls_with"]
 
 _TAGS = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()
 _UNSET = -1  # an int field the environment decides
 _CONFIG_FIELDS = ("final_chunks", "cuda_graphs", "validate", "transport", "fused_merge")
+# hosts/calls.count_call, registered by the host adapters (ring/ imports no host code). A host
+# counts its compiled calls here, at run time: a counter bumped in traced code would be a
+# guard on its value, and every call would recompile.
+_HOST_COUNTERS: list = []
+
+
+def count_host_calls_with(counter) -> None:
+    """Count compiled calls made on behalf of a host with counter(host) (idempotent)."""
+    if counter not in _HOST_COUNTERS:
+        _HOST_COUNTERS.append(counter)
 
 
 def refuse_callable_kernel(kernel) -> None:
@@ -60,22 +70,24 @@ def compiled_attn(
     k: torch.Tensor,
     v: torch.Tensor,
     *,
-    group: dist.ProcessGroup | None,
-    layout,
-    softmax_scale: float | None,
-    causal: bool,
-    kernel,
-    final_chunks: int | None,
-    joint_kv: tuple[torch.Tensor, torch.Tensor] | None,
-    joint_strategy: str,
-    cuda_graph: bool | None,
-    config: RingConfig | None,
-    deterministic: bool,
-    positions: torch.Tensor | None,
+    group: dist.ProcessGroup | None = None,
+    layout="bshd",
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    kernel="auto",
+    final_chunks: int | None = None,
+    joint_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+    joint_strategy: str = "rear",
+    cuda_graph: bool | None = None,
+    config: RingConfig | None = None,
+    deterministic: bool = False,
+    positions: torch.Tensor | None = None,
     validate: str = "",
+    host: str = "",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`token_ring_attn` while Dynamo traces (same arguments and results; runs in traced code,
-    so it only turns them into the operator's schema). `validate` overrides the config's."""
+    so it only turns them into the operator's schema). `validate` overrides the config's;
+    `host`: the adapter the call is counted for (`tokenring_xdit.calls_by_host()`)."""
     refuse_callable_kernel(kernel)
     train = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     jk, jv = joint_kv if joint_kv is not None else (None, None)
@@ -92,7 +104,7 @@ def compiled_attn(
         "" if group is None else group.group_name,
         layout if isinstance(layout, str) else layout.name,
         softmax_scale, causal, kernel, chunks, joint_strategy, graphs, validate, transport,
-        fused, deterministic, train,
+        fused, deterministic, train, host,
     )  # fmt: skip
     return out, lse.detach()  # as in eager: lse takes no gradient
 
@@ -191,8 +203,11 @@ def _attn(
     fused_merge: int,
     deterministic: bool,
     train: bool,
+    host: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     _refuse_capture(q)
+    for counter in _HOST_COUNTERS if host else ():
+        counter(host)
     cfg = _config(final_chunks, cuda_graph, validate, transport, fused_merge)
     grp = _group(group)
     joint_kv = (joint_k, joint_v) if joint_k is not None else None
@@ -283,7 +298,7 @@ def _backward(ctx, dout, _dlse):
         dout, q, k, v, out, lse, positions, group, layout, scale, causal, kernel, validate,
         transport, deterministic,
     )  # fmt: skip
-    return (dq, dk, dv) + (None,) * 16
+    return (dq, dk, dv) + (None,) * 17
 
 
 _attn.register_autograd(_backward, setup_context=_setup_context)
