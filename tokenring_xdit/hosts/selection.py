@@ -198,10 +198,6 @@ def choose(group, query, q_len: int, kv_len: int, signature, announce) -> str:
     """
     import torch
 
-    if torch.compiler.is_compiling():  # decided once, while the graph is traced
-        from .traced_choice import choose_traced
-
-        return choose_traced(group, query, q_len, kv_len, signature)
     from ..ring.checks import agree_ring_choice
 
     impl, source = xdit_ring_impl()

@@ -20,10 +20,17 @@ import torch
 
 from . import selection
 
-__all__ = ["choose_traced"]
+__all__ = ["choose", "choose_traced"]
 
 log = logging.getLogger("tokenring_xdit")
 _announced: set = set()
+
+
+def choose(group, query: torch.Tensor, q_len: int, kv_len: int, signature, announce) -> str:
+    """`selection.choose`, or while Dynamo traces `choose_traced` (the patches call this)."""
+    if torch.compiler.is_compiling():
+        return choose_traced(group, query, q_len, kv_len, signature)
+    return selection.choose(group, query, q_len, kv_len, signature, announce)
 
 
 def choose_traced(group, query: torch.Tensor, q_len: int, kv_len: int, signature) -> str:

@@ -38,6 +38,7 @@ def _compiled_kernel(backend, device_type: str) -> str:
         return "auto"
     return _COMPILED_KERNELS.get(getattr(backend, "__name__", ""), "auto")
 
+
 __all__ = ["usp_ring_attn", "long_ctx_ring_attn"]
 
 

@@ -21,7 +21,7 @@ import inspect
 import logging
 from types import ModuleType
 
-from ..hosts import selection
+from ..hosts import selection, traced_choice
 from .base import PatchSet, UnsupportedHostVersion
 from .table import DIFFUSERS_VERSIONS
 
@@ -95,7 +95,7 @@ def _resolve(call: dict, cp) -> str:
         return selection.ring_call(query, b, h // u, d, q_len, kv_len, cp.ring_degree, refused)
 
     group = cp._ring_mesh.get_group()
-    return selection.choose(group, query, s * u, key.shape[1] * u, signature, _announce)
+    return traced_choice.choose(group, query, s * u, key.shape[1] * u, signature, _announce)
 
 
 def _refusal(call: dict) -> str:

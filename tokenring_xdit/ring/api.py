@@ -11,7 +11,7 @@ from ..config import RingConfig, current
 from .backward_kernels import select_pair
 from .checks import CallSpec, agree, digest, needs_grad
 from .comm import RingPosition
-from .compiled import compiled_attn
+from .compiled import compiled_attn, use_eager
 from .forward import RingCall, local_forward, ring_forward
 from .function import train_attn
 from .gqa import gqa_kernel, gqa_pair
@@ -218,3 +218,6 @@ def token_ring_attn_func(
 def token_ring_attn_qkvpacked_func(qkv: torch.Tensor, *args, **kwargs):
     """Packed variant: qkv (b, s, 3, h, d); the other arguments as token_ring_attn_func."""
     return token_ring_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], *args, **kwargs)
+
+
+use_eager(token_ring_attn, _resolve_kernel)  # the compiled op's real side runs these

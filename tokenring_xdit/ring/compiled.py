@@ -47,6 +47,15 @@ _CONFIG_FIELDS = ("final_chunks", "cuda_graphs", "validate", "transport", "fused
 _HOST_COUNTERS: list = []
 
 
+# api.token_ring_attn and api._resolve_kernel, handed over by api at import (api dispatches here
+# while Dynamo traces, so this module cannot import api)
+_EAGER: dict = {}
+
+
+def use_eager(token_ring_attn, resolve_kernel) -> None:
+    _EAGER.update(token_ring_attn=token_ring_attn, resolve_kernel=resolve_kernel)
+
+
 def count_host_calls_with(counter) -> None:
     """Count compiled calls made on behalf of a host with counter(host) (idempotent)."""
     if counter not in _HOST_COUNTERS:
@@ -155,7 +164,6 @@ def _block_call(q, k, v, group, layout, scale, causal, kernel, deterministic, po
                 joint_kv=None):  # fmt: skip
     """(BlockCall, agreed Ring) of a training call: the same kernel pair and input check the
     eager training path uses (api.token_ring_attn), without its autograd Function."""
-    from .api import _resolve_kernel
     from .block_forward import BlockCall
     from .checks import CallSpec, agree, digest
     from .comm import RingPosition
@@ -165,7 +173,8 @@ def _block_call(q, k, v, group, layout, scale, causal, kernel, deterministic, po
     layout = get_layout(layout)
     pos = RingPosition.of(group)
     scale = scale if scale is not None else q.shape[-1] ** -0.5
-    pair, _, family, problem = _resolve_kernel(kernel, None, q, k, v, layout, True, deterministic)
+    resolve = _EAGER["resolve_kernel"]
+    pair, _, family, problem = resolve(kernel, None, q, k, v, layout, True, deterministic)
     if joint_kv is not None and not problem[0]:
         problem = (8, "")  # gradients through joint K/V: refused on every rank, as in eager
     spec = CallSpec(
@@ -219,10 +228,8 @@ def _attn(
         out, lse = block_forward(call, ring, ring.q_lens, q, k, v)
         ring.finished("forward")
         return _dense(out), _dense(lse)
-    from .api import token_ring_attn
-
     with torch.no_grad():
-        out, lse = token_ring_attn(
+        out, lse = _EAGER["token_ring_attn"](
             q, k, v, group=grp, layout=layout, softmax_scale=scale, causal=causal,
             kernel=kernel, joint_kv=joint_kv, joint_strategy=joint_strategy, config=cfg,
             deterministic=deterministic, positions=positions,
