@@ -20,6 +20,8 @@ from tests.harness import run_ranks, values
 
 FP32_TOL = 2e-5  # fp32 ring vs fp64 exact, and compiled vs eager (Inductor reorders fp32 math)
 H, HK, D = 4, 2, 8
+INDUCTOR_CASES = ("attn-noncausal-train", "func-causal-train")
+RING3_CASES = ("attn-noncausal-train", "func-causal-train", "func-gqa-train")
 
 
 def _inputs(torch, n, s, seed, heads=H, kv_heads=H, d=D):
@@ -81,7 +83,7 @@ def _case_matrix(rank, n):
         return RING_IMPL_DICT["token_ring"](q, k, v, causal=causal, attn_type=AttnType.TORCH_FLASH)
 
     causal_func, causal_yunchang = (functools.partial(f, causal=True) for f in (func, yunchang))
-    return [  # (..., the factor the function applies to the ring's output and so to all grads)
+    cases = [  # (..., the factor the function applies to the ring's output and so to all grads)
         ("attn-noncausal-infer", attn, False, H, False, 1.5),
         ("attn-noncausal-train", attn, False, H, True, 1.5),
         ("func-causal-train", causal_func, True, H, True, 2.0),
@@ -90,6 +92,8 @@ def _case_matrix(rank, n):
         ("yunchang-causal-train", causal_yunchang, True, H, True, 1.0),
         ("yunchang-noncausal-infer", yunchang, False, H, False, 1.0),
     ]
+    # ring 3 (odd size): one case per schedule and GQA, to keep the compile time down
+    return cases if n == 2 else [c for c in cases if c[0] in RING3_CASES]
 
 
 def _core(rank, n):
@@ -108,7 +112,10 @@ def _core(rank, n):
         mine = [shard(x, causal=causal) for x in (q, k, v, do)]  # declares the zigzag split
         ref = tuple(c * shard(x, causal=causal) for x in exact)[: 4 if train else 1]
         eager = _run(fn, *mine, train)
-        cnt = CompileCounterWithBackend("inductor")
+        # Inductor for one training case of each schedule at ring 2 (C++ codegen is slow);
+        # aot_eager runs the same fake implementations and AOTAutograd backward elsewhere
+        inductor = name in INDUCTOR_CASES and n == 2
+        cnt = CompileCounterWithBackend("inductor" if inductor else "aot_eager")
         compiled = torch.compile(fn, fullgraph=True, backend=cnt)
         first = _run(compiled, *mine, train)
         again = _run(compiled, *mine, train)  # same shapes: no recompile
@@ -137,7 +144,7 @@ def _dynamic(rank, n):
 
     import tokenring_xdit as tr
 
-    cnt = CompileCounterWithBackend("inductor")
+    cnt = CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(tr.token_ring_attn_func, fullgraph=True, dynamic=True, backend=cnt)
     err = 0.0
     for s, seed in ((6, 40), (10, 41)):
@@ -147,7 +154,9 @@ def _dynamic(rank, n):
         with torch.no_grad():
             out = compiled(*(x.float() for x in mine))
         err = max(err, float((out.double() - ref).abs().max()))
-    return dict(frames=cnt.frame_count, vs_exact=err)
+    # graphs holding the ring (aot_eager may also count an empty first frame of no interest)
+    rings = sum(any("tokenring" in str(x.target) for x in g.graph.nodes) for g in cnt.graphs)
+    return dict(frames=rings, vs_exact=err)
 
 
 def _llama(rank, n):
@@ -172,7 +181,7 @@ def _llama(rank, n):
     for compiled in (False, True):
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(cfg, attn_implementation=tr_hf.NAME)
-        run = torch.compile(model, fullgraph=True) if compiled else model
+        run = torch.compile(model, fullgraph=True, backend="aot_eager") if compiled else model
         logits = run(**batch).logits
         tr_hf.ring_loss(logits, labels).backward()
         outs.append((logits.detach(), {k: p.grad for k, p in model.named_parameters()}))
@@ -245,7 +254,7 @@ def _results(n):
 def test_entry_points_compile_fullgraph_and_match_eager_and_exact(n):
     for rank, res in enumerate(_results(n)):
         for name, case in res.items():
-            if not isinstance(case, dict) or "vs_exact" not in case:
+            if not isinstance(case, dict) or "eager_vs_exact" not in case:
                 continue
             where = f"ring {n} rank {rank} {name}: {case}"
             assert case["vs_exact"] < FP32_TOL, where
