@@ -25,6 +25,7 @@ import torch
 
 from .. import config
 from ..ring import token_ring_attn
+from ..ring.compiled import count_host_calls_with
 from ..ring.kernels import BlockKernel
 from ..ring.layout import BSHD
 from .calls import count_call
@@ -32,6 +33,8 @@ from .calls import count_call
 __all__ = ["context_parallel_attention", "block_kernel", "HOST"]
 
 HOST = "diffusers"
+
+count_host_calls_with(count_call)  # compiled calls count where they run (ring/compiled.py)
 
 # Forward ops of diffusers' CP-capable backends that cannot return an lse -> backend name.
 _NO_LSE_OPS = {"_native_attention_forward_op": "native", "_npu_attention_forward_op": "_native_npu"}
@@ -58,8 +61,13 @@ def context_parallel_attention(
     Returns out (b, s, h, d) in query's dtype, plus lse (b, s, h) fp32 when `return_lse`.
     """
     _refuse_unsupported(query, key, value, attn_mask, dropout_p)
-    _require_lse(forward_op, parallel_config, query, key, value, scale)
-    kernel = block_kernel(forward_op, parallel_config)
+    if torch.compiler.is_compiling():  # the kernel travels by name (_compiled_kernel)
+        if _op_name(forward_op) in _NO_LSE_OPS:
+            raise _no_lse_error(forward_op)
+        kernel = _compiled_kernel(forward_op, query.device.type)
+    else:
+        _require_lse(forward_op, parallel_config, query, key, value, scale)
+        kernel = block_kernel(forward_op, parallel_config)
     cp = parallel_config.context_parallel_config
     if cp.ulysses_degree > 1:
         return _unified(query, key, value, scale, return_lse, kernel, forward_op, cp)
@@ -112,6 +120,8 @@ def _call_forward_op(forward_op, parallel_config, q, k, v, scale):
 def _ring(query, key, value, scale, kernel, forward_op, cp) -> tuple[torch.Tensor, torch.Tensor]:
     """TokenRing over the ring mesh: out (b, s, h, d), lse (b, h, s) fp32."""
     group = cp._ring_mesh.get_group()
+    if torch.compiler.is_compiling():
+        return _ring_traced(query, key, value, scale, kernel, cp, group)
     cfg = config.current()
     if getattr(cp, "ring_anything", False):
         # uneven shards whose lengths can change out of step between calls: check every call
@@ -133,6 +143,34 @@ def _ring(query, key, value, scale, kernel, forward_op, cp) -> tuple[torch.Tenso
     )
     count_call(HOST)
     return out, lse
+
+
+# diffusers forward op -> the TokenRing kernel of its family, for compiled calls on CUDA
+_COMPILED_KERNELS = {
+    "_cudnn_attention_forward_op": "cudnn",
+    "_native_flash_attention_forward_op": "torch_flash",
+    "_flash_attention_forward_op": "flash_attn",
+}
+
+
+def _compiled_kernel(forward_op, device_type: str) -> str:
+    """Under torch.compile the ring's block kernel is a name (ring/compiled.py: a callable
+    cannot be a graph constant): the TokenRing kernel of the backend's family, else (and on CPU)
+    "auto", the fastest TokenRing kernel with an lse for the device. Same attention, exact."""
+    if device_type != "cuda":
+        return "auto"
+    return _COMPILED_KERNELS.get(_op_name(forward_op), "auto")
+
+
+def _ring_traced(query, key, value, scale, kernel: str, cp, group):
+    """`_ring` while Dynamo traces: one `tokenring::attn` node (ring/compiled.py)."""
+    from ..ring.compiled import compiled_attn
+
+    return compiled_attn(
+        query, key, value, group=group, layout="bshd", softmax_scale=scale,
+        kernel="auto" if _needs_grad(query, key, value) else kernel,
+        validate="always" if getattr(cp, "ring_anything", False) else "", host=HOST,
+    )  # fmt: skip
 
 
 def _needs_grad(*xs: torch.Tensor) -> bool:

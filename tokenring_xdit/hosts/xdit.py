@@ -17,9 +17,27 @@ from __future__ import annotations
 import torch
 
 from ..ring import token_ring_attn
+from ..ring.compiled import compiled_attn
 from ..ring.kernels import BlockKernel, KeyedKernel, lse_bhs
 from .calls import count_call
 from .yunchang import reject_unsupported, run_bshd
+
+# xDiT attention backend -> the TokenRing kernel of its family, for compiled calls on CUDA
+_COMPILED_KERNELS = {
+    "_sdpa_flash_attn_call": "torch_flash",
+    "_sdpa_efficient_attn_call": "torch_efficient",
+    "_cudnn_attn_call": "cudnn",
+    "_flash_attn_call": "flash_attn",
+}
+
+
+def _compiled_kernel(backend, device_type: str) -> str:
+    """Under torch.compile the block kernel is a name (ring/compiled.py): the TokenRing kernel
+    of xDiT's backend family, else (and on CPU) "auto" (the fastest one with an lse)."""
+    if device_type != "cuda":
+        return "auto"
+    return _COMPILED_KERNELS.get(getattr(backend, "__name__", ""), "auto")
+
 
 __all__ = ["usp_ring_attn", "long_ctx_ring_attn"]
 
@@ -91,6 +109,13 @@ def usp_ring_attn(
         joint_attn_kwargs["step"] = joint_attn_kwargs.get("total_steps", 1)
     # A CUDA graph may bake in the backend, never per-call attention_kwargs tensors.
     backend = getattr(attention_function, "__wrapped__", attention_function)
+    if torch.compiler.is_compiling():  # --use_torch_compile: one graph node, kernel by name
+        out, _ = compiled_attn(
+            query, key, value, group=PROCESS_GROUP.RING_PG, layout="bhsd", causal=is_causal,
+            kernel=_compiled_kernel(backend, query.device.type), joint_kv=joint_kv,
+            joint_strategy=strategy, host="xdit",
+        )  # fmt: skip
+        return out
     kernel = _xdit_kernel(attention_function, attention_kwargs)
     out, _ = token_ring_attn(
         query,

@@ -16,6 +16,7 @@ from yunchang.kernels import AttnType, select_flash_attn_impl
 
 from ..ring import token_ring_attn
 from ..ring.api import reject_unsupported
+from ..ring.compiled import compiled_attn, count_host_calls_with
 from ..ring.kernels import BlockKernel, KeyedKernel, has_flash_attn, lse_bhs
 from ..ring.layout import BHSD, Layout
 from .calls import count_call
@@ -29,6 +30,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("tokenring_xdit")
+count_host_calls_with(count_call)  # compiled calls count where they run (ring/compiled.py)
 
 _OWN_KERNELS = {
     AttnType.TORCH_FLASH: "torch_flash",
@@ -170,6 +172,9 @@ def run_bshd(
     `ring_kwargs` go to `token_ring_attn` (group, softmax_scale, causal, joint_kv, ...);
     `host` is what `tokenring_xdit.calls_by_host()` counts the call under."""
     kernel = kernel_for(attn_type, attn_processor, q.device)
+    if torch.compiler.is_compiling():  # one graph node, counted where it runs
+        out, lse = compiled_attn(q, k, v, layout="bshd", kernel=kernel, host=host, **ring_kwargs)
+        return (out, lse, None) if return_attn_probs else out
     out, lse = token_ring_attn(q, k, v, layout="bshd", kernel=kernel, **ring_kwargs)
     count_call(host)
     return (out, lse, None) if return_attn_probs else out

@@ -6,6 +6,7 @@ can be patched without being listed in `tokenring-xdit patches` and patches/READ
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import logging
 import sys
@@ -125,6 +126,23 @@ class PatchSet:
         handle = wrapt.wrap_function_wrapper(owner, name, wrapper)
         self._aliased[id(handle)] = (handle, original)
         self._done(patch_id, lambda: setattr(owner, name, original))
+
+    def traced_wrapper(self, patch_id: str, owner: Any, name: str, wrapper: Callable) -> Any:
+        """Like `wrapper`, for a module-level function that runs inside torch.compile'd models:
+        a plain Python function calling wrapper(original, None, args, kwargs). Dynamo takes a
+        wrapt proxy for the function it wraps (the proxy forwards __class__ and __code__) and
+        traces the ORIGINAL, silently skipping the patch; a plain function it traces. Revert
+        restores the original, here and in modules that imported the name meanwhile."""
+        original = owner.__dict__[name]
+
+        def patched(*args, **kwargs):
+            return wrapper(original, None, args, kwargs)
+
+        functools.update_wrapper(patched, original)  # name, doc, __wrapped__ = original
+        setattr(owner, name, patched)
+        self._aliased[id(patched)] = (patched, original)
+        self._done(patch_id, lambda: setattr(owner, name, original))
+        return patched
 
     def set_attr(self, patch_id: str, owner: Any, name: str, value: Any) -> None:
         """Set a module constant (a shared object such as True: never swept as an alias)."""

@@ -21,7 +21,7 @@ import inspect
 import logging
 from types import ModuleType
 
-from ..hosts import selection
+from ..hosts import selection, traced_choice
 from .base import PatchSet, UnsupportedHostVersion
 from .table import DIFFUSERS_VERSIONS
 
@@ -95,7 +95,7 @@ def _resolve(call: dict, cp) -> str:
         return selection.ring_call(query, b, h // u, d, q_len, kv_len, cp.ring_degree, refused)
 
     group = cp._ring_mesh.get_group()
-    return selection.choose(group, query, s * u, key.shape[1] * u, signature, _announce)
+    return traced_choice.choose(group, query, s * u, key.shape[1] * u, signature, _announce)
 
 
 def _refusal(call: dict) -> str:
@@ -165,7 +165,7 @@ def _build(patches: PatchSet) -> None:
 
     _check_parameters(attention_dispatch._templated_context_parallel_attention, _CP_PARAMS)
     _check_parameters(modeling_parallel.ContextParallelConfig.setup, _SETUP_PARAMS)
-    patches.wrapper(
+    patches.traced_wrapper(  # runs inside compiled models: a wrapper Dynamo can see
         "diffusers.cp_ring",
         attention_dispatch,
         "_templated_context_parallel_attention",

@@ -168,13 +168,13 @@ def _build(patches: PatchSet) -> None:
             "ModelMixin._resolve_parallel_config",
             _one_device,
         )
-    patches.wrapper(
+    patches.traced_wrapper(
         "diffusers_cpu.native_flash_forward",
         attention_dispatch,
         "_native_flash_attention_forward_op",
         _cpu_flash_forward,
     )
-    patches.wrapper(
+    patches.traced_wrapper(
         "diffusers_cpu.native_flash_backward",
         attention_dispatch,
         "_native_flash_attention_backward_op",

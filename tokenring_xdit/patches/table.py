@@ -19,7 +19,9 @@ class PatchPoint:
     host: str  # distribution whose code is changed
     trigger: str  # module whose import applies the patch (entry-point name)
     target: str  # module:symbol that changes
-    kind: str  # "registry entry", "missing symbol" or "wrapper" (a reversible wrapt wrapper)
+    # "registry entry", "missing symbol" or "wrapper" (reversible: a wrapt wrapper, or a plain
+    # function where compiled models call it, which Dynamo traces: PatchSet.traced_wrapper)
+    kind: str
     versions: str  # host versions the patch is checked against; others are refused
     change: str  # what it changes, and why
     switch: str = "automatic"  # AUTOMATIC, CPU_MODE or RUNTIME

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import weakref
 
-from ..hosts import selection
+from ..hosts import selection, traced_choice
 from .base import PatchSet, post_import_hook
 from .table import XFUSER_VERSIONS
 
@@ -37,7 +37,7 @@ def _resolve(signature, args, kwargs) -> str:
     """TOKEN_RING or DEFAULT for this call, agreed across the ring before either ring runs;
     `auto` asks the planner once per call signature."""
     group, query, call = signature(*args, **kwargs)
-    return selection.choose(group, query, call.q_len, call.kv_len, lambda *_: call, _announce)
+    return traced_choice.choose(group, query, call.q_len, call.kv_len, lambda *_: call, _announce)
 
 
 def _usp_call(
@@ -238,7 +238,8 @@ def _build(patches: PatchSet) -> None:
     import xfuser.model_executor.layers.usp as usp
     import xfuser.model_executor.pipelines.base_pipeline as base_pipeline
 
-    patches.wrapper("xfuser.usp_ring_attn", usp, "ring_attn", _ring_attn_dispatch)
+    # runs inside compiled transformers (--use_torch_compile): a wrapper Dynamo can see
+    patches.traced_wrapper("xfuser.usp_ring_attn", usp, "ring_attn", _ring_attn_dispatch)
     for name in ("add_cli_args", "add_runner_args"):
         patches.wrapper("xfuser.ring_impl_flag", args_module, f"xFuserArgs.{name}", _add_flag)
     patches.wrapper(

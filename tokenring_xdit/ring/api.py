@@ -11,6 +11,7 @@ from ..config import RingConfig, current
 from .backward_kernels import select_pair
 from .checks import CallSpec, agree, digest, needs_grad
 from .comm import RingPosition
+from .compiled import compiled_attn, use_eager
 from .doc_kernels import doc_pair
 from .documents import Documents
 from .forward import RingCall, local_forward, ring_forward
@@ -81,7 +82,24 @@ def token_ring_attn(
     contiguous shards in rank order. K/V must be the query's tokens; one layout for the batch.
     Blocks whose tiles share no document are skipped (ring/documents.py). Packed calls always
     run the block-schedule path; `kernel` may also be "masked" or "flash_varlen" there.
+
+    Under torch.compile the call is one opaque operator (`compiled.py`; `kernel` by name only;
+    packed documents are not traced yet: they raise there).
     """
+    if torch.compiler.is_compiling():  # Dynamo is tracing: the ring becomes one graph node
+        if cu_seqlens is not None or position_ids is not None:
+            # raised while tracing, so on every rank that compiles the same model
+            raise NotImplementedError(
+                "TokenRing: packed documents (cu_seqlens / position_ids) under torch.compile are "
+                "not supported yet; run the attention eagerly (torch.compiler.disable) for packed "
+                "batches"
+            )
+        return compiled_attn(
+            q, k, v, group=group, layout=layout, softmax_scale=softmax_scale, causal=causal,
+            kernel=kernel, final_chunks=final_chunks, joint_kv=joint_kv,
+            joint_strategy=joint_strategy, cuda_graph=cuda_graph, config=config,
+            deterministic=deterministic, positions=positions,
+        )  # fmt: skip
     cfg = config if config is not None else current()
     layout = get_layout(layout)
     pos = RingPosition.of(group)
@@ -255,3 +273,6 @@ def token_ring_attn_func(
 def token_ring_attn_qkvpacked_func(qkv: torch.Tensor, *args, **kwargs):
     """Packed variant: qkv (b, s, 3, h, d); the other arguments as token_ring_attn_func."""
     return token_ring_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], *args, **kwargs)
+
+
+use_eager(token_ring_attn, _resolve_kernel)  # the compiled op's real side runs these
