@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from ..config import ENV
 from .comm import COUNTERS, RingComms, RingPosition, TokenRingCommError, comms_of, torch_lanes
-from .comm.groups import describe_peer
+from .comm.groups import RELEASE_HOOKS, describe_peer
 from .comm.ipc import ipc_finished, ipc_lanes
 from .comm.watchdog import watch
 from .layout import Layout
@@ -389,6 +389,9 @@ def _remember(key, value) -> None:
     _CACHE[key] = value
     if len(_CACHE) > _CACHE_SIZE:
         _CACHE.popitem(last=False)
+
+
+RELEASE_HOOKS.append(_CACHE.clear)  # keys and rings hold their group: let destroyed ones go
 
 
 def _always(validate: str, device_type: str) -> bool:
