@@ -83,6 +83,7 @@ def token_ring_attn(
     spec = CallSpec(
         q, k, v, layout, causal, chunks, scale, digest(family), graphs and not train,
         cfg.validate, joint_kv, positions, *problem, transport=cfg.transport,
+        timeout=cfg.timeout,
     )  # fmt: skip
     ring = agree(spec, pos)  # raises the same error on every rank, or returns the agreed ring
     if train:

@@ -142,6 +142,7 @@ class CallSpec:
     problem: int = 0  # found before the check (13/16: the kernel's ValueError/NotImplemented)
     detail: str = ""
     transport: str = "nccl"  # requested (config.TRANSPORTS); the agreed one is Ring.transport
+    timeout: float | None = None  # this call's deadline in seconds (RingConfig.timeout)
 
 
 @dataclass(frozen=True, eq=False)
@@ -272,8 +273,9 @@ def _exchange(comms: RingComms, rank: int, meta: list[int]) -> list[list[int]]:
     meta[_GROUP] = comms.name
     mine = torch.tensor(meta, dtype=torch.int64)
     everyone = [torch.empty_like(mine) for _ in comms.ranks]
-    try:
-        dist.all_gather(everyone, mine, group=comms.check)  # CPU: no GPU synchronisation
+    try:  # CPU: no GPU synchronisation; bounded by this call's deadline
+        work = dist.all_gather(everyone, mine, group=comms.check, async_op=True)
+        work.wait(comms.deadline)
     except RuntimeError as exc:
         message = (
             f"TokenRing input check failed on {describe_peer(comms, rank)}: a rank of the ring "
@@ -408,7 +410,7 @@ def _fast_key(spec: CallSpec, pos: RingPosition) -> tuple | None:
     joint_sig = None if joint is None else tuple((x.shape, x.dtype, x.device) for x in joint)
     return (pos.group, spec.layout, spec.chunks, spec.scale, spec.kernel, spec.graphs,
             spec.validate, spec.transport, spec.problem, grad, joint_sig, q.shape, k.shape, v.shape,
-            q.dtype, k.dtype, v.dtype, q.device, k.device, v.device)  # fmt: skip
+            q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, spec.timeout)  # fmt: skip
 
 
 def agree(spec: CallSpec, pos: RingPosition) -> Ring:
@@ -416,6 +418,8 @@ def agree(spec: CallSpec, pos: RingPosition) -> Ring:
     comms = comms_of(pos.group) if pos.size > 1 else None
     if comms is not None:
         comms.ensure_usable()
+        if spec.timeout is not None:  # this call's deadline: its lanes, watchdog and check
+            comms = comms.with_deadline(spec.timeout)
     device_type = _ring_device_type(comms, spec)
     use_cache = comms is not None and not _always(spec.validate, device_type)
     fast = None
@@ -441,7 +445,7 @@ def agree(spec: CallSpec, pos: RingPosition) -> Ring:
         return Ring(pos, None, (meta[_SQ],), tuple(meta[_B:_SQ] + meta[_DTYPE:_GPU]))
     # Our K/V length is nobody else's business (K/V never move), so a KV cache growing on one
     # rank must not send that rank alone into the exchange: leave it out of the key.
-    key = (pos.group, tuple(meta[:_SKV] + meta[_SKV + 1 :]), spec.q.device)
+    key = (pos.group, tuple(meta[:_SKV] + meta[_SKV + 1 :]), spec.q.device, spec.timeout)
     if use_cache and problem == 0:
         hit = _cached(key)
         if hit is not None:

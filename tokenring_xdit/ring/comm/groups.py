@@ -33,6 +33,7 @@ deadline.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import gc
 import hashlib
 import time
@@ -116,19 +117,38 @@ class RingComms:
     backend: str
     name: int = 0  # digest of the ring group's name: equal on its ranks for one group
     failed: str | None = None  # why the ring is unusable (set by the first failure)
+    base: RingComms | None = None  # a per-call view's ring (it shares the failure mark)
 
     def fail(self, why: str) -> None:
         if self.failed is None:
             self.failed = why
+        if self.base is not None:
+            self.base.fail(why)
 
     def ensure_usable(self) -> None:
-        if self.failed is not None:
+        failed = self.failed if self.base is None else (self.base.failed or self.failed)
+        if failed is not None:
             raise TokenRingCommError(
                 f"TokenRing: the ring of global ranks {list(self.ranks)} is unusable after an "
-                f"earlier failure ({self.failed[:400]}). Its communicators may hold half-done "
+                f"earlier failure ({failed[:400]}). Its communicators may hold half-done "
                 "transfers; recover by ending the job or by destroying and re-creating the "
                 "process groups (destroy_process_group, then init_process_group / new_group)"
             )
+
+    def with_deadline(self, seconds: float) -> RingComms:
+        """This ring with another deadline (a call's RingConfig.timeout): same communicators,
+        same failure mark. On NCCL it is capped below our communicators' own timeout, so our
+        watchdog still fires before torch's would abort the process."""
+        base = self.base or self
+        if base.backend != "gloo":
+            seconds = min(seconds, 2 * base.deadline.total_seconds())
+        views = _VIEWS.setdefault(base, {})
+        view = views.get(seconds)
+        if view is None:
+            view = views[seconds] = dataclasses.replace(
+                base, deadline=timedelta(seconds=seconds), failed=None, base=base
+            )
+        return view
 
     def owned(self) -> list[dist.ProcessGroup]:
         """The communicators we made (not the caller's group)."""
@@ -138,6 +158,8 @@ class RingComms:
 # ring group -> its communicators; weak keys, so a destroyed group's entry cannot be found
 # again by a new group that reuses its name
 _COMMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# ring -> {seconds: its view with that deadline}; released with the ring
+_VIEWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def comms_of(group: dist.ProcessGroup) -> RingComms:
@@ -215,6 +237,7 @@ def release_ring_comms(group: dist.ProcessGroup | None = None) -> None:
     get fresh communicators."""
     if not dist.is_initialized():
         _COMMS.clear()
+        _VIEWS.clear()
         _forget()
         return
     for ring in reversed(list(_COMMS.keys())):
@@ -222,6 +245,7 @@ def release_ring_comms(group: dist.ProcessGroup | None = None) -> None:
             continue
         comms = _COMMS.pop(ring, None)
         if comms is not None:
+            _VIEWS.pop(comms, None)
             _tear_down(comms)
     _forget()
 
