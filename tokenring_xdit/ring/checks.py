@@ -143,6 +143,7 @@ class CallSpec:
     detail: str = ""
     transport: str = "nccl"  # requested (config.TRANSPORTS); the agreed one is Ring.transport
     timeout: float | None = None  # this call's deadline in seconds (RingConfig.timeout)
+    kernel_name: str = ""  # the kernel family in words (errors name it; `kernel` is agreed)
 
 
 @dataclass(frozen=True, eq=False)
@@ -294,17 +295,24 @@ def _exchange(comms: RingComms, rank: int, meta: list[int]) -> list[list[int]]:
     return metas
 
 
-def _raise_for(metas: list[list[int]], spec: CallSpec, rank: int, device_type: str) -> None:
+def _raise_for(
+    metas: list[list[int]],
+    spec: CallSpec,
+    rank: int,
+    device_type: str,
+    comms: RingComms | None = None,
+) -> None:
     _raise_choice(metas, rank)
     bad = [(r, m[_PROBLEM]) for r, m in enumerate(metas) if m[_PROBLEM]]
+    differ = [i for i in _MUST_AGREE if len({m[i] for m in metas}) > 1]
+    if bad or differ:  # every rank sees the same headers, so all take this path together
+        words = _words(comms, spec)
     if bad:
         lines = []
         for r, c in bad:
             got = _device_name(metas[r][_DEVICE])
-            # only the rank itself knows a kernel's reason; the others point to its error
-            detail = spec.detail if r == rank else "that rank's own error says why"
             text = _PROBLEMS[c].format(
-                layout=spec.layout.name, device=device_type, got=got, detail=detail
+                layout=spec.layout.name, device=device_type, got=got, detail=words[r]["detail"]
             )
             lines.append(f"rank {r}: {text}")
         kind = NotImplementedError if all(c in _NOT_IMPLEMENTED for _, c in bad) else ValueError
@@ -313,14 +321,64 @@ def _raise_for(metas: list[list[int]], spec: CallSpec, rank: int, device_type: s
                 [r for r, _ in bad], "\n  ".join(lines)
             )
         )
-    for i, name in _MUST_AGREE.items():
-        values = [m[i] for m in metas]
-        if len(set(values)) > 1:
-            if i == _SCALE:
-                values = [struct.unpack("<d", struct.pack("<q", x))[0] for x in values]
-            raise ValueError(f"TokenRing: {name} differs across ring ranks: {values}")
+    if differ:
+        i = differ[0]
+        each = ", ".join(
+            f"rank {r} has {_in_words(i, m[i], words[r])}" for r, m in enumerate(metas)
+        )
+        raise ValueError(
+            f"TokenRing: {_MUST_AGREE[i]} differs across ring ranks: {each}; pass the same on "
+            "every rank"
+        )
     if metas[0][_MODE] & 1 and len(metas) > 1:
         _check_zigzag(metas)
+
+
+def _words(comms: RingComms | None, spec: CallSpec) -> list[dict]:
+    """Every rank's own words for an error that the headers only hold as codes (a kernel's
+    reason, its family's name). Only on the error path, which every ring rank takes together."""
+    mine = {"detail": spec.detail, "kernel": spec.kernel_name}
+    if comms is None:
+        return [mine]
+    everyone: list = [None] * len(comms.ranks)
+    dist.all_gather_object(everyone, mine, group=comms.check)
+    return everyone
+
+
+_MODES = ("non-causal inference", "causal inference", "non-causal training (inputs require "
+          "grad)", "causal training (inputs require grad)")  # fmt: skip
+_PROOFS = ("no proof", "declared by a sharding helper", "positions")
+
+
+def _in_words(slot: int, value: int, words: dict) -> str:
+    """A header slot's value as a user would write it."""
+
+    def pick(names, index: int) -> str:
+        return names[index] if 0 <= index < len(names) else f"unknown ({index})"
+
+    if slot == _DTYPE:
+        return str(_DTYPES[value]).replace("torch.", "") if 0 <= value < len(_DTYPES) else "other"
+    if slot == _LAYOUT:
+        return {1: "bshd", 2: "bhsd"}.get(value, f"sequence dim {value}")
+    if slot == _MODE:
+        return pick(_MODES, value)
+    if slot == _DEVICE:
+        return _device_name(value)
+    if slot == _SCALE:
+        return repr(struct.unpack("<d", struct.pack("<q", value))[0])
+    if slot == _KERNEL:
+        return repr(words["kernel"]) if words.get("kernel") else f"kernel #{value % 10007}"
+    if slot == _GRAPHS:
+        return "on" if value else "off"
+    if slot == _VALIDATE:
+        return {v: k for k, v in VALIDATE_CODES.items()}.get(value, "invalid")
+    if slot == _TRANSPORT:
+        return {v: k for k, v in TRANSPORT_CODES.items()}.get(value, "invalid")
+    if slot == _PROOF:
+        return pick(_PROOFS, value)
+    if slot == _CHUNKS and value < 1:
+        return "an invalid value"
+    return str(value)
 
 
 def _check_zigzag(metas: list[list[int]]) -> None:
@@ -441,7 +499,7 @@ def agree(spec: CallSpec, pos: RingPosition) -> Ring:
             problem = 15
     meta = _meta(spec, problem, proof)
     if comms is None:
-        _raise_for([meta], spec, 0, device_type)
+        _raise_for([meta], spec, 0, device_type)  # a ring of one: its own words
         return Ring(pos, None, (meta[_SQ],), tuple(meta[_B:_SQ] + meta[_DTYPE:_GPU]))
     # Our K/V length is nobody else's business (K/V never move), so a KV cache growing on one
     # rank must not send that rank alone into the exchange: leave it out of the key.
@@ -453,7 +511,7 @@ def agree(spec: CallSpec, pos: RingPosition) -> Ring:
                 _remember(fast, hit)
             return hit
     metas = _exchange(comms, pos.rank, meta)
-    _raise_for(metas, spec, pos.rank, device_type)
+    _raise_for(metas, spec, pos.rank, device_type, comms)
     agreed = metas[0][_B:_SQ] + metas[0][_DTYPE:_GPU]  # slots every rank agreed on
     transport = _resolve_transport(metas, comms.backend)
     ring = Ring(pos, comms, tuple(m[_SQ] for m in metas), tuple(agreed), transport)
