@@ -62,8 +62,7 @@ _PROBLEMS = {
     "head count, head sizes, dtype and device",
     10: "final_chunks (argument, or TOKENRING_XDIT_FINAL_CHUNKS) must be a positive integer",
     11: "q, k and v must be on the device type this ring's transport moves ({device} for this "
-    "group and TOKENRING_XDIT_TRANSPORT), not {got} (CUDA tensors on a gloo group: "
-    "TOKENRING_XDIT_TRANSPORT=ipc or auto)",
+    "group and TOKENRING_XDIT_TRANSPORT), not {got}{hint}",
     12: "softmax_scale must be a finite positive number",
     13: "the kernel cannot be used: {detail}",
     16: "the kernel does not support this call: {detail}",
@@ -312,7 +311,11 @@ def _raise_for(
         for r, c in bad:
             got = _device_name(metas[r][_DEVICE])
             text = _PROBLEMS[c].format(
-                layout=spec.layout.name, device=device_type, got=got, detail=words[r]["detail"]
+                layout=spec.layout.name,
+                device=device_type,
+                got=got,
+                detail=words[r]["detail"],
+                hint=_device_hint(got, metas[r][_TRANSPORT]),
             )
             lines.append(f"rank {r}: {text}")
         kind = NotImplementedError if all(c in _NOT_IMPLEMENTED for _, c in bad) else ValueError
@@ -332,6 +335,18 @@ def _raise_for(
         )
     if metas[0][_MODE] & 1 and len(metas) > 1:
         _check_zigzag(metas)
+
+
+def _device_hint(got: str, transport: int) -> str:
+    """The fix for tensors on a device type the transport does not move."""
+    if transport == TRANSPORT_CODES["ipc"] and got != "cuda":
+        return (
+            " (TOKENRING_XDIT_TRANSPORT=ipc moves CUDA tensors only: move q/k/v to the GPU, or "
+            f"unset it / set it to nccl or auto for {got} tensors)"
+        )
+    if got == "cuda":
+        return " (CUDA tensors on a gloo group: TOKENRING_XDIT_TRANSPORT=ipc or auto)"
+    return ""
 
 
 def _words(comms: RingComms | None, spec: CallSpec) -> list[dict]:
