@@ -77,7 +77,8 @@ ENV: dict[str, tuple[str, str, str]] = {
         "",
         "seconds any TokenRing wait may take before it raises `TokenRingCommError`; unset: the "
         "smaller of the ring group's and the world group's timeouts (read when a ring's "
-        "communicators are made)",
+        "communicators are made); `token_ring_attn(config=RingConfig(timeout=...))` sets one "
+        "call's",
     ),
     "transport": (
         PREFIX + "TRANSPORT",

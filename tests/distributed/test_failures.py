@@ -156,7 +156,7 @@ def _assert_all_raise(results, error_type, *needles):
     "name,error_type,needles",
     [
         ("scale_differs", "ValueError", ["softmax_scale differs across ring ranks", "0.125"]),
-        ("bad_after_good", "ValueError", ["head count differs across ring ranks", "[2, 4]"]),
+        ("bad_after_good", "ValueError", ["head count differs", "rank 0 has 2, rank 1 has 4"]),
         ("meta_device", "ValueError", ["rank(s) [1]", "device type", "meta"]),
         (
             "different_group",  # each rank's own communicators meet, so the check names it
@@ -272,3 +272,69 @@ def _assert_named_on_live_ranks(outcomes, mode):
         assert elapsed < GROUP_TIMEOUT_S + 5, (o.rank, elapsed, message)
         assert again.startswith("TokenRingCommError") and "unusable after an earlier" in again
         assert "recover" in again, again
+
+
+# ------------------------------------------------------------ a call's own deadline (issue 30)
+
+CALL_TIMEOUT_S = 2  # the call's RingConfig.timeout, far below the group's 30 s
+
+
+def _call_timeout(rank, n):
+    """A call with config=RingConfig(timeout=2) on a ring whose groups allow 30 s: its check
+    (the peer skips the call) and its lanes (the peer raises inside the ring) give up after 2 s,
+    and the failure mark it leaves is the ring's (a later call without the config says so)."""
+    import torch
+    import torch.distributed as dist
+
+    from tokenring_xdit import RingConfig
+    from tokenring_xdit.ring import setup_token_ring_group, token_ring_attn
+    from tokenring_xdit.ring.kernels import math
+
+    _set_timeout(dist, 30)
+    other = dist.new_group(list(range(n)))  # the check's failure marks this ring, not WORLD's
+    for group in (dist.group.WORLD, other):
+        setup_token_ring_group(group)
+    cfg = RingConfig(timeout=CALL_TIMEOUT_S, validate="always")
+    q, k, v = _qkv(torch, seed=rank)
+    seen = {}
+
+    def attempt(name, **kwargs):
+        start = time.monotonic()
+        try:
+            with torch.no_grad():
+                token_ring_attn(q, k, v, config=cfg, **kwargs)
+            seen[name] = ("no error", "", time.monotonic() - start)
+        except RuntimeError as exc:
+            seen[name] = (type(exc).__name__, str(exc), time.monotonic() - start)
+
+    if rank == 0:
+        attempt("check", group=other)  # rank 1 never calls on it
+    time.sleep(CALL_TIMEOUT_S + 2)
+
+    def kernel(q, k, v, scale, layout):
+        if rank == 1:
+            time.sleep(CALL_TIMEOUT_S + 2)  # slower than rank 0's deadline
+            raise RuntimeError("injected failure")
+        return math(q, k, v, scale, layout)
+
+    attempt("lanes", kernel=kernel)
+    try:
+        with torch.no_grad():
+            token_ring_attn(q, k, v)  # the environment's config: same ring, marked unusable
+        seen["again"] = "no error"
+    except RuntimeError as exc:
+        seen["again"] = str(exc)
+    return seen
+
+
+@pytest.mark.timeout(120)
+def test_per_call_timeout_is_honoured():
+    results = run_ranks(_call_timeout, 2, timeout=LAUNCH_TIMEOUT_S)
+    assert results[0].ok, results[0].trace
+    seen = results[0].value
+    for name, needle in (("check", "within 2 s"), ("lanes", "deadline (2 s)")):
+        kind, message, elapsed = seen[name]
+        assert kind == "TokenRingCommError", (name, kind, message)
+        assert needle in message, (name, message)
+        assert elapsed < 15, (name, elapsed)  # the call's 2 s bounds it, not the group's 30 s
+    assert "unusable after an earlier failure" in seen["again"], seen["again"]

@@ -51,6 +51,8 @@ def test_transport_setting_on_a_cpu_only_ring():
         assert r.ok, r.trace
         kind, text = r.value["ipc"]
         assert kind == "ValueError" and "cuda" in text and "not cpu" in text, text
+        # the hint fixes what was asked (ipc with CPU tensors), not the opposite case
+        assert "ipc moves CUDA tensors only" in text and "TRANSPORT=ipc or auto" not in text, text
         assert r.value["auto"][0] == "ok" and r.value["auto"][1] < 1e-5, r.value["auto"]
         kind, text = r.value["lanes"]
         assert kind == "ValueError" and "TOKENRING_XDIT_TRANSPORT=nccl" in text, text

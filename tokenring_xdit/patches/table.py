@@ -37,7 +37,8 @@ DIFFUSERS_VERSIONS = ">=0.36"
 DIFFUSERS_CPU_VERSIONS = ">=0.37"
 _DISPATCH = "diffusers.models.attention_dispatch"
 # Trigger of patches that our own runtime applies (not a host import).
-FIRST_GRAPH_CAPTURE = "first CUDA graph capture"
+# (the name is historical: ring/comm/groups.py also applies it before making its communicators)
+FIRST_GRAPH_CAPTURE = "first ring communicators or CUDA graph capture"
 AUTOMATIC = "automatic"  # when the trigger module is imported (bootstrap) or by install()
 CPU_MODE = "CPU mode"  # patches.xfuser_cpu / patches.diffusers_cpu .enable(), then the import
 RUNTIME = "runtime"  # by tokenring_xdit itself, at the trigger event
@@ -323,8 +324,10 @@ PATCH_TABLE: tuple[PatchPoint, ...] = (
         "torch.distributed:destroy_process_group)",
         "wrapper",
         TORCH_VERSIONS,
-        "frees tokenring_xdit's CUDA graphs first: a graph holding NCCL kernels makes "
-        "destroy_process_group hang (pytorch/pytorch#115388), which xDiT calls at exit",
+        "frees tokenring_xdit's CUDA graphs first (a graph holding NCCL kernels makes "
+        "destroy_process_group hang, pytorch/pytorch#115388; xDiT calls it at exit), then "
+        "tears down TokenRing's own communicators and caches, so nothing of ours keeps the "
+        "destroyed group and its gloo threads alive into interpreter exit (an abort)",
         RUNTIME,
     ),
     *_CPU_ROWS,

@@ -4,9 +4,12 @@ A CUDA graph that captured NCCL kernels keeps its communicator in use, and torch
 `destroy_process_group` then waits forever in ncclCommDestroy (pytorch/pytorch#115388, open;
 seen here on 2 x H200 with torch 2.11). xDiT's scripts end with `destroy_distributed_env()`, so
 without this every run that replayed a TokenRing or transformer graph would hang at exit. The
-same wrapper destroys TokenRing's own ring communicators first, in order.
-Applied when the first graph is captured (ring/graphs.py names `ensure_applied` as its capture
-guard and imports it then); `tokenring_xdit.uninstall()` reverts it.
+same wrapper destroys TokenRing's own ring communicators first, in order, and empties the
+caches that hold the group (a group kept alive past its destroy keeps its gloo threads, which
+abort the process at interpreter exit: ring/comm/groups.py).
+Applied before a ring's first communicators are made and before the first graph is captured
+(ring/graphs.py names `ensure_applied` as its guard and imports it then); `tokenring_xdit.uninstall()`
+reverts it.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ def _build(patches: PatchSet) -> None:
 
 
 def ensure_applied() -> None:
-    """Idempotent; called before the first CUDA graph capture."""
+    """Idempotent; called before a ring's first communicators and the first graph capture."""
     PATCHES.apply(_build)
 
 

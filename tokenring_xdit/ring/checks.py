@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from ..config import ENV
 from .comm import COUNTERS, RingComms, RingPosition, TokenRingCommError, comms_of, torch_lanes
-from .comm.groups import describe_peer
+from .comm.groups import RELEASE_HOOKS, describe_peer
 from .comm.ipc import ipc_finished, ipc_lanes
 from .comm.watchdog import watch
 from .documents import Documents, claim_count, documents_from_claims, local_claims
@@ -69,8 +69,7 @@ _PROBLEMS = {
     "head count, head sizes, dtype and device",
     10: "final_chunks (argument, or TOKENRING_XDIT_FINAL_CHUNKS) must be a positive integer",
     11: "q, k and v must be on the device type this ring's transport moves ({device} for this "
-    "group and TOKENRING_XDIT_TRANSPORT), not {got} (CUDA tensors on a gloo group: "
-    "TOKENRING_XDIT_TRANSPORT=ipc or auto)",
+    "group and TOKENRING_XDIT_TRANSPORT), not {got}{hint}",
     12: "softmax_scale must be a finite positive number",
     13: "the kernel cannot be used: {detail}",
     16: "the kernel does not support this call: {detail}",
@@ -159,6 +158,8 @@ class CallSpec:
     problem: int = 0  # found before the check (13/16: the kernel's ValueError/NotImplemented)
     detail: str = ""
     transport: str = "nccl"  # requested (config.TRANSPORTS); the agreed one is Ring.transport
+    timeout: float | None = None  # this call's deadline in seconds (RingConfig.timeout)
+    kernel_name: str = ""  # the kernel family in words (errors name it; `kernel` is agreed)
     documents: Documents | None = None  # packed documents from cu_seqlens (checked by the api)
     doc_positions: torch.Tensor | None = None  # or this rank's position ids that restart
 
@@ -307,8 +308,9 @@ def _exchange(comms: RingComms, rank: int, meta: list[int]) -> list[list[int]]:
     meta[_GROUP] = comms.name
     mine = torch.tensor(meta, dtype=torch.int64)
     everyone = [torch.empty_like(mine) for _ in comms.ranks]
-    try:
-        dist.all_gather(everyone, mine, group=comms.check)  # CPU: no GPU synchronisation
+    try:  # CPU: no GPU synchronisation; bounded by this call's deadline
+        work = dist.all_gather(everyone, mine, group=comms.check, async_op=True)
+        work.wait(comms.deadline)
     except RuntimeError as exc:
         message = (
             f"TokenRing input check failed on {describe_peer(comms, rank)}: a rank of the ring "
@@ -327,17 +329,28 @@ def _exchange(comms: RingComms, rank: int, meta: list[int]) -> list[list[int]]:
     return metas
 
 
-def _raise_for(metas: list[list[int]], spec: CallSpec, rank: int, device_type: str) -> None:
+def _raise_for(
+    metas: list[list[int]],
+    spec: CallSpec,
+    rank: int,
+    device_type: str,
+    comms: RingComms | None = None,
+) -> None:
     _raise_choice(metas, rank)
     bad = [(r, m[_PROBLEM]) for r, m in enumerate(metas) if m[_PROBLEM]]
+    differ = [i for i in _MUST_AGREE if len({m[i] for m in metas}) > 1]
+    if bad or differ:  # every rank sees the same headers, so all take this path together
+        words = _words(comms, spec)
     if bad:
         lines = []
         for r, c in bad:
             got = _device_name(metas[r][_DEVICE])
-            # only the rank itself knows a kernel's reason; the others point to its error
-            detail = spec.detail if r == rank else "that rank's own error says why"
             text = _PROBLEMS[c].format(
-                layout=spec.layout.name, device=device_type, got=got, detail=detail
+                layout=spec.layout.name,
+                device=device_type,
+                got=got,
+                detail=words[r]["detail"],
+                hint=_device_hint(got, metas[r][_TRANSPORT]),
             )
             lines.append(f"rank {r}: {text}")
         kind = NotImplementedError if all(c in _NOT_IMPLEMENTED for _, c in bad) else ValueError
@@ -346,14 +359,76 @@ def _raise_for(metas: list[list[int]], spec: CallSpec, rank: int, device_type: s
                 [r for r, _ in bad], "\n  ".join(lines)
             )
         )
-    for i, name in _MUST_AGREE.items():
-        values = [m[i] for m in metas]
-        if len(set(values)) > 1:
-            if i == _SCALE:
-                values = [struct.unpack("<d", struct.pack("<q", x))[0] for x in values]
-            raise ValueError(f"TokenRing: {name} differs across ring ranks: {values}")
+    if differ:
+        i = differ[0]
+        each = ", ".join(
+            f"rank {r} has {_in_words(i, m[i], words[r])}" for r, m in enumerate(metas)
+        )
+        raise ValueError(
+            f"TokenRing: {_MUST_AGREE[i]} differs across ring ranks: {each}; pass the same on "
+            "every rank"
+        )
     if metas[0][_MODE] & 1 and len(metas) > 1:
         _check_zigzag(metas)
+
+
+def _device_hint(got: str, transport: int) -> str:
+    """The fix for tensors on a device type the transport does not move."""
+    if transport == TRANSPORT_CODES["ipc"] and got != "cuda":
+        return (
+            " (TOKENRING_XDIT_TRANSPORT=ipc moves CUDA tensors only: move q/k/v to the GPU, or "
+            f"unset it / set it to nccl or auto for {got} tensors)"
+        )
+    if got == "cuda":
+        return " (CUDA tensors on a gloo group: TOKENRING_XDIT_TRANSPORT=ipc or auto)"
+    return ""
+
+
+def _words(comms: RingComms | None, spec: CallSpec) -> list[dict]:
+    """Every rank's own words for an error that the headers only hold as codes (a kernel's
+    reason, its family's name). Only on the error path, which every ring rank takes together."""
+    mine = {"detail": spec.detail, "kernel": spec.kernel_name}
+    if comms is None:
+        return [mine]
+    everyone: list = [None] * len(comms.ranks)
+    dist.all_gather_object(everyone, mine, group=comms.check)
+    return everyone
+
+
+_MODES = ("non-causal inference", "causal inference", "non-causal training (inputs require "
+          "grad)", "causal training (inputs require grad)")  # fmt: skip
+_PROOFS = ("no proof", "declared by a sharding helper", "positions")
+
+
+def _in_words(slot: int, value: int, words: dict) -> str:
+    """A header slot's value as a user would write it."""
+
+    def pick(names, index: int) -> str:
+        return names[index] if 0 <= index < len(names) else f"unknown ({index})"
+
+    if slot == _DTYPE:
+        return str(_DTYPES[value]).replace("torch.", "") if 0 <= value < len(_DTYPES) else "other"
+    if slot == _LAYOUT:
+        return {1: "bshd", 2: "bhsd"}.get(value, f"sequence dim {value}")
+    if slot == _MODE:
+        return pick(_MODES, value)
+    if slot == _DEVICE:
+        return _device_name(value)
+    if slot == _SCALE:
+        return repr(struct.unpack("<d", struct.pack("<q", value))[0])
+    if slot == _KERNEL:
+        return repr(words["kernel"]) if words.get("kernel") else f"kernel #{value % 10007}"
+    if slot == _GRAPHS:
+        return "on" if value else "off"
+    if slot == _VALIDATE:
+        return {v: k for k, v in VALIDATE_CODES.items()}.get(value, "invalid")
+    if slot == _TRANSPORT:
+        return {v: k for k, v in TRANSPORT_CODES.items()}.get(value, "invalid")
+    if slot == _PROOF:
+        return pick(_PROOFS, value)
+    if slot == _CHUNKS and value < 1:
+        return "an invalid value"
+    return str(value)
 
 
 def _check_zigzag(metas: list[list[int]]) -> None:
@@ -426,6 +501,9 @@ def _remember(key, value) -> None:
         _CACHE.popitem(last=False)
 
 
+RELEASE_HOOKS.append(_CACHE.clear)  # keys and rings hold their group: let destroyed ones go
+
+
 def _always(validate: str, device_type: str) -> bool:
     return validate == "always" or (validate == "auto" and device_type == "cpu")
 
@@ -440,7 +518,7 @@ def _fast_key(spec: CallSpec, pos: RingPosition) -> tuple | None:
     joint_sig = None if joint is None else tuple((x.shape, x.dtype, x.device) for x in joint)
     return (pos.group, spec.layout, spec.chunks, spec.scale, spec.kernel, spec.graphs,
             spec.validate, spec.transport, spec.problem, grad, joint_sig, q.shape, k.shape, v.shape,
-            q.dtype, k.dtype, v.dtype, q.device, k.device, v.device)  # fmt: skip
+            q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, spec.timeout)  # fmt: skip
 
 
 def agree(spec: CallSpec, pos: RingPosition) -> Ring:
@@ -448,6 +526,8 @@ def agree(spec: CallSpec, pos: RingPosition) -> Ring:
     comms = comms_of(pos.group) if pos.size > 1 else None
     if comms is not None:
         comms.ensure_usable()
+        if spec.timeout is not None:  # this call's deadline: its lanes, watchdog and check
+            comms = comms.with_deadline(spec.timeout)
     device_type = _ring_device_type(comms, spec)
     use_cache = comms is not None and not _always(spec.validate, device_type)
     fast = None
@@ -476,12 +556,12 @@ def agree(spec: CallSpec, pos: RingPosition) -> Ring:
     meta = _meta(spec, problem, proof)
     meta[_NDOCS] = max(meta[_NDOCS], claims)
     if comms is None:
-        _raise_for([meta], spec, 0, device_type)
+        _raise_for([meta], spec, 0, device_type)  # a ring of one: its own words
         docs = _documents(None, 0, [meta], spec, pos)
         return Ring(pos, None, (meta[_SQ],), tuple(meta[_B:_SQ] + meta[_DTYPE:_GPU]), docs=docs)
     # Our K/V length is nobody else's business (K/V never move), so a KV cache growing on one
     # rank must not send that rank alone into the exchange: leave it out of the key.
-    key = (pos.group, tuple(meta[:_SKV] + meta[_SKV + 1 :]), spec.q.device)
+    key = (pos.group, tuple(meta[:_SKV] + meta[_SKV + 1 :]), spec.q.device, spec.timeout)
     use_cache = use_cache and spec.doc_positions is None  # their documents are new per call
     if use_cache and problem == 0:
         hit = _cached(key)
@@ -490,7 +570,7 @@ def agree(spec: CallSpec, pos: RingPosition) -> Ring:
                 _remember(fast, hit)
             return hit
     metas = _exchange(comms, pos.rank, meta)
-    _raise_for(metas, spec, pos.rank, device_type)
+    _raise_for(metas, spec, pos.rank, device_type, comms)
     agreed = metas[0][_B:_SQ] + metas[0][_DTYPE:_GPU]  # slots every rank agreed on
     transport = _resolve_transport(metas, comms.backend)
     docs = _documents(comms, pos.rank, metas, spec, pos)

@@ -28,6 +28,7 @@ __all__ = [
     "all_ranks_ok",
     "clear_graphs",
     "graphs_wanted",
+    "install_guards",
     "release_all_graphs",
     "run_graphed",
 ]
@@ -155,6 +156,13 @@ def _run_guards() -> None:
             _GUARDS.append(getattr(importlib.import_module(module), name))
     for guard in _GUARDS:
         guard()
+
+
+def install_guards() -> None:
+    """Run the guards now (idempotent). ring/comm/groups.py calls it before it makes a ring's
+    communicators: the destroy_process_group guard must be in place on every backend, not only
+    once a graph exists, so that a destroy always tears TokenRing's communicators down first."""
+    _run_guards()
 
 
 def _digest(key: Hashable) -> int:

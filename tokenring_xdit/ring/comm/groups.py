@@ -14,14 +14,31 @@ torch's 30-minute default; the world's is the one a user sets in init_process_gr
 communicators get twice that, so our own deadline (comm/watchdog.py) always fires before torch's
 watchdog would abort the process. After a failure the ring is marked unusable: later calls say
 so instead of failing in a misleading way. `release_ring_comms()` destroys them, newest first;
-it runs at interpreter exit and before `destroy_process_group` (patches/torch_dist.py).
+it runs at interpreter exit and before `destroy_process_group` (patches/torch_dist.py, put in
+place before the first communicator is made).
+
+Teardown and exit. Nothing of ours may keep a process group alive past `destroy_process_group`:
+torch frees a group's gloo threads only when its last reference goes, and a gloo worker thread
+that outlives the start of interpreter finalisation and then drops the last reference to a
+finished collective (whose tensors own Python objects) needs the GIL, is killed by Python, and
+the process aborts ("terminate called without an active exception"). So releasing a ring also
+empties the per-group caches (RELEASE_HOOKS). At exit, a gloo default group the program did not
+destroy is destroyed here, while the interpreter is whole (the same race exists in plain torch:
+about 2 runs in 15 of a program whose last call is a gloo all_gather). Our own NCCL
+communicators are aborted, not finalised: an abort is local and bounded, a finalise can wait
+on peers (pytorch/pytorch#119797); our queued kernels are waited for first, bounded by the
+deadline.
 """
 
 from __future__ import annotations
 
 import atexit
+import dataclasses
+import gc
 import hashlib
+import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -100,19 +117,38 @@ class RingComms:
     backend: str
     name: int = 0  # digest of the ring group's name: equal on its ranks for one group
     failed: str | None = None  # why the ring is unusable (set by the first failure)
+    base: RingComms | None = None  # a per-call view's ring (it shares the failure mark)
 
     def fail(self, why: str) -> None:
         if self.failed is None:
             self.failed = why
+        if self.base is not None:
+            self.base.fail(why)
 
     def ensure_usable(self) -> None:
-        if self.failed is not None:
+        failed = self.failed if self.base is None else (self.base.failed or self.failed)
+        if failed is not None:
             raise TokenRingCommError(
                 f"TokenRing: the ring of global ranks {list(self.ranks)} is unusable after an "
-                f"earlier failure ({self.failed[:400]}). Its communicators may hold half-done "
+                f"earlier failure ({failed[:400]}). Its communicators may hold half-done "
                 "transfers; recover by ending the job or by destroying and re-creating the "
                 "process groups (destroy_process_group, then init_process_group / new_group)"
             )
+
+    def with_deadline(self, seconds: float) -> RingComms:
+        """This ring with another deadline (a call's RingConfig.timeout): same communicators,
+        same failure mark. On NCCL it is capped below our communicators' own timeout, so our
+        watchdog still fires before torch's would abort the process."""
+        base = self.base or self
+        if base.backend != "gloo":
+            seconds = min(seconds, 2 * base.deadline.total_seconds())
+        views = _VIEWS.setdefault(base, {})
+        view = views.get(seconds)
+        if view is None:
+            view = views[seconds] = dataclasses.replace(
+                base, deadline=timedelta(seconds=seconds), failed=None, base=base
+            )
+        return view
 
     def owned(self) -> list[dist.ProcessGroup]:
         """The communicators we made (not the caller's group)."""
@@ -122,6 +158,8 @@ class RingComms:
 # ring group -> its communicators; weak keys, so a destroyed group's entry cannot be found
 # again by a new group that reuses its name
 _COMMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# ring -> {seconds: its view with that deadline}; released with the ring
+_VIEWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def comms_of(group: dist.ProcessGroup) -> RingComms:
@@ -133,6 +171,9 @@ def comms_of(group: dist.ProcessGroup) -> RingComms:
 
 
 def _make(group: dist.ProcessGroup) -> RingComms:
+    from ..graphs import install_guards  # the destroy_process_group guard, before any comm
+
+    install_guards()
     ranks = tuple(dist.get_process_group_ranks(group))
     backend = dist.get_backend(group)
     deadline = ring_deadline(group)
@@ -185,26 +226,99 @@ def describe_peer(comms: RingComms, rank: int) -> str:
 # --- teardown --------------------------------------------------------------------------------
 
 
+# Called after release_ring_comms drops rings: modules that keep per-group state (the checks'
+# signature cache) forget it, so nothing of ours keeps a destroyed group alive.
+RELEASE_HOOKS: list[Callable[[], None]] = []
+
+
 def release_ring_comms(group: dist.ProcessGroup | None = None) -> None:
     """Destroy the communicators TokenRing made (for `group`'s ring, or every ring's), newest
     first, while torch.distributed is still whole. Safe to call twice; rings made again later
     get fresh communicators."""
     if not dist.is_initialized():
         _COMMS.clear()
+        _VIEWS.clear()
+        _forget()
         return
     for ring in reversed(list(_COMMS.keys())):
         if group is not None and ring is not group:
             continue
         comms = _COMMS.pop(ring, None)
-        if comms is None:
+        if comms is not None:
+            _VIEWS.pop(comms, None)
+            _tear_down(comms)
+    _forget()
+
+
+def _forget() -> None:
+    for hook in RELEASE_HOOKS:
+        hook()
+
+
+def _tear_down(comms: RingComms) -> None:
+    """Gloo communicators are destroyed (local, instant); NCCL ones aborted together after our
+    queued kernels finish or the deadline passes (an abort never waits on a peer)."""
+    owned = list(reversed(comms.owned()))
+    nccl = [g for g in owned if comms.backend == "nccl" and g is not comms.check]
+    if nccl:
+        _drain(comms.deadline)
+    for g in owned:
+        if g in nccl:
             continue
-        for owned in reversed(comms.owned()):
+        try:
+            dist.destroy_process_group(g)
+        except (RuntimeError, ValueError):
+            pass  # already destroyed with the world group
+    if nccl:
+        _abort_together(nccl)
+
+
+def _drain(deadline: timedelta) -> None:
+    """Wait (polling, bounded) for the work queued so far on the current CUDA stream."""
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return
+    event = torch.cuda.Event()
+    event.record()
+    end = time.monotonic() + deadline.total_seconds()
+    while not event.query() and time.monotonic() < end:
+        time.sleep(0.001)
+
+
+def _abort_together(groups: list[dist.ProcessGroup]) -> None:
+    """Abort NCCL communicators inside one NCCL group call, as torch does for the world: aborts
+    made one by one can wait on each other (pytorch/pytorch#119797)."""
+    c10d = dist.distributed_c10d
+    try:
+        backend = groups[0]._get_backend(torch.device("cuda"))
+        start, end = backend._group_start, backend._group_end
+    except (AttributeError, RuntimeError):
+        start = end = lambda: None  # noqa: E731
+    start()
+    try:
+        for g in groups:
             try:
-                dist.destroy_process_group(owned)
+                c10d._abort_process_group(g)
             except (RuntimeError, ValueError):
                 pass  # already destroyed with the world group
+    finally:
+        end()
+
+
+def _at_exit() -> None:
+    """Before interpreter finalisation: our communicators, then a gloo default group the
+    program did not destroy (see the module docstring)."""
+    from ..graphs import release_all_graphs
+
+    release_all_graphs()  # a graph holding NCCL kernels keeps its communicator busy
+    gc.collect()
+    release_ring_comms()
+    if dist.is_initialized() and dist.get_backend() == "gloo":
+        try:
+            dist.destroy_process_group()
+        except (RuntimeError, ValueError):
+            pass
 
 
 # At interpreter exit, before finalisation tears down gloo's threads in no particular order
 # (registered after torch's import, so it runs before torch's own exit handlers).
-atexit.register(release_ring_comms)
+atexit.register(_at_exit)
