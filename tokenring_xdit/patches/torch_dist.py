@@ -8,8 +8,8 @@ same wrapper destroys TokenRing's own ring communicators first, in order, and em
 caches that hold the group (a group kept alive past its destroy keeps its gloo threads, which
 abort the process at interpreter exit: ring/comm/groups.py).
 Applied before a ring's first communicators are made and before the first graph is captured
-(ring/graphs.py names `ensure_applied` as its guard and imports it then); `tokenring_xdit.uninstall()`
-reverts it.
+(ring/graphs.py names `ensure_applied` as its guard and imports it then);
+`tokenring_xdit.uninstall()` reverts it.
 """
 
 from __future__ import annotations
