@@ -88,7 +88,7 @@ def _launches() -> dict[str, Launch]:
                 "--steps",
                 "2",
                 "--warmup-steps",
-                "1",
+                "2",
                 "--repeats",
                 "1",
                 "--out",
