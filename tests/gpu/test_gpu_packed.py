@@ -50,7 +50,20 @@ def test_auto_picks_flash_varlen(dtype):
     assert pair.name == "flash_varlen"
 
 
-@pytest.mark.parametrize("name", ["flash_varlen", "cudnn", "torch_flash"])
+def test_cudnn_per_segment_is_refused():
+    """cuDNN per document segment failed the exactness check below on 2 x H200 (4 of 4 pair
+    cases; 2 of the first 3 ring cases), so packed documents refuse it with one clear error."""
+    from tokenring_xdit.ring.backward_kernels import select_pair
+    from tokenring_xdit.ring.doc_kernels import doc_pair
+
+    dev, dtype = torch.device("cuda"), torch.bfloat16
+    with pytest.raises(NotImplementedError, match="cudnn"):
+        doc_pair(
+            "cudnn", dev, dtype, 128, 128, lambda n: select_pair(n, dev, dtype, 128, 128, False)
+        )
+
+
+@pytest.mark.parametrize("name", ["flash_varlen", "torch_flash"])
 @pytest.mark.parametrize("kv_heads", [8, 2])
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
 def test_document_pairs_match_exact(name, kv_heads, layout):
@@ -92,7 +105,7 @@ def test_document_pairs_match_exact(name, kv_heads, layout):
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("name", ["flash_varlen", "cudnn"])
+@pytest.mark.parametrize("name", ["flash_varlen", "torch_flash"])
 def test_thread_ring_with_documents_matches_exact(n, causal, name):
     from tests.thread_ring import run_ring
     from tokenring_xdit.ring.backward import block_backward
