@@ -192,3 +192,22 @@ def test_validate_wording_is_the_readme_and_planner_docs_wording(capsys):
         text = " ".join((ROOT / doc).read_text().split())
         assert phrase in text, f"{doc} should say '{phrase}'"
         assert "exactly right" not in text  # one meaning of "right": within 5 % of the best
+
+
+# ------------------------------------------------------------------- issue 30: plot, one rank
+
+
+def test_plan_plot_without_matplotlib_fails_before_the_table():
+    code = (
+        "import sys; sys.modules['matplotlib'] = None  # as if not installed\n"
+        "from tokenring_xdit.tools import cli\n"
+        "sys.exit(cli.main(['plan', '--model', 'flux', '--tokens', '4096', '--plot', 'x.png']))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    assert done.stdout == "", done.stdout  # no table first
+    assert "--plot needs matplotlib" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_one_rank_is_singular():
+    assert cli._ranks(1) == "1 rank" and cli._ranks(2) == "2 ranks"

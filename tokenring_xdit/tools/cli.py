@@ -175,6 +175,10 @@ def _main(argv: Sequence[str] | None) -> int:
 # ---------------------------------------------------------------------------------------- demo
 
 
+def _ranks(n: int) -> str:
+    return "1 rank" if n == 1 else f"{n} ranks"
+
+
 def _resolve(args: argparse.Namespace):
     """Fill in the "auto" settings (this imports torch); returns (config, nproc, note)."""
     import torch
@@ -188,9 +192,9 @@ def _resolve(args: argparse.Namespace):
     if device == "auto":
         device = "cuda" if gpus >= nproc else "cpu"
         if gpus and device == "cpu":
-            note = f"{gpus} GPU(s) for {nproc} ranks: running on CPU (--nproc {gpus} to use them)"
+            note = f"{gpus} GPU(s) for {_ranks(nproc)}: running on CPU (--nproc {gpus} to use them)"
     if device == "cuda" and gpus < nproc:
-        raise ValueError(f"--device cuda needs one GPU per rank: {nproc} ranks, {gpus} GPU(s)")
+        raise ValueError(f"--device cuda needs one GPU per rank: {_ranks(nproc)}, {gpus} GPU(s)")
     tokens = args.tokens if args.tokens is not None else DEFAULT_TOKENS[device]
     if tokens % nproc:
         raise ValueError(f"--tokens {tokens} must be a multiple of --nproc {nproc}")
@@ -228,7 +232,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     if note:
         console.print(f"[yellow]note:[/] {note}")
     console.print(
-        f"[bold]tokenring-xdit demo[/]: {nproc} ranks on {cfg.device}"
+        f"[bold]tokenring-xdit demo[/]: {_ranks(nproc)} on {cfg.device}"
         f" ({'NCCL' if cfg.device == 'cuda' else 'gloo'}), batch {cfg.batch}, {cfg.tokens} tokens,"
         f" {cfg.heads} heads x {cfg.head_size}, {cfg.dtype}, {cfg.iters} timed calls"
         f" after {cfg.warmup} warm-up"
