@@ -211,3 +211,11 @@ def test_plan_plot_without_matplotlib_fails_before_the_table():
 
 def test_one_rank_is_singular():
     assert cli._ranks(1) == "1 rank" and cli._ranks(2) == "2 ranks"
+
+
+def test_the_examples_output_dir_is_git_ignored():
+    """The examples write images to --output_dir (default results/): never committed by accident."""
+    defaults = re.findall(r'"--output_dir", default="([^"]+)"', "".join(
+        p.read_text() for p in (ROOT / "examples").glob("*.py")))  # fmt: skip
+    ignored = (ROOT / ".gitignore").read_text().splitlines()
+    assert defaults and all(f"{d}/" in ignored for d in defaults), (defaults, ignored)
