@@ -219,3 +219,49 @@ def test_the_examples_output_dir_is_git_ignored():
         p.read_text() for p in (ROOT / "examples").glob("*.py")))  # fmt: skip
     ignored = (ROOT / ".gitignore").read_text().splitlines()
     assert defaults and all(f"{d}/" in ignored for d in defaults), (defaults, ignored)
+
+
+# ------------------------------------------------------------- issue 30: compare's failures
+
+
+def test_an_unknown_option_of_a_subcommand_points_at_its_help(capsys):
+    code, out, err = _exit(["compare", "--bogus"], capsys)
+    assert code == 2 and out == ""
+    assert err == (
+        "tokenring-xdit compare: error: unrecognized arguments: --bogus "
+        "(see tokenring-xdit compare --help)\n"
+    ), err
+
+
+def test_a_bad_compare_value_is_one_prefixed_line(capsys):
+    assert cli.main(["compare", "--ring-degree", "1", "--device", "cpu"]) == 2
+    got = capsys.readouterr()
+    assert got.out == "" and got.err.count("\n") == 1, got.err
+    assert got.err.startswith("tokenring-xdit compare: error: --ring-degree must be at least 2")
+    assert got.err.rstrip().endswith("(see tokenring-xdit compare --help)"), got.err
+
+
+def test_a_rank_failure_prints_its_innermost_frames_unwrapped():
+    import io
+
+    from rich.console import Console
+
+    from tokenring_xdit.tools.cli_args import TRACE_FRAMES, print_failure
+    from tokenring_xdit.tools.launch import LaunchError, RankFailure
+
+    frames = "".join(f'  File "/a/very/long/path/{"x" * 90}/m{i}.py", line {i}, in f{i}\n'
+                     f"    call_{i}()\n" for i in range(40))  # fmt: skip
+    message = "word " * 100  # 500 characters: the summary is cut at a word
+    failure = RankFailure(
+        1, "RuntimeError", message, f"Traceback (most recent call last):\n{frames}"
+    )
+    for verbose, shown in ((False, TRACE_FRAMES), (True, 40)):
+        out = io.StringIO()
+        print_failure(Console(file=out, width=80), LaunchError("x", [failure]), verbose=verbose)
+        text = out.getvalue()
+        assert text.count('  File "') == shown, text
+        assert all(f"m{i}.py" in text for i in range(40 - shown, 40)), text
+        assert f'/m{39}.py", line 39' in text  # a 120-column line kept whole (no re-wrapping)
+        summary = [line for line in text.splitlines() if line.startswith("  rank 1:")]
+        assert summary and summary[0].endswith("word ..."), summary
+    assert "34 outer frames left out (--verbose shows them)" in text or verbose

@@ -168,8 +168,17 @@ def _main(argv: Sequence[str] | None) -> int:
         parser.error(_unknown_command(argv[0], names))
     if not argv or argv[0] not in (*names, "-h", "--help", "--version"):
         argv = [SUBCOMMANDS[0][0], *argv]  # `tokenring-xdit --steps 4` = `... compare --steps 4`
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # named by the subcommand's parser, which points at its own --help
+        _subparser(parser, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
     return args.run(args)
+
+
+def _subparser(parser: argparse.ArgumentParser, name: str | None) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+            return action.choices[name]
+    return parser
 
 
 # ---------------------------------------------------------------------------------------- demo
