@@ -12,12 +12,29 @@ import argparse
 import os
 import sys
 import time
+import warnings
 
 import torch
 
 
+def quiet_hosts() -> None:
+    """Keep the host libraries' start-up chatter (xDiT's DEBUG/INFO log lines, transformers' and
+    diffusers' notices, torch's FutureWarnings) out of the way of the result: warnings and
+    errors only. Setting LOG_LEVEL, TRANSFORMERS_VERBOSITY, DIFFUSERS_VERBOSITY or
+    PYTHONWARNINGS yourself shows them again."""
+    for var, level in (
+        ("LOG_LEVEL", "warning"),  # xfuser.logger
+        ("TRANSFORMERS_VERBOSITY", "error"),
+        ("DIFFUSERS_VERBOSITY", "error"),
+    ):
+        os.environ.setdefault(var, level)
+    if not sys.warnoptions:
+        warnings.filterwarnings("ignore", category=FutureWarning)
+
+
 def set_up() -> str:
     """Returns "cuda" or "cpu". Must run before the first `import xfuser`."""
+    quiet_hosts()
     # Nothing is ever downloaded: a --model that is not a local folder fails instead.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if torch.cuda.is_available():

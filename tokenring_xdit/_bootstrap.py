@@ -1,14 +1,19 @@
-"""Start-up hook, imported by tokenring_xdit.pth in every interpreter: os and sys only.
+"""Start-up hook, imported by tokenring_xdit.pth in every interpreter: os and sys only (and
+_envflags.py, which imports nothing).
 
 It waits for the first import of a host library and only then loads the entry points and arms
 wrapt's post-import hooks, so a Python process that never touches yunchang/xfuser/diffusers pays
-nothing but this file. TOKENRING_XDIT_AUTOPATCH=0 switches it off.
+nothing but this file. TOKENRING_XDIT_AUTOPATCH=0 switches it off; it and STRICT are parsed as
+config.py parses them, and a value that is not a boolean leaves patching off, with a message.
 """
 
 import os
 import sys
 
+from tokenring_xdit._envflags import parse_flag
+
 DISABLE_ENV = "TOKENRING_XDIT_AUTOPATCH"
+STRICT_ENV = "TOKENRING_XDIT_STRICT"
 # Top-level modules whose first import arms the hooks; tests keep this equal to the entry points.
 TRIGGERS = ("yunchang", "xfuser", "diffusers")
 
@@ -26,7 +31,7 @@ class _FirstHostImport:
             arm_entry_points()
         except Exception as exc:  # never break the host's import
             sys.stderr.write(f"tokenring_xdit: automatic patching disabled: {exc!r}\n")
-            if os.environ.get("TOKENRING_XDIT_STRICT", "") not in ("", "0"):
+            if _flag(STRICT_ENV, False) is not False:  # strict, or not a boolean: refuse too
                 raise
             return None
         # Find the module again, now through wrapt's finder, so its post-import hook fires.
@@ -38,8 +43,20 @@ class _FirstHostImport:
 _finder = _FirstHostImport()
 
 
+def _flag(var: str, default: bool) -> bool | None:
+    """The boolean `var`, or None (with a message) when it is not one."""
+    try:
+        return parse_flag(os.environ.get(var), default, var)
+    except ValueError as exc:
+        sys.stderr.write(f"tokenring_xdit: {exc}\n")
+        return None
+
+
 def arm() -> None:
-    if os.environ.get(DISABLE_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+    on = _flag(DISABLE_ENV, True)
+    if on is None:
+        sys.stderr.write("tokenring_xdit: automatic patching is off until that is fixed\n")
+    if not on:
         return
     if _finder not in sys.meta_path and not any(m in sys.modules for m in TRIGGERS):
         sys.meta_path.insert(0, _finder)

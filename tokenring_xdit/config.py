@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from dataclasses import dataclass
+
+from ._envflags import FALSE, TRUE, misspelled, parse_flag
 
 __all__ = ["RingConfig", "ENV", "current"]
 
@@ -90,8 +93,7 @@ ENV: dict[str, tuple[str, str, str]] = {
     ),
 }
 
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
+_TRUE, _FALSE = TRUE, FALSE  # shared with the start-up hook (_envflags.py)
 RING_IMPLS = ("default", "token_ring", "auto")
 # Not ours, but it changes the links `auto` predicts with; read here like our own variables.
 NCCL_P2P_DISABLE = "NCCL_P2P_DISABLE"
@@ -124,6 +126,7 @@ class RingConfig:
     def from_env(cls, environ: os._Environ | dict | None = None) -> RingConfig:
         """The environment's settings; ValueError naming the allowed values for a bad one."""
         environ = os.environ if environ is None else environ
+        _warn_misspelled(environ)
         raw = {name: environ.get(var) for name, (var, _, _) in ENV.items()}
         return cls(
             ring_impl=_choice(raw["ring_impl"], "ring_impl", RING_IMPLS),
@@ -155,14 +158,22 @@ class RingConfig:
 
 
 def _flag(raw: str | None, default: bool, var: str) -> bool:
-    if raw is None or not raw.strip():
-        return default
-    text = raw.strip().lower()
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise ValueError(f"{var}={raw!r}: use one of {', '.join(_TRUE + _FALSE)}")
+    return parse_flag(raw, default, var)  # the start-up hook parses AUTOPATCH/STRICT the same
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_misspelled(environ) -> None:
+    """A TOKENRING_XDIT_* variable we don't know is a typo: say so once, with the closest name."""
+    for name, close in misspelled(list(environ), PREFIX, _VARS):
+        if name in _WARNED:
+            continue
+        _WARNED.add(name)
+        hint = f"did you mean {close}?" if close else f"valid names: {', '.join(_VARS[:-1])}"
+        warnings.warn(
+            f"{name} is not a tokenring_xdit setting and is ignored; {hint}", stacklevel=4
+        )
 
 
 def _choice(raw: str | None, field: str, allowed: tuple[str, ...], lower: bool = False):

@@ -94,3 +94,13 @@ def test_every_row_is_applied_and_nothing_unlisted():
     xfuser_cpu_rows = [p for p in PATCH_TABLE if p.switch == CPU_MODE and p.host == "xfuser"]
     assert report["cpu_modules"] == sorted({p.trigger for p in xfuser_cpu_rows})
     assert report["after"] == []
+
+
+def test_cpu_mode_doc_lists_every_xfuser_cpu_row():
+    """docs/cpu-mode.md's table names every xfuser CPU-mode row of the patch table."""
+    from tokenring_xdit.patches.table import CPU_MODE, PATCH_TABLE
+
+    doc = (ROOT / "docs" / "cpu-mode.md").read_text()
+    rows = [p.id for p in PATCH_TABLE if p.switch == CPU_MODE and p.id.startswith("xfuser_cpu.")]
+    missing = [pid for pid in rows if f"| `{pid}` |" not in doc]
+    assert rows and not missing, f"docs/cpu-mode.md lacks rows for {missing}"

@@ -192,3 +192,76 @@ def test_validate_wording_is_the_readme_and_planner_docs_wording(capsys):
         text = " ".join((ROOT / doc).read_text().split())
         assert phrase in text, f"{doc} should say '{phrase}'"
         assert "exactly right" not in text  # one meaning of "right": within 5 % of the best
+
+
+# ------------------------------------------------------------------- issue 30: plot, one rank
+
+
+def test_plan_plot_without_matplotlib_fails_before_the_table():
+    code = (
+        "import sys; sys.modules['matplotlib'] = None  # as if not installed\n"
+        "from tokenring_xdit.tools import cli\n"
+        "sys.exit(cli.main(['plan', '--model', 'flux', '--tokens', '4096', '--plot', 'x.png']))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    assert done.stdout == "", done.stdout  # no table first
+    assert "--plot needs matplotlib" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_one_rank_is_singular():
+    assert cli._ranks(1) == "1 rank" and cli._ranks(2) == "2 ranks"
+
+
+def test_the_examples_output_dir_is_git_ignored():
+    """The examples write images to --output_dir (default results/): never committed by accident."""
+    defaults = re.findall(r'"--output_dir", default="([^"]+)"', "".join(
+        p.read_text() for p in (ROOT / "examples").glob("*.py")))  # fmt: skip
+    ignored = (ROOT / ".gitignore").read_text().splitlines()
+    assert defaults and all(f"{d}/" in ignored for d in defaults), (defaults, ignored)
+
+
+# ------------------------------------------------------------- issue 30: compare's failures
+
+
+def test_an_unknown_option_of_a_subcommand_points_at_its_help(capsys):
+    code, out, err = _exit(["compare", "--bogus"], capsys)
+    assert code == 2 and out == ""
+    assert err == (
+        "tokenring-xdit compare: error: unrecognized arguments: --bogus "
+        "(see tokenring-xdit compare --help)\n"
+    ), err
+
+
+def test_a_bad_compare_value_is_one_prefixed_line(capsys):
+    assert cli.main(["compare", "--ring-degree", "1", "--device", "cpu"]) == 2
+    got = capsys.readouterr()
+    assert got.out == "" and got.err.count("\n") == 1, got.err
+    assert got.err.startswith("tokenring-xdit compare: error: --ring-degree must be at least 2")
+    assert got.err.rstrip().endswith("(see tokenring-xdit compare --help)"), got.err
+
+
+def test_a_rank_failure_prints_its_innermost_frames_unwrapped():
+    import io
+
+    from rich.console import Console
+
+    from tokenring_xdit.tools.cli_args import TRACE_FRAMES, print_failure
+    from tokenring_xdit.tools.launch import LaunchError, RankFailure
+
+    frames = "".join(f'  File "/a/very/long/path/{"x" * 90}/m{i}.py", line {i}, in f{i}\n'
+                     f"    call_{i}()\n" for i in range(40))  # fmt: skip
+    message = "word " * 100  # 500 characters: the summary is cut at a word
+    failure = RankFailure(
+        1, "RuntimeError", message, f"Traceback (most recent call last):\n{frames}"
+    )
+    for verbose, shown in ((False, TRACE_FRAMES), (True, 40)):
+        out = io.StringIO()
+        print_failure(Console(file=out, width=80), LaunchError("x", [failure]), verbose=verbose)
+        text = out.getvalue()
+        assert text.count('  File "') == shown, text
+        assert all(f"m{i}.py" in text for i in range(40 - shown, 40)), text
+        assert f'/m{39}.py", line 39' in text  # a 120-column line kept whole (no re-wrapping)
+        summary = [line for line in text.splitlines() if line.startswith("  rank 1:")]
+        assert summary and summary[0].endswith("word ..."), summary
+    assert "34 outer frames left out (--verbose shows them)" in text or verbose

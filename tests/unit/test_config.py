@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
 import pytest
 
 from tokenring_xdit.config import ENV, RingConfig
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _env(field: str, value: str) -> dict:
@@ -47,3 +55,41 @@ def test_values_that_parse():
     )
     assert (cfg.timeout, cfg.fabric, cfg.validate) == (7.5, "nvswitch", "always")
     assert RingConfig.from_env({}) == RingConfig()
+
+
+# ---------------------------------------------------------------- issue 30: one parser, typos
+
+
+@pytest.mark.parametrize("text", ["1", "true", "ON", " yes ", "0", "false", "off", "no", ""])
+def test_the_start_up_hook_parses_strict_as_the_config_does(monkeypatch, text):
+    from tokenring_xdit import _bootstrap
+
+    monkeypatch.setenv(_bootstrap.STRICT_ENV, text)
+    assert _bootstrap._flag(_bootstrap.STRICT_ENV, False) is RingConfig.from_env().strict
+
+
+def _start_up(**env: str) -> subprocess.CompletedProcess:
+    """A fresh interpreter: is the start-up hook armed? (the .pth ran it, or the import does)"""
+    code = "import sys, tokenring_xdit._bootstrap as b; print(b._finder in sys.meta_path)"
+    full = {k: v for k, v in os.environ.items() if not k.startswith("TOKENRING_XDIT_")}
+    full.update(env, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True)
+
+
+def test_a_bad_autopatch_value_leaves_patching_off_with_a_message():
+    done = _start_up(TOKENRING_XDIT_AUTOPATCH="banana")
+    assert done.returncode == 0 and done.stdout.strip() == "False", (done.stdout, done.stderr)
+    assert "TOKENRING_XDIT_AUTOPATCH='banana': use one of 1, true" in done.stderr, done.stderr
+    assert "automatic patching is off" in done.stderr, done.stderr
+    assert _start_up(TOKENRING_XDIT_AUTOPATCH="on").stdout.strip() == "True"
+
+
+def test_a_misspelled_variable_is_named_with_the_closest_valid_one():
+    with pytest.warns(UserWarning, match="TOKENRING_XDIT_TIMEOUTS is not a tokenring_xdit "
+                      "setting and is ignored; did you mean TOKENRING_XDIT_TIMEOUT"):  # fmt: skip
+        RingConfig.from_env({"TOKENRING_XDIT_TIMEOUTS": "5"})
+    with pytest.warns(UserWarning, match="did you mean TOKENRING_XDIT_CUDA_GRAPHS"):
+        RingConfig.from_env({"TOKENRING_XDIT_CUDA_GRAPH": "0"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the valid names alone: no warning
+        RingConfig.from_env({"TOKENRING_XDIT_TIMEOUT": "5", "TOKENRING_XDIT_STRICT": "1"})

@@ -482,3 +482,32 @@ def test_automatic_backend_on_cpu_whatever_the_build() -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
     picks = json.loads(proc.stdout.strip().splitlines()[-1])
     assert picks == {"False": ["SDPA_FLASH", "SDPA"], "True": ["SDPA_FLASH", "SDPA"]}
+
+
+def test_pipefusion_is_refused_up_front_on_cpu() -> None:
+    """PipeFusion would wait until killed in CPU mode: building the pipeline's runtime state
+    (the first call that sees the parallel config) refuses it, naming the fix."""
+    code = """
+from tokenring_xdit.patches import xfuser_cpu
+xfuser_cpu.enable()
+from xfuser.config.config import (DataParallelConfig, FullyShardConfig, ParallelConfig,
+    PipeFusionParallelConfig, RuntimeConfig, SequenceParallelConfig, TensorParallelConfig,
+    VaeParallelConfig)
+from xfuser.core.distributed.runtime_state import RuntimeState
+pp = PipeFusionParallelConfig(pp_degree=2, attn_layer_num_for_pp=None, dit_parallel_size=2)
+parallel = ParallelConfig(DataParallelConfig(), SequenceParallelConfig(), pp,
+    TensorParallelConfig(),
+    FullyShardConfig(), VaeParallelConfig(), world_size=2, dit_parallel_size=2)
+class Engine:  # the two fields RuntimeState._select_attention_backend reads
+    parallel_config, runtime_config = parallel, RuntimeConfig()
+try:
+    RuntimeState.__new__(RuntimeState)._select_attention_backend(Engine())  # as __init__ does
+    print("no error")
+except NotImplementedError as exc:
+    print("refused:", exc)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "refused: --pipefusion_parallel_degree 2: PipeFusion does not run" in done.stdout, (
+        done.stdout[-2000:] + done.stderr[-2000:]
+    )
+    assert "--pipefusion_parallel_degree 1" in done.stdout, done.stdout

@@ -172,7 +172,9 @@ _CPU_ROWS: tuple[PatchPoint, ...] = (
         "wrapper",
         "xfuser picks by the build, not the device: SDPA with a CPU build of torch (no lse, "
         "refused when ring_degree > 1), CUDNN with a CUDA build on a GPU-less machine (no CPU "
-        "kernel); on CPU with no --attention_backend given it picks SDPA_FLASH instead",
+        "kernel); on CPU with no --attention_backend given it picks SDPA_FLASH instead. "
+        "It also refuses --pipefusion_parallel_degree > 1 on CPU with a clear error (the "
+        "first call that sees the parallel config; PipeFusion waits there until killed)",
     ),
     _cpu(
         "xfuser_cpu.synchronize",

@@ -129,8 +129,21 @@ def _device_name(wrapped, instance, args, kwargs):
     return "cpu" if _on_cpu() else wrapped(*args, **kwargs)
 
 
+def refuse_pipefusion(pp_degree: int) -> None:
+    """PipeFusion's patch pipeline does not finish in CPU mode (the ranks wait until killed):
+    refuse it when the pipeline is built, on every rank (each has the same config)."""
+    if pp_degree > 1:
+        raise NotImplementedError(
+            f"--pipefusion_parallel_degree {pp_degree}: PipeFusion does not run in "
+            "tokenring_xdit's CPU mode (it would wait until killed); use "
+            "--pipefusion_parallel_degree 1 and split the ranks with --ulysses_degree / "
+            "--ring_degree (or run on GPUs)"
+        )
+
+
 def _select_backend(backend_type: Any) -> Callable:
-    """Only the automatic choice changes: an explicit --attention_backend is kept.
+    """Only the automatic choice changes: an explicit --attention_backend is kept. On CPU it
+    also refuses PipeFusion (refuse_pipefusion), the first point that sees the parallel config.
 
     xfuser picks by what the build offers, not by the device: with a CPU build it falls to SDPA
     (no lse, refused for ring_degree > 1), with a CUDA build on a GPU-less machine
@@ -140,9 +153,11 @@ def _select_backend(backend_type: Any) -> Callable:
     """
 
     def select(wrapped, instance, args, kwargs):
+        config = args[0] if args else kwargs.get("engine_config")
+        if config is not None and _on_cpu():
+            refuse_pipefusion(config.parallel_config.pp_degree)
         backend = wrapped(*args, **kwargs)
         if backend is not backend_type.SDPA_FLASH and _on_cpu():
-            config = args[0] if args else kwargs.get("engine_config")
             if not (config and config.runtime_config.attention_backend):
                 return backend_type.SDPA_FLASH
         return backend

@@ -83,6 +83,9 @@ def _fail(message: str) -> int:
     return 2
 
 
+_NO_MATPLOTLIB = "--plot needs matplotlib: pip install 'tokenring-xdit[bench]'"
+
+
 def _plot(path: str, choices, title: str) -> None:
     try:
         import matplotlib
@@ -90,7 +93,7 @@ def _plot(path: str, choices, title: str) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:
-        raise RuntimeError("--plot needs matplotlib: pip install 'tokenring-xdit[bench]'") from exc
+        raise RuntimeError(_NO_MATPLOTLIB) from exc
     labels = [c.label for c in choices][::-1]
     values = [c.per_step_ms for c in choices][::-1]
     fig, ax = plt.subplots(figsize=(8, 0.35 * len(labels) + 1.5))
@@ -116,6 +119,12 @@ def run(args: argparse.Namespace) -> int:
     from .calibration import load_table
     from .machine import make_machine
     from .plan import diffusers_config, rank_all, xdit_flags
+
+    if args.plot:  # refused before the table, not after it
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            return _fail(_NO_MATPLOTLIB)
 
     try:
         spec, tokens, layers, steps, batch = _shape(args)

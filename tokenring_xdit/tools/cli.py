@@ -168,11 +168,24 @@ def _main(argv: Sequence[str] | None) -> int:
         parser.error(_unknown_command(argv[0], names))
     if not argv or argv[0] not in (*names, "-h", "--help", "--version"):
         argv = [SUBCOMMANDS[0][0], *argv]  # `tokenring-xdit --steps 4` = `... compare --steps 4`
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # named by the subcommand's parser, which points at its own --help
+        _subparser(parser, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
     return args.run(args)
 
 
+def _subparser(parser: argparse.ArgumentParser, name: str | None) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+            return action.choices[name]
+    return parser
+
+
 # ---------------------------------------------------------------------------------------- demo
+
+
+def _ranks(n: int) -> str:
+    return "1 rank" if n == 1 else f"{n} ranks"
 
 
 def _resolve(args: argparse.Namespace):
@@ -188,9 +201,9 @@ def _resolve(args: argparse.Namespace):
     if device == "auto":
         device = "cuda" if gpus >= nproc else "cpu"
         if gpus and device == "cpu":
-            note = f"{gpus} GPU(s) for {nproc} ranks: running on CPU (--nproc {gpus} to use them)"
+            note = f"{gpus} GPU(s) for {_ranks(nproc)}: running on CPU (--nproc {gpus} to use them)"
     if device == "cuda" and gpus < nproc:
-        raise ValueError(f"--device cuda needs one GPU per rank: {nproc} ranks, {gpus} GPU(s)")
+        raise ValueError(f"--device cuda needs one GPU per rank: {_ranks(nproc)}, {gpus} GPU(s)")
     tokens = args.tokens if args.tokens is not None else DEFAULT_TOKENS[device]
     if tokens % nproc:
         raise ValueError(f"--tokens {tokens} must be a multiple of --nproc {nproc}")
@@ -228,7 +241,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     if note:
         console.print(f"[yellow]note:[/] {note}")
     console.print(
-        f"[bold]tokenring-xdit demo[/]: {nproc} ranks on {cfg.device}"
+        f"[bold]tokenring-xdit demo[/]: {_ranks(nproc)} on {cfg.device}"
         f" ({'NCCL' if cfg.device == 'cuda' else 'gloo'}), batch {cfg.batch}, {cfg.tokens} tokens,"
         f" {cfg.heads} heads x {cfg.head_size}, {cfg.dtype}, {cfg.iters} timed calls"
         f" after {cfg.warmup} warm-up"

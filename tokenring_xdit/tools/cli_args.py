@@ -17,17 +17,35 @@ DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_WORKER = 0, 1, 2, 3
 
 
-def print_failure(err, exc) -> None:
-    """A LaunchError for the user: where the first failure happened (its frames), then one line
-    per failing rank."""
+TRACE_FRAMES = 6  # the innermost frames shown of a failing rank's traceback (--verbose: all)
+
+
+def print_failure(err, exc, verbose: bool = False) -> None:
+    """A LaunchError for the user: where the first failure happened (its innermost frames; all
+    of them with `verbose`), then one line per failing rank. Lines are never re-wrapped (a
+    terminal or a log file wraps them itself)."""
     traced = [f for f in exc.failures if f.trace]
     if traced:
-        err.print(
-            f"rank {traced[0].rank}: {traced[0].trace.rstrip()}", markup=False, highlight=False
-        )
-    err.print(f"[bold red]worker failure:[/] {len(exc.failures)} rank(s) failed")
+        trace = traced[0].trace.rstrip()
+        if not verbose:
+            trace = _last_frames(trace, TRACE_FRAMES)
+        err.print(f"rank {traced[0].rank}: {trace}", markup=False, highlight=False, soft_wrap=True)
+    err.print(f"[bold red]worker failure:[/] {len(exc.failures)} rank(s) failed", soft_wrap=True)
     for failure in exc.failures:
-        err.print(f"  {failure}", markup=False, highlight=False)
+        err.print(f"  {failure}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _last_frames(trace: str, n: int) -> str:
+    """A formatted traceback cut to its last n frames ("  File ..." blocks), saying so."""
+    lines = trace.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith('  File "')]
+    if len(starts) <= n:
+        return trace
+    cut = starts[-n]
+    return "\n".join(
+        [lines[0], f"  ... {len(starts) - n} outer frames left out (--verbose shows them)"]
+        + lines[cut:]
+    )
 
 
 def int_at_least(low: int) -> Callable[[str], int]:

@@ -49,7 +49,9 @@ class RankFailure:
     def __str__(self) -> str:
         """One line: the rank, the exception type and the first line of its message."""
         first = self.message.strip().splitlines()[0] if self.message.strip() else ""
-        return f"rank {self.rank}: {self.error_type}: {first[:300]}"
+        if len(first) > 300:  # cut at a word, and say so
+            first = first[:300].rsplit(" ", 1)[0] + " ..."
+        return f"rank {self.rank}: {self.error_type}: {first}"
 
 
 class LaunchError(RuntimeError):

@@ -22,8 +22,9 @@ torch frees a group's gloo threads only when its last reference goes, and a gloo
 that outlives the start of interpreter finalisation and then drops the last reference to a
 finished collective (whose tensors own Python objects) needs the GIL, is killed by Python, and
 the process aborts ("terminate called without an active exception"). So releasing a ring also
-empties the per-group caches (RELEASE_HOOKS). At exit, a gloo default group the program did not
-destroy is destroyed here, while the interpreter is whole (the same race exists in plain torch:
+empties the per-group caches (RELEASE_HOOKS). At exit, in a program that made ring
+communicators, a gloo default group it did not destroy is destroyed here, while the interpreter
+is whole (the same race exists in plain torch:
 about 2 runs in 15 of a program whose last call is a gloo all_gather). Our own NCCL
 communicators are aborted, not finalised: an abort is local and bounded, a finalise can wait
 on peers (pytorch/pytorch#119797); our queued kernels are waited for first, bounded by the
@@ -155,6 +156,7 @@ class RingComms:
         return [g for g in dict.fromkeys((self.q, self.out, self.check)) if g is not self.group]
 
 
+_MADE: list[bool] = []  # non-empty once this process made ring communicators (the exit hook)
 # ring group -> its communicators; weak keys, so a destroyed group's entry cannot be found
 # again by a new group that reuses its name
 _COMMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -174,6 +176,8 @@ def _make(group: dist.ProcessGroup) -> RingComms:
     from ..graphs import install_guards  # the destroy_process_group guard, before any comm
 
     install_guards()
+    if not _MADE:
+        _MADE.append(True)
     ranks = tuple(dist.get_process_group_ranks(group))
     backend = dist.get_backend(group)
     deadline = ring_deadline(group)
@@ -312,7 +316,8 @@ def _at_exit() -> None:
     release_all_graphs()  # a graph holding NCCL kernels keeps its communicator busy
     gc.collect()
     release_ring_comms()
-    if dist.is_initialized() and dist.get_backend() == "gloo":
+    # only in programs that used a ring: one that never did keeps torch's own exit behaviour
+    if _MADE and dist.is_initialized() and dist.get_backend() == "gloo":
         try:
             dist.destroy_process_group()
         except (RuntimeError, ValueError):

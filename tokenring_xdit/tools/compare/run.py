@@ -125,8 +125,13 @@ def run_cli(args: argparse.Namespace) -> int:
     try:
         cfg = resolve(args)
         thresholds = thresholds_for(args, cfg.dtype)
-    except ValueError as exc:
-        err.print(f"[bold red]error:[/] {exc}")
+    except ValueError as exc:  # the form argparse's own errors take (docs/compare.md)
+        err.print(
+            f"tokenring-xdit compare: error: {exc} (see tokenring-xdit compare --help)",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
         return EXIT_USAGE
     console.print(
         f"[bold]tokenring-xdit compare[/]: {MODEL_NAMES[cfg.model]} ({cfg.size}, random "
@@ -148,7 +153,7 @@ def run_cli(args: argparse.Namespace) -> int:
     except LaunchError as exc:
         from ..cli_args import print_failure
 
-        print_failure(err, exc)
+        print_failure(err, exc, verbose=args.verbose)
         return EXIT_WORKER
     print_summary(console, report)
     files = report["files"]
