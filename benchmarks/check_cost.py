@@ -28,7 +28,7 @@ REPEATS = 2000
 def _worker(rank: int, n: int, report) -> dict:
     import torch.distributed as dist
 
-    from tokenring_xdit.ring.checks import CallSpec, agree, digest
+    from tokenring_xdit.ring.agree import CallSpec, agree, digest
     from tokenring_xdit.ring.comm import RingPosition, setup_token_ring_group
     from tokenring_xdit.ring.layout import BHSD
     from tokenring_xdit.ring.sharding import declare_zigzag, zigzag_positions

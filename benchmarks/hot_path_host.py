@@ -28,7 +28,7 @@ def _worker(rank: int, n: int, report) -> dict:
 
     import tokenring_xdit
     from tokenring_xdit.config import current
-    from tokenring_xdit.ring import checks
+    from tokenring_xdit.ring import agree as checks
     from tokenring_xdit.ring.comm import RingPosition, setup_token_ring_group
     from tokenring_xdit.ring.forward import RingCall
     from tokenring_xdit.ring.kernels import KERNELS

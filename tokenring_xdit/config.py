@@ -10,7 +10,7 @@ interpreter and must not import even this module.
 A value outside a variable's allowed set is a ValueError naming the allowed ones (booleans take
 1/0, true/false, yes/no, on/off). Settings that decide what a call does (final pieces, CUDA graphs,
 validate mode, the ring choice and what `auto` decides from) are agreed across the ring before
-any transfer (ring/checks.py); ranks that differ fail together with one clear error.
+any transfer (ring/agree/); ranks that differ fail together with one clear error.
 """
 
 from __future__ import annotations
@@ -95,6 +95,8 @@ ENV: dict[str, tuple[str, str, str]] = {
 
 _TRUE, _FALSE = TRUE, FALSE  # shared with the start-up hook (_envflags.py)
 RING_IMPLS = ("default", "token_ring", "auto")
+# where a host's ring choice came from, weakest first (hosts/selection.py; the agreement's codes)
+RING_IMPL_SOURCES = ("default", "set_xdit_ring_impl()", "--ring_impl_type", PREFIX + "RING_IMPL")
 # Not ours, but it changes the links `auto` predicts with; read here like our own variables.
 NCCL_P2P_DISABLE = "NCCL_P2P_DISABLE"
 VALIDATE_MODES = ("auto", "always", "signature")
@@ -120,7 +122,7 @@ class RingConfig:
     validate: str = "auto"
     strict: bool = False
     timeout: float | None = None  # seconds; None: from the groups (comm/groups.py)
-    transport: str = "nccl"  # agreed across the ring by the input check (ring/checks.py)
+    transport: str = "nccl"  # agreed across the ring by the input check (ring/agree/)
 
     @classmethod
     def from_env(cls, environ: os._Environ | dict | None = None) -> RingConfig:

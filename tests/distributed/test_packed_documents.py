@@ -201,7 +201,7 @@ def test_document_errors_on_every_rank(ring_results):
     for name, text in expect.items():
         msgs = [res["errors"][name] for res in results]
         # every rank raises the same kind of error, naming the problem (a rank's own problem
-        # text is detailed on that rank: checks.py)
+        # text is detailed on that rank: ring/agree/)
         assert len({m.split(":")[0] for m in msgs}) == 1, (name, msgs)
         for msg in msgs:
             assert text in msg, (name, msg)

@@ -377,7 +377,7 @@ def _calls(rank, n, calls, kernel="auto"):
 
 
 def test_kv_length_change_on_one_rank_does_not_deadlock():
-    """BUG (checks.py, check_inputs): the handshake is skipped when this rank's own signature is
+    """BUG (ring/agree/, check_inputs): the handshake is skipped when this rank's own signature is
     cached, and the local K/V length is part of that signature. A KV cache that changes length on
     one rank only (valid input: K/V never leave their rank, no peer needs that length) sends that
     rank into the all-gather while the others skip it and post their P2P: a deadlock, in the

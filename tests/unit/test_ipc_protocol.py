@@ -56,14 +56,14 @@ def test_inboxes_grow_rarely_and_only_when_a_message_does_not_fit():
 
 
 def _metas(transport: str, device: str, gpus: list[int]) -> list[list[int]]:
-    from tokenring_xdit.ring import checks
+    from tokenring_xdit.ring.agree import header
 
     metas = []
     for gpu in gpus:
-        m = [0] * checks._META_LEN
-        m[checks._TRANSPORT] = checks.TRANSPORT_CODES[transport]
-        m[checks._DEVICE] = checks._DEVICE_TYPES.index(device)
-        m[checks._GPU] = gpu
+        m = [0] * header.META_LEN
+        m[header.TRANSPORT] = header.TRANSPORT_CODES[transport]
+        m[header.DEVICE] = header.DEVICE_TYPES.index(device)
+        m[header.GPU] = gpu
         metas.append(m)
     return metas
 
@@ -80,7 +80,7 @@ def _metas(transport: str, device: str, gpus: list[int]) -> list[list[int]]:
     ],
 )
 def test_the_agreed_transport(transport, device, gpus, backend, want):
-    from tokenring_xdit.ring.checks import _resolve_transport
+    from tokenring_xdit.ring.agree.call import _resolve_transport
 
     assert _resolve_transport(_metas(transport, device, gpus), backend) == want
 

@@ -9,7 +9,7 @@ the TOKENRING_XDIT_RING_IMPL environment variable (inherited by every worker), t
 
 Ranks must never disagree (one running TokenRing while its peer all-gathers K/V would hang or
 abort both), so `choose` agrees the choice across the ring before either ring runs
-(ring/checks.agree_ring_choice): each rank's choice, where it came from, and, under `auto`,
+(ring/agree/choice.py): each rank's choice, where it came from, and, under `auto`,
 what it decides from besides the shapes (fabric, CUDA graphs, gradients); ranks that differ get
 one ValueError on every rank, and `auto` then decides from the agreed longest lengths.
 """
@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from .. import config
 
 RING_IMPL_ENV = config.ENV["ring_impl"][0]
+# where a choice came from (the ring agreement sends their index: ring/agree/choice.py)
+FROM_DEFAULT, FROM_PYTHON, FROM_FLAG, FROM_ENV = config.RING_IMPL_SOURCES
 DEFAULT, TOKEN_RING, AUTO = config.RING_IMPLS
 XDIT_RING_IMPLS = config.RING_IMPLS
 
@@ -50,13 +52,13 @@ def set_from_flag(name: str | None) -> None:
 def xdit_ring_impl() -> tuple[str, str]:
     """(implementation, where the choice came from); "auto" is resolved per call (decide)."""
     if _chosen["python"]:
-        return _chosen["python"], "set_xdit_ring_impl()"
+        return _chosen["python"], FROM_PYTHON
     if _chosen["flag"]:
-        return _chosen["flag"], "--ring_impl_type"
+        return _chosen["flag"], FROM_FLAG
     env = config.current().ring_impl
     if env:
-        return validate_ring_impl(env, RING_IMPL_ENV), RING_IMPL_ENV
-    return DEFAULT, "default"
+        return validate_ring_impl(env, RING_IMPL_ENV), FROM_ENV
+    return DEFAULT, FROM_DEFAULT
 
 
 def reset() -> None:
@@ -187,9 +189,6 @@ def describe(call: AutoSignature, decision: Decision, host_ring: str) -> str:
     )
 
 
-_CHOICE_CODES = {DEFAULT: 0, TOKEN_RING: 1, AUTO: 2}
-
-
 def choose(group, query, q_len: int, kv_len: int, signature, announce) -> str:
     """TOKEN_RING or DEFAULT for one host call, the same on every rank of the ring `group`.
 
@@ -198,7 +197,7 @@ def choose(group, query, q_len: int, kv_len: int, signature, announce) -> str:
     """
     import torch
 
-    from ..ring.checks import agree_ring_choice
+    from ..ring.agree import Choice, agree_ring_choice
 
     impl, source = xdit_ring_impl()
     cfg = config.current()
@@ -208,7 +207,7 @@ def choose(group, query, q_len: int, kv_len: int, signature, announce) -> str:
         inputs = (cfg.auto_fabric(), cfg.cuda_graphs, grad, query.dtype, query.device.type)
     validate = cfg.validate
     lengths = agree_ring_choice(
-        group, _CHOICE_CODES[impl], source, inputs, (q_len, kv_len), query.device, validate
+        group, Choice.of(impl), source, inputs, (q_len, kv_len), query.device, validate
     )
     if impl != AUTO:
         announce(impl, source, None, None)

@@ -54,21 +54,20 @@ def _selection() -> tuple[str, str]:
 @torch.compiler.assume_constant_result
 def _agree(group_name: str, impl: str, source: str, grad: bool, dtype, device_type: str,
            q_len: int, kv_len: int) -> tuple[int, int]:  # fmt: skip
-    """The eager agreement (ring/checks.agree_ring_choice), run once at trace time."""
+    """The eager agreement (ring/agree/choice.py), run once at trace time."""
     from torch.distributed.distributed_c10d import _resolve_process_group
 
     from .. import config
-    from ..ring.checks import agree_ring_choice
+    from ..ring.agree import Choice, agree_ring_choice
 
     cfg = config.current()
     inputs = None
     if impl == selection.AUTO:
         inputs = (cfg.auto_fabric(), cfg.cuda_graphs, grad, dtype, device_type)
     group = _resolve_process_group(group_name)
-    code = {selection.DEFAULT: 0, selection.TOKEN_RING: 1, selection.AUTO: 2}[impl]
     # "always": a trace is rare, and a cached answer must not stand in for a peer's
     longest = agree_ring_choice(
-        group, code, source, inputs, (q_len, kv_len), torch.device(device_type), "always"
+        group, Choice.of(impl), source, inputs, (q_len, kv_len), torch.device(device_type), "always"
     )
     if impl != selection.AUTO:
         selection.log_once(

@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from ..config import RingConfig, current
 from .backward_kernels import select_pair
-from .checks import CallSpec, agree, digest, needs_grad
+from .agree import CallSpec, Problem, agree, digest, needs_grad
 from .comm import RingPosition
 from .compiled import compiled_attn, use_eager
 from .doc_kernels import doc_pair
@@ -71,7 +71,7 @@ def token_ring_attn(
     A causal call over several ranks must prove its zigzag layout: shards cut by
     `tokenring_xdit.shard(x, group, causal=True)` (or yunchang's EXTRACT_FUNC_DICT
     ["token_ring"]), or `positions`, the global token positions of the local shard ((s,) or
-    (b, s)). Every setting that decides the call is agreed across the ring first (checks.py).
+    (b, s)). Every setting that decides the call is agreed across the ring first (ring/agree/).
 
     Packed documents (attention stays inside each document; causal inside it when causal):
     `cu_seqlens`, the int offsets of the documents in the WHOLE global sequence (0, ..., S;
@@ -158,16 +158,16 @@ def _family_name(family) -> str:
     return str(family)[:120]
 
 
-def _documents(cu_seqlens, position_ids) -> tuple[Documents | None, tuple[int, str]]:
+def _documents(cu_seqlens, position_ids) -> tuple[Documents | None, tuple[Problem, str]]:
     """(checked documents from cu_seqlens, (problem, text)) for the input check."""
     if cu_seqlens is None:
         if position_ids is not None and not isinstance(position_ids, torch.Tensor):
-            return None, (19, "")
-        return None, (0, "")
+            return None, (Problem.POSITION_IDS, "")
+        return None, (Problem.NONE, "")
     try:
-        return Documents.of(cu_seqlens), (0, "")
+        return Documents.of(cu_seqlens), (Problem.NONE, "")
     except (ValueError, TypeError) as exc:
-        return None, (17, str(exc).splitlines()[0][:300])
+        return None, (Problem.CU_SEQLENS, str(exc).splitlines()[0][:300])
 
 
 def _resolve_kernel(
@@ -175,7 +175,7 @@ def _resolve_kernel(
 ):
     """(kernel or training pair, graph key, family name agreed across ranks, (problem, text)).
 
-    A kernel that cannot be used here is reported through the check (problem 13), so every
+    A kernel that cannot be used here is reported through the check (Problem.KERNEL_UNUSABLE), so every
     rank raises instead of this one alone."""
     try:
         gqa = q.shape[layout.head_dim] != k.shape[layout.head_dim]  # K/V keep their head count
@@ -194,7 +194,7 @@ def _resolve_kernel(
                 gqa_pair(pair, *args) if gqa else pair,
                 None,
                 ("pair", pair.name, deterministic),
-                (0, ""),
+                (Problem.NONE, ""),
             )
         if isinstance(kernel, KeyedKernel):
             fn, key, family = kernel, kernel.key, kernel.key
@@ -207,10 +207,14 @@ def _resolve_kernel(
             key = kernel
         if gqa:
             fn, key = gqa_kernel(fn, key, *args)
-        return fn, key, family, (0, "")
+        return fn, key, family, (Problem.NONE, "")
     except (ValueError, NotImplementedError, RuntimeError, IndexError) as exc:
         # (IndexError: q is not 4-d, which the check reports as such)
-        code = 16 if isinstance(exc, NotImplementedError) else 13
+        code = (
+            Problem.KERNEL_UNSUPPORTED
+            if isinstance(exc, NotImplementedError)
+            else Problem.KERNEL_UNUSABLE
+        )
         return None, None, "unusable", (code, str(exc).splitlines()[0][:300])
 
 

@@ -15,7 +15,7 @@ import torch
 
 from .backward_kernels import row_delta
 from .block_forward import BlockCall
-from .checks import Ring
+from .ring import Ring
 from .comm import COUNTERS
 from .schedules.blocks import part_len, part_slice
 
@@ -49,10 +49,10 @@ def _bundle_part(call: BlockCall, bundle, held: str, wanted: str, length: int):
 
 
 def block_backward(
-    call: BlockCall, pos: Ring, q_lens: tuple[int, ...], dout, q, k, v, out, lse
+    call: BlockCall, ring: Ring, q_lens: tuple[int, ...], dout, q, k, v, out, lse
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of this rank's q, k, v, in their dtypes. out/lse: the forward's result."""
-    layout, rank, n = call.layout, pos.rank, pos.size
+    layout, rank, n = call.layout, ring.rank, ring.size
     plan = call.schedule.block_steps(rank, n)
     dout = dout.contiguous()
     if n == 1:
@@ -64,7 +64,7 @@ def block_backward(
         args = (dout, q, k, v, out, lse, None, call.scale, layout, mask)
         return call.pair.run_backward(*args)
     delta = row_delta(dout, out, layout)  # travels instead of O (one fp32 per row)
-    q_lane, ret_lane = pos.lanes()
+    q_lane, ret_lane = ring.lanes()
     # Sums start from step 0's block (our own Q against all our K/V: every position). A position
     # gets at most N contributions; with N = 2 the input dtype's own add (fp32 math, one
     # rounding) equals an fp32 sum rounded once, so fp32 accumulators only from N = 3 on.

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from .backward_kernels import KernelPair
-from .checks import Ring
+from .ring import Ring
 from .comm import COUNTERS
 from .documents import DocPlan
 from .layout import Layout
@@ -59,13 +59,13 @@ class BlockCall:
 
 
 def block_forward(
-    call: BlockCall, pos: Ring, q_lens: tuple[int, ...], q, k, v
+    call: BlockCall, ring: Ring, q_lens: tuple[int, ...], q, k, v
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out in q's dtype, lse (b, h, s) fp32) of our queries against every rank's K/V.
 
-    Of `pos` the loop uses rank, size and lanes() only (benchmarks/replay_rank.py and
+    Of `ring` the loop uses rank, size and lanes() only (benchmarks/replay_rank.py and
     tests/thread_ring.py pass rings whose lanes are local)."""
-    layout, rank, n = call.layout, pos.rank, pos.size
+    layout, rank, n = call.layout, ring.rank, ring.size
     b, _, h, d = layout.dims(q)
     dv = v.shape[3]
     plan = call.schedule.block_steps(rank, n)
@@ -76,7 +76,7 @@ def block_forward(
         COUNTERS.kernel_calls += 1
         out, lse = call.pair.run_forward(q, k, v, call.scale, layout, mask)
         return out.to(q.dtype), lse.float()
-    q_lane, ret_lane = pos.lanes()
+    q_lane, ret_lane = ring.lanes()
     held = q.contiguous()
     merge = prev = None
     for st in plan:

@@ -165,7 +165,7 @@ def _block_call(q, k, v, group, layout, scale, causal, kernel, deterministic, po
     """(BlockCall, agreed Ring) of a training call: the same kernel pair and input check the
     eager training path uses (api.token_ring_attn), without its autograd Function."""
     from .block_forward import BlockCall
-    from .checks import CallSpec, agree, digest
+    from .agree import CallSpec, Problem, agree, digest
     from .comm import RingPosition
     from .layout import get_layout
     from .schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
@@ -176,7 +176,7 @@ def _block_call(q, k, v, group, layout, scale, causal, kernel, deterministic, po
     resolve = _EAGER["resolve_kernel"]
     pair, _, family, problem = resolve(kernel, None, q, k, v, layout, True, deterministic)
     if joint_kv is not None and not problem[0]:
-        problem = (8, "")  # gradients through joint K/V: refused on every rank, as in eager
+        problem = (Problem.JOINT_GRAD, "")  # gradients through joint K/V: refused on every rank, as in eager
     spec = CallSpec(
         q, k, v, layout, causal, cfg.final_chunks, scale, digest(family), False, cfg.validate,
         joint_kv, positions, *problem, transport=cfg.transport,

@@ -3,7 +3,7 @@
 A packed sequence is several documents laid end to end; attention stays inside each document
 (and is causal inside it for a decoder). The documents are given for the WHOLE (global)
 sequence as `cu_seqlens` (0 = b_0 < b_1 < ... < b_D = total, flash-attn's convention), the
-same on every ring rank (the input check agrees on it before any transfer, `checks.py`).
+same on every ring rank (the input check agrees on it before any transfer, `ring/agree/`).
 
 Each rank holds some global token ranges (a zigzag shard: chunks r and 2N-1-r; or the r-th
 contiguous shard), and each block step runs a query TILE (a part of some rank's shard) against
@@ -275,7 +275,7 @@ def document_work(cu_seqlens, world_size: int, causal: bool = True) -> dict:
     }
 
 
-# --- documents from the local shards' position ids (agreed in checks.py) ------------------------
+# --- documents from the local shards' position ids (agreed in ring/agree/) ----------------------
 #
 # With position ids that restart, each rank sees only its own tokens. Every token tells where
 # its document starts (global index - position id), so each rank CLAIMS, per local chunk, the

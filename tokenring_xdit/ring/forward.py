@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .checks import Ring
+from .ring import Ring
 from .comm import COUNTERS, Lane
 from .kernels import BlockKernel, run_block
 from .layout import Layout
@@ -69,11 +69,11 @@ def local_forward(call: RingCall, q, k, v, joint_kv) -> tuple[torch.Tensor, torc
 
 
 def ring_forward(
-    call: RingCall, pos: Ring, q_lens: tuple[int, ...], q, k, v, joint_kv
+    call: RingCall, ring: Ring, q_lens: tuple[int, ...], q, k, v, joint_kv
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of our queries against every rank's K/V. q_lens: every rank's query length."""
-    layout, rank, n = call.layout, pos.rank, pos.size
-    q_lane, out_lane = pos.lanes()
+    layout, rank, n = call.layout, ring.rank, ring.size
+    q_lane, out_lane = ring.lanes()
     own_kv = call.join(k, v, joint_kv)
     b, _, h, d = layout.dims(q)
     held_q = q.contiguous()

@@ -14,7 +14,7 @@ import torch
 from .backward import block_backward
 from .backward_kernels import KernelPair
 from .block_forward import BlockCall, block_forward
-from .checks import Ring
+from .ring import Ring
 from .documents import Documents, doc_plan
 from .layout import Layout
 from .schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
@@ -26,19 +26,19 @@ class TokenRingAttention(torch.autograd.Function):
     """out, lse = TokenRing(q, k, v); saves only this rank's q, k, v, out and lse."""
 
     @staticmethod
-    def forward(ctx, q, k, v, call: BlockCall, pos: Ring, q_lens: tuple[int, ...]):
-        out, lse = block_forward(call, pos, q_lens, q, k, v)
-        pos.finished("forward")
+    def forward(ctx, q, k, v, call: BlockCall, ring: Ring, q_lens: tuple[int, ...]):
+        out, lse = block_forward(call, ring, q_lens, q, k, v)
+        ring.finished("forward")
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.call, ctx.pos, ctx.q_lens = call, pos, q_lens
+        ctx.call, ctx.ring, ctx.q_lens = call, ring, q_lens
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = block_backward(ctx.call, ctx.pos, ctx.q_lens, dout, q, k, v, out, lse)
-        ctx.pos.finished("backward")
+        dq, dk, dv = block_backward(ctx.call, ctx.ring, ctx.q_lens, dout, q, k, v, out, lse)
+        ctx.ring.finished("backward")
         return dq, dk, dv, None, None, None
 
 

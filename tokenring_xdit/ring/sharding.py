@@ -2,7 +2,7 @@
 
 A causal TokenRing call is exact only on zigzag shards (rank r of N holds chunks r and 2N-1-r
 of 2N equal chunks, concatenated). The shard's values cannot show where its tokens came from,
-so a causal call must carry proof, checked on every rank before any transfer (ring/checks.py):
+so a causal call must carry proof, checked on every rank before any transfer (ring/agree/):
 
 - a declaration made by a sharding helper (`declare_zigzag`, called by the helpers that cut
   zigzag shards, e.g. yunchang's EXTRACT_FUNC_DICT["token_ring"] under our patch), recording

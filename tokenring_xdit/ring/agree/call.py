@@ -1,0 +1,249 @@
+"""agree(): one TokenRing call checked on every ring rank at once, before any transfer.
+
+Every rank packs its header (header.py), the ring exchanges them (exchange.py), and every rank
+then raises the same error or builds the same `Ring`. When the exchange runs is
+RingConfig.validate: "always" every call; "signature" only for an input signature this rank has
+not seen (a peer whose shapes change alone then waits for us until the deadline and both sides
+raise the named error); "auto" is "always" on gloo rings and "signature" on NCCL rings.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ..comm import RingComms, RingPosition, TokenRingCommError, comms_of
+from ..comm.groups import describe_peer
+from ..documents import Documents, claim_count, documents_from_claims, local_claims
+from ..ring import Ring
+from ..sharding import BAD_POSITIONS, NO_PROOF, proof_of
+from .choice import raise_choice
+from .exchange import always, cached, exchange, remember
+from .header import (
+    DEVICE, DEVICE_TYPES, DTYPES, GPU, MODE, MUST_AGREE, NDOCS, PROBLEM, SKV, SQ, TOTAL,
+    TRANSPORT, TRANSPORT_CODES, agreed, device_name, in_words, pack_call,
+)  # fmt: skip
+from .problems import CallSpec, Problem, local_problem, needs_grad
+
+__all__ = ["agree"]
+
+
+def _fast_key(spec: CallSpec, pos: RingPosition) -> tuple | None:
+    """Everything a non-causal call's header is made of, read without building it (the cheap
+    per-call path of the signature cache). Causal calls carry a proof to read each time."""
+    if spec.causal or spec.packed:
+        return None
+    q, k, v, joint = spec.q, spec.k, spec.v, spec.joint_kv
+    grad = needs_grad(q, k, v)
+    joint_sig = None if joint is None else tuple((x.shape, x.dtype, x.device) for x in joint)
+    return (pos.group, spec.layout, spec.chunks, spec.scale, spec.kernel, spec.graphs,
+            spec.validate, spec.transport, spec.problem, grad, joint_sig, q.shape, k.shape, v.shape,
+            q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, spec.timeout)  # fmt: skip
+
+
+def agree(spec: CallSpec, pos: RingPosition) -> Ring:
+    """Validate this call on every ring rank at once and return the agreed ring."""
+    comms = comms_of(pos.group) if pos.size > 1 else None
+    if comms is not None:
+        comms.ensure_usable()
+        if spec.timeout is not None:  # this call's deadline: its lanes, watchdog and check
+            comms = comms.with_deadline(spec.timeout)
+    device_type = _ring_device_type(comms, spec)
+    use_cache = comms is not None and not always(spec.validate, device_type)
+    fast = None
+    if use_cache:
+        fast = _fast_key(spec, pos)
+        hit = cached(fast) if fast is not None else None
+        if hit is not None:
+            return hit
+    problem = local_problem(spec, device_type, DTYPES)
+    proof = (NO_PROOF, 0)
+    if not problem and spec.causal and pos.size > 1:
+        s = spec.q.shape[spec.layout.seq_dim]
+        proof = proof_of(pos.group, spec.positions, pos.rank, pos.size, s)
+        if s % 2:
+            problem = Problem.NOT_ZIGZAG  # a zigzag shard is two equal halves
+        elif proof[0] == BAD_POSITIONS:
+            problem, proof = Problem.BAD_POSITIONS, (NO_PROOF, 0)
+        elif proof[0] == NO_PROOF:
+            problem = Problem.NO_PROOF
+    claims = 0
+    if not problem and spec.doc_positions is not None:
+        claims = claim_count(
+            spec.doc_positions, spec.q.shape[spec.layout.seq_dim], _chunks(spec, pos)
+        )
+        problem = Problem.POSITION_IDS if claims < 0 else Problem.NONE
+    meta = pack_call(spec, problem, proof)
+    meta[NDOCS] = max(meta[NDOCS], claims)
+    if comms is None:
+        _raise_for([meta], spec, device_type)  # a ring of one: its own words
+        docs = _documents(None, 0, [meta], spec, pos)
+        return Ring(pos, None, (meta[SQ],), agreed(meta), docs=docs)
+    # Our K/V length is nobody else's business (K/V never move), so a KV cache growing on one
+    # rank must not send that rank alone into the exchange: leave it out of the key.
+    key = (pos.group, tuple(meta[:SKV] + meta[SKV + 1 :]), spec.q.device, spec.timeout)
+    use_cache = use_cache and spec.doc_positions is None  # their documents are new per call
+    if use_cache and not problem:
+        hit = cached(key)
+        if hit is not None:
+            if fast is not None:
+                remember(fast, hit)
+            return hit
+    metas = exchange(comms, pos.rank, meta)
+    _raise_for(metas, spec, device_type, comms)
+    transport = _resolve_transport(metas, comms.backend)
+    docs = _documents(comms, pos.rank, metas, spec, pos)
+    ring = Ring(pos, comms, tuple(m[SQ] for m in metas), agreed(metas[0]), transport, docs)
+    remember(key, ring)
+    if fast is not None:
+        remember(fast, ring)
+    return ring
+
+
+def _raise_for(
+    metas: list[list[int]], spec: CallSpec, device_type: str, comms: RingComms | None = None
+) -> None:
+    raise_choice(metas)
+    bad = [(r, Problem(m[PROBLEM])) for r, m in enumerate(metas) if m[PROBLEM]]
+    differ = [i for i in MUST_AGREE if len({m[i] for m in metas}) > 1]
+    if bad or differ:  # every rank sees the same headers, so all take this path together
+        words = _words(comms, spec)
+    if bad:
+        lines = []
+        for r, problem in bad:
+            got = device_name(metas[r][DEVICE])
+            text = problem.message.format(
+                layout=spec.layout.name,
+                device=device_type,
+                got=got,
+                detail=words[r]["detail"],
+                hint=_device_hint(got, metas[r][TRANSPORT]),
+            )
+            lines.append(f"rank {r}: {text}")
+        kind = NotImplementedError if all(p.not_implemented for _, p in bad) else ValueError
+        raise kind(
+            "TokenRing input rejected on ring rank(s) {}:\n  {}".format(
+                [r for r, _ in bad], "\n  ".join(lines)
+            )
+        )
+    if differ:
+        i = differ[0]
+        each = ", ".join(
+            f"rank {r} has {in_words(i, m[i], words[r])}" for r, m in enumerate(metas)
+        )
+        raise ValueError(
+            f"TokenRing: {MUST_AGREE[i]} differs across ring ranks: {each}; pass the same on "
+            "every rank"
+        )
+    if metas[0][MODE] & 1 and len(metas) > 1:
+        _check_zigzag(metas)
+
+
+def _device_hint(got: str, transport: int) -> str:
+    """The fix for tensors on a device type the transport does not move."""
+    if transport == TRANSPORT_CODES["ipc"] and got != "cuda":
+        return (
+            " (TOKENRING_XDIT_TRANSPORT=ipc moves CUDA tensors only: move q/k/v to the GPU, or "
+            f"unset it / set it to nccl or auto for {got} tensors)"
+        )
+    if got == "cuda":
+        return " (CUDA tensors on a gloo group: TOKENRING_XDIT_TRANSPORT=ipc or auto)"
+    return ""
+
+
+def _words(comms: RingComms | None, spec: CallSpec) -> list[dict]:
+    """Every rank's own words for an error that the headers only hold as codes (a kernel's
+    reason, its family's name). Only on the error path, which every ring rank takes together."""
+    mine = {"detail": spec.detail, "kernel": spec.kernel_name}
+    if comms is None:
+        return [mine]
+    everyone: list = [None] * len(comms.ranks)
+    dist.all_gather_object(everyone, mine, group=comms.check)
+    return everyone
+
+
+def _check_zigzag(metas: list[list[int]]) -> None:
+    """Every rank's causal shard is its part of ONE zigzag split of `total` tokens."""
+    lens = [m[SQ] for m in metas]
+    total = metas[0][TOTAL]
+    if len(set(lens)) > 1 or total != sum(lens):
+        raise ValueError(
+            f"TokenRing: causal=True needs one zigzag split of the whole sequence, the same "
+            f"length on every rank: local lengths {lens} (sum {sum(lens)}) vs the split's "
+            f"{total} tokens. Pad the sequence to a multiple of 2N and cut it with "
+            "tokenring_xdit.shard(x, group, causal=True) (torch.chunk makes unequal chunks)"
+        )
+
+
+def _chunks(spec: CallSpec, pos: RingPosition) -> int:
+    """Chunks of a local shard: 2 for a zigzag shard (causal over a ring), else 1."""
+    return 2 if spec.causal and pos.size > 1 else 1
+
+
+def _documents(comms, rank: int, metas, spec: CallSpec, pos: RingPosition) -> Documents | None:
+    """The agreed packed documents (every rank's metas agree by now), checked against the ring's
+    total length; from position ids through one more all-gather of every rank's claims."""
+    if not spec.packed:
+        return None
+    q_lens = [m[SQ] for m in metas]
+    total = sum(q_lens)
+    if spec.documents is not None:
+        if spec.documents.total != total:
+            raise ValueError(
+                f"TokenRing: cu_seqlens end at {spec.documents.total} but the ring holds "
+                f"{total} tokens (local lengths {q_lens}); cu_seqlens describe the WHOLE packed "
+                "sequence (pad it with one more document to the padded length)"
+            )
+        return spec.documents
+    chunks = _chunks(spec, pos)
+    length = q_lens[rank]
+    if chunks == 2:
+        c, n = length // 2, len(q_lens)
+        starts = [rank * c, (2 * n - 1 - rank) * c]
+    else:
+        starts = [sum(q_lens[:rank])]
+    mine = local_claims(spec.doc_positions, starts, length)
+    if comms is None:
+        return documents_from_claims([mine], chunks, total)
+    width = max(m[NDOCS] for m in metas)
+    buf = torch.full((width,), -2, dtype=torch.int64)
+    buf[: len(mine)] = torch.tensor(mine, dtype=torch.int64)
+    everyone = [torch.empty_like(buf) for _ in metas]
+    try:
+        dist.all_gather(everyone, buf, group=comms.check)
+    except RuntimeError as exc:
+        message = (
+            f"TokenRing: the exchange of packed document starts failed on "
+            f"{describe_peer(comms, rank)}: {str(exc).strip().splitlines()[0][:200]}"
+        )
+        comms.fail(message)
+        raise TokenRingCommError(message) from exc
+    claims = [x[: m[NDOCS]].tolist() for x, m in zip(everyone, metas, strict=True)]
+    return documents_from_claims(claims, chunks, total)
+
+
+def _ring_device_type(comms: RingComms | None, spec: CallSpec) -> str:
+    """The device type the ring's transport moves: cpu for gloo, cuda for NCCL and IPC; `auto`
+    on gloo moves either (CPU tensors on gloo, CUDA tensors over IPC)."""
+    if comms is None:
+        return "any"  # nothing moves
+    if spec.transport == "ipc":
+        return "cuda"
+    if spec.transport == "auto" and comms.backend == "gloo":
+        device = getattr(spec.q, "device", None)
+        return "cuda" if device is not None and device.type == "cuda" else "cpu"
+    return "cpu" if comms.backend == "gloo" else "cuda"
+
+
+def _resolve_transport(metas: list[list[int]], backend: str) -> str:
+    """The agreed transport ("nccl" or "ipc") from every rank's header (the requested mode is
+    equal on every rank by now): `auto` is ipc for CUDA tensors on a gloo group or when two
+    ranks share a GPU (NCCL refuses that), else nccl."""
+    code = metas[0][TRANSPORT]
+    if code == TRANSPORT_CODES["ipc"]:
+        return "ipc"
+    if code == TRANSPORT_CODES["auto"] and metas[0][DEVICE] == DEVICE_TYPES.index("cuda"):
+        gpus = [m[GPU] for m in metas]
+        if backend == "gloo" or len(set(gpus)) < len(gpus):
+            return "ipc"
+    return "nccl"

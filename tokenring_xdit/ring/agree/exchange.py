@@ -1,0 +1,76 @@
+"""The exchange of headers on a ring's CPU check communicator, and the agreement's caches.
+
+One small all-gather per exchange, bounded by the call's deadline; it never synchronises the
+GPU and never shares a group with the host's collectives. Caches key on agreed values only.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+import torch.distributed as dist
+
+from ..comm import COUNTERS, RingComms, TokenRingCommError
+from ..comm.groups import RELEASE_HOOKS, describe_peer
+from .header import GROUP
+
+_CACHE: OrderedDict = OrderedDict()
+_CACHE_SIZE = 256
+
+
+def cached(key):
+    hit = _CACHE.get(key)
+    if hit is not None:
+        _CACHE.move_to_end(key)
+    return hit
+
+
+def remember(key, value) -> None:
+    _CACHE[key] = value
+    if len(_CACHE) > _CACHE_SIZE:
+        _CACHE.popitem(last=False)
+
+
+RELEASE_HOOKS.append(_CACHE.clear)  # keys and rings hold their group: let destroyed ones go
+
+
+def always(validate: str, device_type: str) -> bool:
+    """True when this call exchanges headers whatever the caches hold (RingConfig.validate)."""
+    return validate == "always" or (validate == "auto" and device_type == "cpu")
+
+
+def exchange(comms: RingComms, rank: int, meta: list[int]) -> list[list[int]]:
+    """Every ring rank's header, in ring order (TokenRingCommError past the deadline)."""
+    meta[GROUP] = comms.name
+    mine = torch.tensor(meta, dtype=torch.int64)
+    everyone = [torch.empty_like(mine) for _ in comms.ranks]
+    try:  # CPU: no GPU synchronisation; bounded by this call's deadline
+        work = dist.all_gather(everyone, mine, group=comms.check, async_op=True)
+        work.wait(comms.deadline)
+    except RuntimeError as exc:
+        message = (
+            f"TokenRing input check failed on {describe_peer(comms, rank)}: a rank of the ring "
+            f"(global ranks {list(comms.ranks)}) did not take part within "
+            f"{comms.deadline.total_seconds():.0f} s "
+            f"({str(exc).strip().splitlines()[0][:200]}); likely causes: that rank raised or "
+            "exited before this call (see its log), called TokenRing fewer times, passed a "
+            "different group, or runs with TOKENRING_XDIT_VALIDATE=signature while its shapes "
+            "changed alone"
+        )
+        comms.fail(message)
+        raise TokenRingCommError(message) from exc
+    COUNTERS.handshakes += 1
+    metas = torch.stack(everyone).tolist()
+    _raise_group(metas, comms)
+    return metas
+
+
+def _raise_group(metas: list[list[int]], comms: RingComms) -> None:
+    names = [m[GROUP] for m in metas]
+    if len(set(names)) > 1:
+        raise ValueError(
+            f"TokenRing: the ranks of the ring of global ranks {list(comms.ranks)} passed "
+            f"different process groups with the same ranks (group digests {names}); pass the "
+            "same group object on every rank (the one new_group returned for these ranks)"
+        )

@@ -1,0 +1,69 @@
+"""The agreed ring of one call: the handle every loop takes.
+
+`agree()` (ring/agree/) returns one `Ring` per call, equal on every rank except its rank and
+its communicators' handles. The loops read rank, size and `lanes()` of it; `finished()` bounds
+what a call queued by the ring's deadline. How the lanes move data is the agreed transport,
+looked up by name in `TRANSPORTS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .comm import RingComms, RingPosition, torch_lanes
+from .comm.ipc import ipc_finished, ipc_lanes
+from .comm.watchdog import watch
+from .documents import Documents
+
+__all__ = ["Ring", "TRANSPORTS"]
+
+
+def _torch_finished(comms: RingComms, what: str) -> None:
+    # gloo waits are bounded where they block; NCCL work is watched (a replay is watched instead)
+    if comms.backend != "gloo" and not torch.cuda.is_current_stream_capturing():
+        watch(comms, what)
+
+
+# agreed transport name -> (lanes(comms, rank), finished(comms, what))
+TRANSPORTS: dict[str, tuple[Callable, Callable]] = {
+    "nccl": (torch_lanes, _torch_finished),
+    "ipc": (ipc_lanes, ipc_finished),
+}
+
+
+@dataclass(frozen=True, eq=False)
+class Ring:
+    """The agreed ring of one call: equal on every rank except `rank` and `comms`' handles."""
+
+    pos: RingPosition
+    comms: RingComms | None  # None for a ring of one
+    q_lens: tuple[int, ...]  # every ring rank's local query length
+    settings: tuple[int, ...]  # the agreed header slots (every rank's are equal)
+    transport: str = "nccl"  # how the lanes move data: a name in TRANSPORTS
+    docs: Documents | None = None  # the agreed packed documents of the global sequence
+
+    @property
+    def rank(self) -> int:
+        return self.pos.rank
+
+    @property
+    def size(self) -> int:
+        return self.pos.size
+
+    @property
+    def key(self) -> tuple:
+        """The agreed value, for caches (no rank-local fact in it)."""
+        return (self.q_lens, self.settings)
+
+    def lanes(self):
+        """(Q lane, return lane) for one call."""
+        return TRANSPORTS[self.transport][0](self.comms, self.pos.rank)
+
+    def finished(self, what: str) -> None:
+        """Bound the work this call queued by the ring's deadline (never blocks the host on
+        NCCL; gloo waits are bounded where they block; IPC: the host waits, bounded)."""
+        if self.comms is not None:
+            TRANSPORTS[self.transport][1](self.comms, what)
