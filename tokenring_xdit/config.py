@@ -112,7 +112,6 @@ class RingConfig:
     ring_impl: str | None = None  # None: not chosen by the environment
     fabric: str | None = None  # None: `auto` derives it (auto_fabric)
     nccl_p2p_disabled: bool = False
-    autopatch: bool = True
     cuda_graphs: bool = True
     cuda_graph_transformer: bool = False
     fused_merge: bool = True
@@ -134,7 +133,6 @@ class RingConfig:
             ring_impl=_choice(raw["ring_impl"], "ring_impl", RING_IMPLS),
             fabric=_fabric(raw["fabric"]),
             nccl_p2p_disabled=_flag(environ.get(NCCL_P2P_DISABLE), False, NCCL_P2P_DISABLE),
-            autopatch=_flag(raw["autopatch"], True, ENV["autopatch"][0]),
             cuda_graphs=_flag(raw["cuda_graphs"], True, ENV["cuda_graphs"][0]),
             cuda_graph_transformer=_flag(
                 raw["cuda_graph_transformer"], False, ENV["cuda_graph_transformer"][0]

@@ -82,6 +82,23 @@ def test_the_ring_imports_no_host_patch_or_tool_module():
             assert not bad, f"{name} imports {bad}"
 
 
+def _lower_never_imports(lower: str, upper: str) -> None:
+    for name, deps in _graph().items():
+        if name == lower or name.startswith(lower + "."):
+            bad = {d for d in deps if d == upper or d.startswith(upper + ".")}
+            assert not bad, f"{name} imports {bad}"
+
+
+def test_hosts_never_import_patches():
+    """patches/ wire hosts/ into the host libraries, never the other way round."""
+    _lower_never_imports("hosts", "patches")
+
+
+def test_planner_never_imports_tools():
+    """The planner is a library (the ring's `auto` uses it); its CLI lives in tools/plan_cli.py."""
+    _lower_never_imports("planner", "tools")
+
+
 def _third_party_imports(path: Path) -> set[str]:
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tokenring_xdit import __version__
-from tokenring_xdit.tools import cli
+from tokenring_xdit.tools import cli, demo_cli
 
 
 def _exit_code(argv, capsys) -> tuple[int, str, str]:
@@ -138,12 +138,12 @@ def test_methods_deduplicated():
 def test_kernel_choices_match_kernels():
     from tokenring_xdit.ring.kernels import KERNELS
 
-    assert set(cli.KERNEL_CHOICES) == {"auto", *KERNELS}
-    assert set(cli.CPU_KERNELS) <= set(cli.KERNEL_CHOICES)
+    assert set(demo_cli.KERNEL_CHOICES) == {"auto", *KERNELS}
+    assert set(demo_cli.CPU_KERNELS) <= set(demo_cli.KERNEL_CHOICES)
 
 
 def _resolve(argv):
-    return cli._resolve(cli.build_parser().parse_args(["demo", *argv]))
+    return demo_cli.resolve(cli.build_parser().parse_args(["demo", *argv]))
 
 
 def test_resolve_cpu_defaults():
@@ -188,7 +188,7 @@ def test_bad_tokens_exit_2_before_starting_ranks(capsys, monkeypatch):
     def no_launch(*args, **kwargs):
         raise AssertionError("ranks started")
 
-    monkeypatch.setattr(cli, "_launch_with_progress", no_launch)
+    monkeypatch.setattr(demo_cli, "_launch_with_progress", no_launch)
     assert cli.main(["demo", "--device", "cpu", "--tokens", "7"]) == cli.EXIT_USAGE
 
 
@@ -213,9 +213,9 @@ def _summary(err_out: float) -> dict:
     }
 
 
-@pytest.mark.parametrize("err_out, code", [(1e-7, cli.EXIT_OK), (1e-2, cli.EXIT_INACCURATE)])
+@pytest.mark.parametrize("err_out, code", [(1e-7, cli.EXIT_OK), (1e-2, demo_cli.EXIT_INACCURATE)])
 def test_exit_code_follows_tolerance(err_out, code, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(cli, "_launch_with_progress", lambda *a, **k: _summary(err_out))
+    monkeypatch.setattr(demo_cli, "_launch_with_progress", lambda *a, **k: _summary(err_out))
     path = tmp_path / "r.json"
     assert cli.main(["demo", "--device", "cpu", "--json", str(path)]) == code
     out = capsys.readouterr().out
@@ -232,8 +232,8 @@ def test_worker_failure_exit_code(monkeypatch, capsys):
             "1 of 2 rank(s) failed", [RankFailure(1, "ValueError", "boom\nmore", "Traceback ...")]
         )
 
-    monkeypatch.setattr(cli, "_launch_with_progress", fail)
-    assert cli.main(["demo", "--device", "cpu"]) == cli.EXIT_WORKER
+    monkeypatch.setattr(demo_cli, "_launch_with_progress", fail)
+    assert cli.main(["demo", "--device", "cpu"]) == demo_cli.EXIT_WORKER
     err = capsys.readouterr().err
     assert "rank 1: ValueError: boom" in err and "more" not in err
 
@@ -241,7 +241,7 @@ def test_worker_failure_exit_code(monkeypatch, capsys):
 def test_lse_error_alone_does_not_fail(monkeypatch):
     summary = _summary(1e-7)
     summary["results"][2]["max_err_lse"] = 0.05  # yunchang's bf16-rounded block lse on GPU
-    monkeypatch.setattr(cli, "_launch_with_progress", lambda *a, **k: summary)
+    monkeypatch.setattr(demo_cli, "_launch_with_progress", lambda *a, **k: summary)
     assert cli.main(["demo", "--device", "cpu"]) == cli.EXIT_OK
 
 
@@ -249,7 +249,7 @@ def test_table_marks_failures():
     from rich.console import Console
 
     console = Console(file=io.StringIO(), width=120)
-    assert cli._print_table(console, _summary(1e-2)) == ["TokenRing"]
+    assert demo_cli._print_table(console, _summary(1e-2)) == ["TokenRing"]
     assert "NO" in console.file.getvalue()
 
 

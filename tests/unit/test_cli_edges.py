@@ -210,7 +210,9 @@ def test_plan_plot_without_matplotlib_fails_before_the_table():
 
 
 def test_one_rank_is_singular():
-    assert cli._ranks(1) == "1 rank" and cli._ranks(2) == "2 ranks"
+    from tokenring_xdit.tools import demo_cli
+
+    assert demo_cli._ranks(1) == "1 rank" and demo_cli._ranks(2) == "2 ranks"
 
 
 def test_the_examples_output_dir_is_git_ignored():

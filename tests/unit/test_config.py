@@ -26,7 +26,7 @@ def test_strict_parses_both_ways(text, want):
     assert RingConfig.from_env(_env("strict", text)).strict is want
 
 
-@pytest.mark.parametrize("field", ["cuda_graphs", "fused_merge", "autopatch", "strict"])
+@pytest.mark.parametrize("field", ["cuda_graphs", "fused_merge", "strict"])
 def test_false_switches_a_default_on_flag_off(field):
     assert getattr(RingConfig.from_env(_env(field, "false")), field) is False
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .machine import Machine
-from .model import RINGS, Prediction, predict
+from .cost import RINGS, Prediction, predict
 
 __all__ = ["Choice", "splits", "rank_all", "xdit_flags", "diffusers_config"]
 

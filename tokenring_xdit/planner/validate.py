@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .machine import make_machine
-from .model import predict
+from .cost import predict
 from .schedules import old_final_pieces
 
 __all__ = [
@@ -86,8 +86,6 @@ def _file_fabric(path: str, meta: dict, ranks: int) -> str:
 
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
-# where the wheel puts its copy of docs/benchmarks/sweep_*.json (hatch_build.py)
-SHIPPED_SWEEPS = Path(__file__).resolve().with_name("data") / "sweeps"
 
 
 def sweep_files(bench_dir: str | Path) -> list[str]:

@@ -28,8 +28,6 @@ __all__ = [
     "write_value",
 ]
 
-HANDLE_BYTES = 64  # sizeof(CUipcMemHandle)
-
 
 class IpcUnavailable(RuntimeError):
     """The IPC transport cannot run here (no cuda-bindings, no CUDA, no stream memory ops)."""

@@ -1,6 +1,7 @@
 """`tokenring-xdit plan`: rank every ulysses x ring split and ring for a model on a machine.
 
-Registered by tokenring_xdit/tools/cli.py as ("plan", HELP, add_arguments, run).
+The CLI glue over tokenring_xdit/planner (which imports nothing from tools/); registered by
+tokenring_xdit/tools/cli.py as ("plan", HELP, add_arguments, run).
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ FABRIC_CHOICES = ("nvswitch", "nvlink-pair", "pcie", "p2p-off", "ib")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..tools.cli_args import positive_int
-    from .models import MODELS
+    from ..planner.known_models import MODELS
+    from .cli_args import positive_int
 
     p.add_argument("--model", choices=sorted(MODELS), help="known model (heads, dim, layers)")
     p.add_argument("--heads", type=positive_int, help="attention heads (instead of --model)")
@@ -52,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _shape(args: argparse.Namespace):
-    from .models import MODELS, ModelSpec, tokens_for
+    from ..planner.known_models import MODELS, ModelSpec, tokens_for
 
     if args.model:
         spec = MODELS[args.model]
@@ -108,7 +109,7 @@ def _plot(path: str, choices, title: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.validate:
-        from .validate import report
+        from ..planner.validate import report
 
         try:
             text, ok = report(args.bench_dir, verbose=args.verbose)
@@ -116,9 +117,9 @@ def run(args: argparse.Namespace) -> int:
             return _fail(str(exc))
         print(text)
         return 0 if ok else 1
-    from .calibration import load_table
-    from .machine import make_machine
-    from .plan import diffusers_config, rank_all, xdit_flags
+    from ..planner.calibration import load_table
+    from ..planner.machine import make_machine
+    from ..planner.plan import diffusers_config, rank_all, xdit_flags
 
     if args.plot:  # refused before the table, not after it
         try:
