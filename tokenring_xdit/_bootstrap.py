@@ -10,10 +10,9 @@ config.py parses them, and a value that is not a boolean leaves patching off, wi
 import os
 import sys
 
-from tokenring_xdit._envflags import parse_flag
+from tokenring_xdit._envflags import AUTOPATCH, STRICT, parse_flag
 
-DISABLE_ENV = "TOKENRING_XDIT_AUTOPATCH"
-STRICT_ENV = "TOKENRING_XDIT_STRICT"
+DISABLE_ENV, STRICT_ENV = AUTOPATCH[0], STRICT[0]
 # Top-level modules whose first import arms the hooks; tests keep this equal to the entry points.
 TRIGGERS = ("yunchang", "xfuser", "diffusers")
 
@@ -31,7 +30,7 @@ class _FirstHostImport:
             arm_entry_points()
         except Exception as exc:  # never break the host's import
             sys.stderr.write(f"tokenring_xdit: automatic patching disabled: {exc!r}\n")
-            if _flag(STRICT_ENV, False) is not False:  # strict, or not a boolean: refuse too
+            if _flag(STRICT_ENV, STRICT[1]) is not False:  # strict, or not a boolean: refuse too
                 raise
             return None
         # Find the module again, now through wrapt's finder, so its post-import hook fires.
@@ -53,7 +52,7 @@ def _flag(var: str, default: bool) -> bool | None:
 
 
 def arm() -> None:
-    on = _flag(DISABLE_ENV, True)
+    on = _flag(DISABLE_ENV, AUTOPATCH[1])
     if on is None:
         sys.stderr.write("tokenring_xdit: automatic patching is off until that is fixed\n")
     if not on:

@@ -1,8 +1,23 @@
 """Parsing shared by config.py and the start-up hook (_bootstrap.py imports nothing heavier than
-os/sys, so this module imports nothing): booleans, and the closest valid name of a misspelled
-variable. Neither reads the environment; the callers pass the raw values."""
+os/sys, so this module imports nothing): booleans, the closest valid name of a misspelled
+variable, and the two settings the hook reads. Nothing here reads the environment; the callers
+pass the raw values."""
 
 from __future__ import annotations
+
+ENV_PREFIX = "TOKENRING_XDIT_"
+# The two settings the start-up hook reads before anything else may be imported:
+# (variable, default, meaning). config.py lists them with the others (README's table).
+AUTOPATCH = (
+    ENV_PREFIX + "AUTOPATCH",
+    True,
+    "`0`: the `.pth` bootstrap patches nothing; call `tokenring_xdit.install()` yourself",
+)
+STRICT = (
+    ENV_PREFIX + "STRICT",
+    False,
+    "`1`: a patch that cannot apply raises instead of warning (the tests set it)",
+)
 
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("0", "false", "no", "off")

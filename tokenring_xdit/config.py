@@ -4,8 +4,9 @@ Every setting comes from the environment (torchrun's workers inherit the launche
 and nowhere else; `current()` re-reads it only when one of our variables changed, so code that
 sets `os.environ[...]` in-process (examples, benchmarks) is honoured without a per-call parse.
 Python callers can pass a `RingConfig` to `token_ring_attn(config=...)` instead (a planner's
-output, a test's). The `.pth` bootstrap reads TOKENRING_XDIT_AUTOPATCH itself: it runs in every
-interpreter and must not import even this module.
+output, a test's). The `.pth` bootstrap reads TOKENRING_XDIT_AUTOPATCH (and STRICT) itself: it
+runs in every interpreter and must not import even this module, so those two are declared in
+_envflags.py, which both read.
 
 A value outside a variable's allowed set is a ValueError naming the allowed ones (booleans take
 1/0, true/false, yes/no, on/off). Settings that decide what a call does (final pieces, CUDA graphs,
@@ -19,131 +20,112 @@ import dataclasses
 import os
 import warnings
 from dataclasses import dataclass
+from typing import Any, Literal, get_args
 
-from ._envflags import FALSE, TRUE, misspelled, parse_flag
+from ._envflags import AUTOPATCH, ENV_PREFIX, STRICT, misspelled, parse_flag
 
 __all__ = ["RingConfig", "ENV", "current"]
 
-PREFIX = "TOKENRING_XDIT_"
-# field -> (environment variable, default text, one-line meaning) -- README's table comes from here
-ENV: dict[str, tuple[str, str, str]] = {
-    "ring_impl": (
-        PREFIX + "RING_IMPL",
-        "",
+PREFIX = ENV_PREFIX
+
+RingImpl = Literal["default", "token_ring", "auto"]
+Fabric = Literal["nvswitch", "nvlink-pair", "pcie", "p2p-off", "ib"]  # planner/fabric.py's links
+ValidateMode = Literal["auto", "always", "signature"]
+Transport = Literal["nccl", "ipc", "auto"]
+RING_IMPLS: tuple[str, ...] = get_args(RingImpl)
+FABRICS: tuple[str, ...] = get_args(Fabric)
+VALIDATE_MODES: tuple[str, ...] = get_args(ValidateMode)
+TRANSPORTS: tuple[str, ...] = get_args(Transport)
+FABRIC_ALIASES = {"nvlink": "nvswitch", "p2p_off": "p2p-off", "infiniband": "ib"}
+# where a host's ring choice came from, weakest first (hosts/selection.py; the agreement's codes)
+RING_IMPL_SOURCES = ("default", "set_xdit_ring_impl()", "--ring_impl_type", PREFIX + "RING_IMPL")
+# Not ours, but it changes the links `auto` predicts with; read here like our own variables.
+NCCL_P2P_DISABLE = "NCCL_P2P_DISABLE"
+
+
+def _setting(name: str, default, doc: str, parse: str = "") -> Any:
+    """A field read from TOKENRING_XDIT_<name>: its default, its meaning (README's table) and,
+    where the type alone does not say it, how its text is parsed."""
+    return dataclasses.field(default=default, metadata={"env": PREFIX + name, "doc": doc,
+                                                        "parse": parse})  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RingConfig:
+    """Every TokenRing setting: each field's default, allowed values (its Literal) and meaning
+    (its metadata["doc"]) are written here once; ENV, README's table and from_env() derive from
+    them. TOKENRING_XDIT_AUTOPATCH is the bootstrap's alone (_envflags.AUTOPATCH)."""
+
+    ring_impl: RingImpl | None = _setting(
+        "RING_IMPL",
+        None,
         "`token_ring`, `default` or `auto` (per call, from the planner's model): the ring xDiT "
         "and diffusers run, like `--ring_impl_type`",
-    ),
-    "fabric": (
-        PREFIX + "FABRIC",
-        "",
+    )  # None: not chosen by the environment
+    fabric: Fabric | None = _setting(
+        "FABRIC",
+        None,
         "the links `auto` predicts with (`nvswitch`, `nvlink-pair`, `pcie`, `p2p-off`, `ib`); "
         "unset: `p2p-off` if `NCCL_P2P_DISABLE=1`, else `nvswitch`",
-    ),
-    "autopatch": (
-        PREFIX + "AUTOPATCH",
-        "1",
-        "`0`: the `.pth` bootstrap patches nothing; call `tokenring_xdit.install()` yourself",
-    ),
-    "cuda_graphs": (
-        PREFIX + "CUDA_GRAPHS",
-        "1",
+        parse="fabric",
+    )  # None: `auto` derives it (auto_fabric)
+    cuda_graphs: bool = _setting(
+        "CUDA_GRAPHS",
+        True,
         "`0`: run each ring call eagerly instead of replaying a CUDA graph per input signature",
-    ),
-    "cuda_graph_transformer": (
-        PREFIX + "CUDA_GRAPH_TRANSFORMER",
-        "0",
+    )
+    cuda_graph_transformer: bool = _setting(
+        "CUDA_GRAPH_TRANSFORMER",
+        False,
         "`1`: replay xDiT's whole transformer forward as a CUDA graph per step",
-    ),
-    "fused_merge": (
-        PREFIX + "FUSED_MERGE",
-        "1",
+    )
+    fused_merge: bool = _setting(
+        "FUSED_MERGE",
+        True,
         "`0`: merge partials with torch ops instead of the Triton pass inside graphs",
-    ),
-    "final_chunks": (
-        PREFIX + "FINAL_CHUNKS",
-        "1",
+    )
+    # -1 marks an invalid environment value: the input check rejects it on every rank, so ranks
+    # that disagree fail together instead of one raising alone.
+    final_chunks: int = _setting(
+        "FINAL_CHUNKS",
+        1,
         "pieces of the last partial's return (2 was faster only for Flux 1024 px at ring 2)",
-    ),
-    "validate": (
-        PREFIX + "VALIDATE",
+        parse="positive_or_invalid",
+    )
+    validate: ValidateMode = _setting(
+        "VALIDATE",
         "auto",
         "when ranks exchange the input check: `always` (every call), `signature` (new input "
         "signatures only), `auto` (always on gloo, signature on NCCL)",
-    ),
-    "strict": (
-        PREFIX + "STRICT",
-        "0",
-        "`1`: a patch that cannot apply raises instead of warning (the tests set it)",
-    ),
-    "timeout": (
-        PREFIX + "TIMEOUT",
-        "",
+    )
+    strict: bool = _setting(STRICT[0].removeprefix(PREFIX), STRICT[1], STRICT[2])
+    timeout: float | None = _setting(
+        "TIMEOUT",
+        None,
         "seconds any TokenRing wait may take before it raises `TokenRingCommError`; unset: the "
         "smaller of the ring group's and the world group's timeouts (read when a ring's "
         "communicators are made); `token_ring_attn(config=RingConfig(timeout=...))` sets one "
         "call's",
-    ),
-    "transport": (
-        PREFIX + "TRANSPORT",
+        parse="seconds",
+    )
+    transport: Transport = _setting(
+        "TRANSPORT",
         "nccl",
         "how ring ranks move data: `nccl` (the group's torch.distributed backend: NCCL, or gloo "
         "for CPU tensors), `ipc` (CUDA IPC copies into the peer's memory: several ranks on one "
         "GPU, or GPUs that can access each other; needs `cuda-bindings`), `auto` (`ipc` when "
         "ranks share a GPU or CUDA tensors meet a gloo group, else `nccl`)",
-    ),
-}
-
-_TRUE, _FALSE = TRUE, FALSE  # shared with the start-up hook (_envflags.py)
-RING_IMPLS = ("default", "token_ring", "auto")
-# where a host's ring choice came from, weakest first (hosts/selection.py; the agreement's codes)
-RING_IMPL_SOURCES = ("default", "set_xdit_ring_impl()", "--ring_impl_type", PREFIX + "RING_IMPL")
-# Not ours, but it changes the links `auto` predicts with; read here like our own variables.
-NCCL_P2P_DISABLE = "NCCL_P2P_DISABLE"
-VALIDATE_MODES = ("auto", "always", "signature")
-TRANSPORTS = ("nccl", "ipc", "auto")
-FABRICS = ("nvswitch", "nvlink-pair", "pcie", "p2p-off", "ib")  # planner/fabric.py's names
-FABRIC_ALIASES = {"nvlink": "nvswitch", "p2p_off": "p2p-off", "infiniband": "ib"}
-
-
-@dataclass(frozen=True)
-class RingConfig:
-    """Every TokenRing setting. Fields are documented in `ENV` (and README's table)."""
-
-    ring_impl: str | None = None  # None: not chosen by the environment
-    fabric: str | None = None  # None: `auto` derives it (auto_fabric)
-    nccl_p2p_disabled: bool = False
-    cuda_graphs: bool = True
-    cuda_graph_transformer: bool = False
-    fused_merge: bool = True
-    # -1 marks an invalid environment value: the input check rejects it on every rank, so ranks
-    # that disagree fail together instead of one raising alone.
-    final_chunks: int = 1
-    validate: str = "auto"
-    strict: bool = False
-    timeout: float | None = None  # seconds; None: from the groups (comm/groups.py)
-    transport: str = "nccl"  # agreed across the ring by the input check (ring/agree/)
+    )  # agreed across the ring by the input check (ring/agree/)
+    nccl_p2p_disabled: bool = False  # NCCL_P2P_DISABLE (not ours; `auto`'s fabric)
 
     @classmethod
     def from_env(cls, environ: os._Environ | dict | None = None) -> RingConfig:
         """The environment's settings; ValueError naming the allowed values for a bad one."""
         environ = os.environ if environ is None else environ
         _warn_misspelled(environ)
-        raw = {name: environ.get(var) for name, (var, _, _) in ENV.items()}
-        return cls(
-            ring_impl=_choice(raw["ring_impl"], "ring_impl", RING_IMPLS),
-            fabric=_fabric(raw["fabric"]),
-            nccl_p2p_disabled=_flag(environ.get(NCCL_P2P_DISABLE), False, NCCL_P2P_DISABLE),
-            cuda_graphs=_flag(raw["cuda_graphs"], True, ENV["cuda_graphs"][0]),
-            cuda_graph_transformer=_flag(
-                raw["cuda_graph_transformer"], False, ENV["cuda_graph_transformer"][0]
-            ),
-            fused_merge=_flag(raw["fused_merge"], True, ENV["fused_merge"][0]),
-            final_chunks=_positive_or_invalid(raw["final_chunks"]),
-            validate=_choice(raw["validate"], "validate", VALIDATE_MODES, lower=True) or "auto",
-            strict=_flag(raw["strict"], False, ENV["strict"][0]),
-            timeout=_seconds(raw["timeout"]),
-            transport=_choice(raw["transport"], "transport", TRANSPORTS, lower=True) or "nccl",
-        )
+        values = {f.name: _parse(f, environ.get(f.metadata["env"])) for f in _SETTINGS}
+        p2p = _flag(environ.get(NCCL_P2P_DISABLE), False, NCCL_P2P_DISABLE)
+        return cls(**values, nccl_p2p_disabled=p2p)
 
     def replace(self, **changes) -> RingConfig:
         return dataclasses.replace(self, **changes)
@@ -159,6 +141,23 @@ class RingConfig:
 
 def _flag(raw: str | None, default: bool, var: str) -> bool:
     return parse_flag(raw, default, var)  # the start-up hook parses AUTOPATCH/STRICT the same
+
+
+def _parse(f: dataclasses.Field, raw: str | None):
+    """One setting's value from its raw text: by its `parse` name, else by its type."""
+    how = f.metadata["parse"]
+    if how == "fabric":
+        return _fabric(raw)
+    if how == "seconds":
+        return _seconds(raw)
+    if how == "positive_or_invalid":
+        return _positive_or_invalid(raw, f.default)
+    if isinstance(f.default, bool):
+        return _flag(raw, f.default, f.metadata["env"])
+    allowed = _ALLOWED[f.name]
+    lower = f.name != "ring_impl"  # the ring's names are exact, like --ring_impl_type's
+    value = _choice(raw, f.name, allowed, lower=lower)
+    return f.default if value is None else value
 
 
 _WARNED: set[str] = set()
@@ -183,7 +182,7 @@ def _choice(raw: str | None, field: str, allowed: tuple[str, ...], lower: bool =
     if not text:
         return None
     if text not in allowed:
-        raise ValueError(f"{ENV[field][0]}={raw!r}: use one of {', '.join(allowed)}")
+        raise ValueError(f"{_ENV_NAME[field]}={raw!r}: use one of {', '.join(allowed)}")
     return text
 
 
@@ -200,13 +199,13 @@ def _seconds(raw: str | None) -> float | None:
     except ValueError:
         value = -1.0
     if not 0 < value < float("inf"):
-        raise ValueError(f"{ENV['timeout'][0]}={raw!r}: use a positive number of seconds")
+        raise ValueError(f"{_ENV_NAME['timeout']}={raw!r}: use a positive number of seconds")
     return value
 
 
-def _positive_or_invalid(raw: str | None) -> int:
+def _positive_or_invalid(raw: str | None, default: int) -> int:
     if raw is None:
-        return 1
+        return default
     try:
         value = int(raw)
     except ValueError:
@@ -214,6 +213,24 @@ def _positive_or_invalid(raw: str | None) -> int:
     return value if value >= 1 else -1
 
 
+_SETTINGS = tuple(f for f in dataclasses.fields(RingConfig) if "env" in f.metadata)
+_ALLOWED = {"ring_impl": RING_IMPLS, "validate": VALIDATE_MODES, "transport": TRANSPORTS}
+
+
+def _default_text(default) -> str:
+    if default is None:
+        return ""
+    if isinstance(default, bool):
+        return "1" if default else "0"
+    return str(default)
+
+
+# field -> (environment variable, default text, one-line meaning): README's table comes from here
+ENV: dict[str, tuple[str, str, str]] = {
+    f.name: (f.metadata["env"], _default_text(f.default), f.metadata["doc"]) for f in _SETTINGS
+}
+ENV["autopatch"] = (AUTOPATCH[0], _default_text(AUTOPATCH[1]), AUTOPATCH[2])  # the bootstrap's
+_ENV_NAME = {field: var for field, (var, _, _) in ENV.items()}
 _VARS = (*(var for var, _, _ in ENV.values()), NCCL_P2P_DISABLE)
 _cache: list = [None, None]  # [environment snapshot, RingConfig]
 

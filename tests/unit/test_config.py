@@ -93,3 +93,28 @@ def test_a_misspelled_variable_is_named_with_the_closest_valid_one():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the valid names alone: no warning
         RingConfig.from_env({"TOKENRING_XDIT_TIMEOUT": "5", "TOKENRING_XDIT_STRICT": "1"})
+
+
+def test_each_setting_is_declared_once_on_its_field():
+    """ENV (README's table) and the wire codes of the input check derive from RingConfig's
+    fields and Literals; a field without its variable, meaning or allowed set fails here."""
+    import dataclasses
+    import typing
+
+    from tokenring_xdit import config
+    from tokenring_xdit.ring.agree import header
+
+    settings = [f for f in dataclasses.fields(RingConfig) if "env" in f.metadata]
+    assert {f.name for f in settings} | {"autopatch"} == set(ENV)
+    hints = typing.get_type_hints(RingConfig)
+    for f in settings:
+        assert ENV[f.name][0] == f.metadata["env"] and f.metadata["doc"] == ENV[f.name][2]
+        allowed = [
+            a for a in typing.get_args(hints[f.name]) if typing.get_origin(a) is typing.Literal
+        ]
+        if typing.get_origin(hints[f.name]) is typing.Literal or allowed:
+            assert f.name in ("ring_impl", "fabric", "validate", "transport"), f.name
+    assert list(header.VALIDATE_CODES) == list(config.VALIDATE_MODES)
+    assert list(header.TRANSPORT_CODES) == list(config.TRANSPORTS)
+    with pytest.raises(ValueError, match="nccl, ipc, auto"):
+        RingConfig.from_env(_env("transport", "tcp"))

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from tokenring_xdit.tools import plan_cli as cli
 from tokenring_xdit.planner.calibration import KernelTable, load_table
 from tokenring_xdit.planner.choose import choose_ring
-from tokenring_xdit.planner.machine import make_machine
 from tokenring_xdit.planner.cost import predict
+from tokenring_xdit.planner.machine import make_machine
 from tokenring_xdit.planner.plan import rank_all, splits
 from tokenring_xdit.planner.schedules import Block, _kernel, old_final_pieces, token_ring
 from tokenring_xdit.planner.validate import MAX_MEDIAN_ERROR, MIN_PICK_RATE, validate
+from tokenring_xdit.tools import plan_cli as cli
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "docs" / "benchmarks"

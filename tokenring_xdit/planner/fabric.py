@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..config import FABRIC_ALIASES, FABRICS
+
 __all__ = ["Link", "Fabric", "FABRICS", "fit_nccl_peers", "fabric", "load_fabrics"]
 
 DATA_FILE = Path(__file__).with_name("data") / "fabrics.json"
@@ -112,15 +114,9 @@ def load_fabrics() -> dict[str, Fabric]:
     return out
 
 
-FABRIC_ALIASES = {"nvlink": "nvswitch", "p2p_off": "p2p-off", "infiniband": "ib"}
-
-
 def fabric(name: str) -> Fabric:
     fabrics = load_fabrics()
     key = FABRIC_ALIASES.get(name, name)
     if key not in fabrics:
         raise ValueError(f"unknown fabric '{name}'; use one of {', '.join(sorted(fabrics))}")
     return fabrics[key]
-
-
-FABRICS = ("nvswitch", "nvlink-pair", "pcie", "p2p-off", "ib")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .machine import Machine
 from .cost import RINGS, Prediction, predict
+from .machine import Machine
 
 __all__ = ["Choice", "splits", "rank_all", "xdit_flags", "diffusers_config"]
 

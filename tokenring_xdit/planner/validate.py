@@ -23,8 +23,8 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from .machine import make_machine
 from .cost import predict
+from .machine import make_machine
 from .schedules import old_final_pieces
 
 __all__ = [

@@ -8,8 +8,8 @@ import torch
 import torch.distributed as dist
 
 from ..config import RingConfig, current
-from .backward_kernels import select_pair
 from .agree import CallSpec, Problem, agree, digest, needs_grad
+from .backward_kernels import select_pair
 from .comm import RingPosition
 from .compiled import compiled_attn, use_eager
 from .doc_kernels import doc_pair
@@ -175,8 +175,8 @@ def _resolve_kernel(
 ):
     """(kernel or training pair, graph key, family name agreed across ranks, (problem, text)).
 
-    A kernel that cannot be used here is reported through the check (Problem.KERNEL_UNUSABLE), so every
-    rank raises instead of this one alone."""
+    A kernel that cannot be used here is reported through the check (Problem.KERNEL_UNUSABLE),
+    so every rank raises instead of this one alone."""
     try:
         gqa = q.shape[layout.head_dim] != k.shape[layout.head_dim]  # K/V keep their head count
         args = (q.device, q.dtype, q.shape[3], v.shape[3])

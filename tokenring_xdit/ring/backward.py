@@ -15,8 +15,8 @@ import torch
 
 from .backward_kernels import row_delta
 from .block_forward import BlockCall
-from .ring import Ring
 from .comm import COUNTERS
+from .ring import Ring
 from .schedules.blocks import part_len, part_slice
 
 __all__ = ["block_backward"]

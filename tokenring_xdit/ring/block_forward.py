@@ -19,11 +19,11 @@ from dataclasses import dataclass
 import torch
 
 from .backward_kernels import KernelPair
-from .ring import Ring
 from .comm import COUNTERS
 from .documents import DocPlan
 from .layout import Layout
 from .merge import PartialMerge
+from .ring import Ring
 from .schedules.blocks import BlockStep, part_len, part_slice, sub_slice
 
 __all__ = ["BlockCall", "block_forward"]

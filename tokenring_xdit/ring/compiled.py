@@ -164,8 +164,8 @@ def _block_call(q, k, v, group, layout, scale, causal, kernel, deterministic, po
                 joint_kv=None):  # fmt: skip
     """(BlockCall, agreed Ring) of a training call: the same kernel pair and input check the
     eager training path uses (api.token_ring_attn), without its autograd Function."""
-    from .block_forward import BlockCall
     from .agree import CallSpec, Problem, agree, digest
+    from .block_forward import BlockCall
     from .comm import RingPosition
     from .layout import get_layout
     from .schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
@@ -176,7 +176,8 @@ def _block_call(q, k, v, group, layout, scale, causal, kernel, deterministic, po
     resolve = _EAGER["resolve_kernel"]
     pair, _, family, problem = resolve(kernel, None, q, k, v, layout, True, deterministic)
     if joint_kv is not None and not problem[0]:
-        problem = (Problem.JOINT_GRAD, "")  # gradients through joint K/V: refused on every rank, as in eager
+        # gradients through joint K/V: refused on every rank, as in eager
+        problem = (Problem.JOINT_GRAD, "")
     spec = CallSpec(
         q, k, v, layout, causal, cfg.final_chunks, scale, digest(family), False, cfg.validate,
         joint_kv, positions, *problem, transport=cfg.transport,

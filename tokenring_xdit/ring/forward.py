@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .ring import Ring
 from .comm import COUNTERS, Lane
 from .kernels import BlockKernel, run_block
 from .layout import Layout
 from .merge import PartialMerge
+from .ring import Ring
 from .schedules import chunk_bounds
 
 __all__ = ["RingCall", "ring_forward", "local_forward"]

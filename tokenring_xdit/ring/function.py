@@ -14,9 +14,9 @@ import torch
 from .backward import block_backward
 from .backward_kernels import KernelPair
 from .block_forward import BlockCall, block_forward
-from .ring import Ring
 from .documents import Documents, doc_plan
 from .layout import Layout
+from .ring import Ring
 from .schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
 
 __all__ = ["TokenRingAttention", "train_attn"]

@@ -10,10 +10,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from .. import config
+
 __all__ = ["HELP", "add_arguments", "run"]
 
 HELP = "predict and rank ulysses x ring splits and ring implementations (cost model)"
-FABRIC_CHOICES = ("nvswitch", "nvlink-pair", "pcie", "p2p-off", "ib")
+FABRIC_CHOICES = config.FABRICS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -20,8 +20,23 @@ from ..sharding import BAD_POSITIONS, NO_PROOF, proof_of
 from .choice import raise_choice
 from .exchange import always, cached, exchange, remember
 from .header import (
-    DEVICE, DEVICE_TYPES, DTYPES, GPU, MODE, MUST_AGREE, NDOCS, PROBLEM, SKV, SQ, TOTAL,
-    TRANSPORT, TRANSPORT_CODES, agreed, device_name, in_words, pack_call,
+    DEVICE,
+    DEVICE_TYPES,
+    DTYPES,
+    GPU,
+    MODE,
+    MUST_AGREE,
+    NDOCS,
+    PROBLEM,
+    SKV,
+    SQ,
+    TOTAL,
+    TRANSPORT,
+    TRANSPORT_CODES,
+    agreed,
+    device_name,
+    in_words,
+    pack_call,
 )  # fmt: skip
 from .problems import CallSpec, Problem, local_problem, needs_grad
 
@@ -128,9 +143,7 @@ def _raise_for(
         )
     if differ:
         i = differ[0]
-        each = ", ".join(
-            f"rank {r} has {in_words(i, m[i], words[r])}" for r, m in enumerate(metas)
-        )
+        each = ", ".join(f"rank {r} has {in_words(i, m[i], words[r])}" for r, m in enumerate(metas))
         raise ValueError(
             f"TokenRing: {MUST_AGREE[i]} differs across ring ranks: {each}; pass the same on "
             "every rank"

@@ -35,58 +35,88 @@ class Problem(IntEnum):
     NONE = 0, ""
     NOT_4D = 1, "q, k and v must be 4-d tensors in the {layout} layout"
     DTYPE = 2, "q, k and v must share one floating dtype (float32, float16, bfloat16 or float64)"
-    HEADS = 3, (
-        "k and v must match q in batch size and have one head count that divides q's (GQA/MQA: "
-        "q heads = g x K/V heads, query head i uses K/V head i // g)"
+    HEADS = (
+        3,
+        (
+            "k and v must match q in batch size and have one head count that divides q's (GQA/MQA: "
+            "q heads = g x K/V heads, query head i uses K/V head i // g)"
+        ),
     )
     KV_LENGTH = 4, "k and v must have the same sequence length"
     HEAD_SIZE = 5, "q and k must have the same head size"
-    NOT_ZIGZAG = 6, (
-        "causal=True needs zigzag shards: q, k and v of one even length (two equal halves, "
-        "chunks r and 2N-1-r of 2N equal chunks), the same length on every rank, and no joint "
-        "K/V. Cut them with tokenring_xdit.shard(x, group, causal=True) or yunchang's "
-        "EXTRACT_FUNC_DICT['token_ring'], on a sequence whose length divides by 2N (pad it)"
-    ), True
+    NOT_ZIGZAG = (
+        6,
+        (
+            "causal=True needs zigzag shards: q, k and v of one even length (two equal halves, "
+            "chunks r and 2N-1-r of 2N equal chunks), the same length on every rank, and no joint "
+            "K/V. Cut them with tokenring_xdit.shard(x, group, causal=True) or yunchang's "
+            "EXTRACT_FUNC_DICT['token_ring'], on a sequence whose length divides by 2N (pad it)"
+        ),
+        True,
+    )
     DEVICES = 7, "q, k and v must be on one device"
-    JOINT_GRAD = 8, (
-        "gradients through joint K/V are not supported: run joint attention under "
-        "torch.no_grad() or torch.inference_mode()"
-    ), True
-    JOINT_KV = 9, (
-        "joint K/V must be a (key, value) pair of 4-d tensors matching k/v in batch size, "
-        "head count, head sizes, dtype and device"
+    JOINT_GRAD = (
+        8,
+        (
+            "gradients through joint K/V are not supported: run joint attention under "
+            "torch.no_grad() or torch.inference_mode()"
+        ),
+        True,
     )
-    FINAL_CHUNKS = 10, (
-        "final_chunks (argument, or TOKENRING_XDIT_FINAL_CHUNKS) must be a positive integer"
+    JOINT_KV = (
+        9,
+        (
+            "joint K/V must be a (key, value) pair of 4-d tensors matching k/v in batch size, "
+            "head count, head sizes, dtype and device"
+        ),
     )
-    DEVICE_TYPE = 11, (
-        "q, k and v must be on the device type this ring's transport moves ({device} for this "
-        "group and TOKENRING_XDIT_TRANSPORT), not {got}{hint}"
+    FINAL_CHUNKS = (
+        10,
+        ("final_chunks (argument, or TOKENRING_XDIT_FINAL_CHUNKS) must be a positive integer"),
+    )
+    DEVICE_TYPE = (
+        11,
+        (
+            "q, k and v must be on the device type this ring's transport moves ({device} for this "
+            "group and TOKENRING_XDIT_TRANSPORT), not {got}{hint}"
+        ),
     )
     SCALE = 12, "softmax_scale must be a finite positive number"
     KERNEL_UNUSABLE = 13, "the kernel cannot be used: {detail}"
-    BAD_POSITIONS = 14, (
-        "causal=True: `positions` are not this rank's zigzag positions (rank r holds chunks r "
-        "and 2N-1-r of 2N equal chunks); cut the shards with tokenring_xdit.shard(x, group, "
-        "causal=True), whose positions are tokenring_xdit.ring.sharding.zigzag_positions(...)"
+    BAD_POSITIONS = (
+        14,
+        (
+            "causal=True: `positions` are not this rank's zigzag positions (rank r holds chunks r "
+            "and 2N-1-r of 2N equal chunks); cut the shards with tokenring_xdit.shard(x, group, "
+            "causal=True), whose positions are tokenring_xdit.ring.sharding.zigzag_positions(...)"
+        ),
     )
-    NO_PROOF = 15, (
-        "causal=True needs proof that the shards are zigzag shards (contiguous shards give "
-        "wrong results silently): cut them with tokenring_xdit.shard(x, group, causal=True) or "
-        "yunchang's EXTRACT_FUNC_DICT['token_ring'] (both record the split for the group), or "
-        "pass the shard's global token positions as positions="
+    NO_PROOF = (
+        15,
+        (
+            "causal=True needs proof that the shards are zigzag shards (contiguous shards give "
+            "wrong results silently): cut them with tokenring_xdit.shard(x, group, causal=True) or "
+            "yunchang's EXTRACT_FUNC_DICT['token_ring'] (both record the split for the group), or "
+            "pass the shard's global token positions as positions="
+        ),
     )
     KERNEL_UNSUPPORTED = 16, "the kernel does not support this call: {detail}", True
     CU_SEQLENS = 17, "cu_seqlens are not usable: {detail}"
-    PACKED_SHAPE = 18, (
-        "packed documents (cu_seqlens / position_ids) need k and v of the query's length (the "
-        "same tokens), no joint K/V, and one document layout for the whole batch (pack every "
-        "document into one row, batch size 1)"
+    PACKED_SHAPE = (
+        18,
+        (
+            "packed documents (cu_seqlens / position_ids) need k and v of the query's length (the "
+            "same tokens), no joint K/V, and one document layout for the whole batch (pack every "
+            "document into one row, batch size 1)"
+        ),
     )
-    POSITION_IDS = 19, (
-        "position_ids (packed, restarting at 0 per document) must be (s,) or (b, s) with equal "
-        "rows for this rank's s queries, count up by one inside a document and restart at 0 "
-        "where one starts; or pass cu_seqlens of the whole sequence"
+    POSITION_IDS = (
+        19,
+        (
+            "position_ids (packed, restarting at 0 per document) must be (s,) or (b, s) with equal "
+            "rows for this rank's s queries, count up by one inside a document and restart at 0 "
+            "where one starts; or pass cu_seqlens of the whole sequence"
+        ),
     )
 
 
