@@ -11,7 +11,7 @@ The diffusers code is diffusers' documented API, unchanged:
 ulysses_degree=..))`. The one switch is TokenRing's selection, made on every rank BEFORE
 enable_parallelism: the environment variable TOKENRING_XDIT_RING_IMPL=token_ring, or (what this
 script does with --ring_impl, default token_ring)
-`tokenring_xdit.hosts.selection.set_xdit_ring_impl("token_ring")`.
+`tokenring_xdit.set_ring_impl("token_ring")`.
 
 Without --model the real Flux.1-dev transformer architecture (19 + 38 blocks, with --tiny one of
 each and a tiny VAE: the default on CPU) is built with seeded random weights, and T5/CLIP are

@@ -1,7 +1,7 @@
 """Train a tiny random transformers Llama (GQA) with TokenRing sequence parallelism.
 
 The model is `transformers.LlamaForCausalLM` (random weights, no download) loaded with
-`attn_implementation="token_ring"` after `tokenring_xdit.integrations.transformers.register()`;
+`attn_implementation="token_ring"` after `tokenring_xdit.register_transformers()`;
 each rank holds the zigzag shard of every sequence (`shard_batch`: input ids, global position
 ids, labels shifted over the whole sequence), the loss is averaged over the tokens of all ranks
 (`ring_loss`) and the gradients are summed over them (`sync_gradients`). The same steps run in

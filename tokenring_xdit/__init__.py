@@ -1,7 +1,10 @@
 """TokenRing as the ring dimension of yunchang USP and xDiT.
 
 Importing this package is cheap (no torch, no host library): the `.pth` bootstrap imports it in
-every interpreter. The public names below load their modules on first use.
+every interpreter. The public names below load their modules on first use: the ring call and
+its sharding (token_ring_attn*, shard/unshard, zigzag_positions, setup_token_ring_group), the
+ring a host runs (set_ring_impl: xDiT's and diffusers' ring), CPU mode (enable_cpu_mode),
+transformers' attention (register_transformers), patching (install/uninstall).
 
 Package map: config.py (RingConfig, the environment), ring/ (the algorithm, host-agnostic),
 hosts/ (yunchang / xDiT contracts -> ring API), patches/ (the one patch table and its sets),
@@ -22,6 +25,11 @@ __all__ = [
     "uninstall",
     "installed_patches",
     "calls_by_host",
+    "set_ring_impl",
+    "enable_cpu_mode",
+    "disable_cpu_mode",
+    "register_transformers",
+    "zigzag_positions",
     "__version__",
 ]
 
@@ -37,6 +45,12 @@ _LAZY = {
     "uninstall": "tokenring_xdit.patches",
     "installed_patches": "tokenring_xdit.patches",
     "calls_by_host": "tokenring_xdit.hosts.calls",
+    # (module, its name) where the public name is shorter than the module's own
+    "set_ring_impl": ("tokenring_xdit.hosts.selection", "set_xdit_ring_impl"),
+    "enable_cpu_mode": "tokenring_xdit.patches.cpu_mode",
+    "disable_cpu_mode": "tokenring_xdit.patches.cpu_mode",
+    "register_transformers": ("tokenring_xdit.integrations.transformers", "register"),
+    "zigzag_positions": "tokenring_xdit.ring.sharding",
 }
 
 
@@ -45,5 +59,6 @@ def __getattr__(name: str):
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        module, attr = _LAZY[name] if isinstance(_LAZY[name], tuple) else (_LAZY[name], name)
+        return getattr(importlib.import_module(module), attr)
     raise AttributeError(f"module 'tokenring_xdit' has no attribute {name!r}")

@@ -55,36 +55,53 @@ def token_ring_attn(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact attention of the local queries against the K/V of every rank of `group`.
 
-    q: (b, s_q, h, d) or (b, h, s_q, d) per `layout`; k, v: the local K/V in the same layout,
-    whose length may differ from s_q (a KV cache) and from other ranks' lengths. `group`: the
-    ring's process group; None means the default (world) group. Returns out (layout and dtype of
-    q) and lse (b, h, s_q) fp32. `kernel` is a name from `kernels.KERNELS`, "auto", or a callable
-    (q, k, v, scale, layout) -> (out, lse fp32) (a `KeyedKernel` names itself for the CUDA-graph
-    cache; a plain callable needs `kernel_key` to be graphed). `joint_kv` is extra K/V (xDiT's
-    joint text tokens) that this rank's own queries attend exactly once, joined before
-    ("front") or after ("rear") the local K/V in the step-0 block. `config` defaults to the
-    environment's (`tokenring_xdit.config`); the `final_chunks` and `cuda_graph` arguments
-    override its fields.
+    Every setting that decides the call is agreed across the ring first (ring/agree/): bad
+    input is one error on every rank, before any transfer.
 
-    causal=True (zigzag shards: see `function.py`) and inputs that require grad run the
-    differentiable block-schedule path (`function.train_attn`); `deterministic` applies there.
-    A causal call over several ranks must prove its zigzag layout: shards cut by
-    `tokenring_xdit.shard(x, group, causal=True)` (or yunchang's EXTRACT_FUNC_DICT
-    ["token_ring"]), or `positions`, the global token positions of the local shard ((s,) or
-    (b, s)). Every setting that decides the call is agreed across the ring first (ring/agree/).
+    Arguments:
+        q: (batch_size, seqlen_q, nheads, headdim) with layout="bshd", or
+            (batch_size, nheads, seqlen_q, headdim) with layout="bhsd"; this rank's queries.
+        k: (batch_size, seqlen_k, nheads_k, headdim) in the same layout; this rank's keys.
+            seqlen_k may differ from seqlen_q (a KV cache) and from other ranks' lengths;
+            nheads must be a multiple of nheads_k (GQA/MQA).
+        v: (batch_size, seqlen_k, nheads_k, headdim_v) in the same layout.
+        group: the ring's process group; None: the default (world) group.
+        layout: "bshd" or "bhsd" (or a `Layout`).
+        softmax_scale: float. Default 1 / sqrt(headdim).
+        causal: bool. Causal attention over zigzag shards (rank r holds chunks r and 2N-1-r of
+            2N): cut them with `tokenring_xdit.shard(x, group, causal=True)` (or yunchang's
+            EXTRACT_FUNC_DICT["token_ring"]), or pass `positions`.
+        kernel: a name from `kernels.KERNELS`, "auto", or a callable
+            (q, k, v, scale, layout) -> (out, lse fp32); a `KeyedKernel` names itself for the
+            CUDA-graph cache, a plain callable needs `kernel_key` to be graphed.
+        final_chunks: int. Pieces of the last partial's return (overrides config's).
+        joint_kv: (key, value), extra K/V (xDiT's joint text tokens) of shape
+            (batch_size, seqlen_j, nheads_k, headdim[_v]) that this rank's own queries attend
+            exactly once, joined before ("front") or after ("rear", `joint_strategy`) the local
+            K/V in the step-0 block. Inference only.
+        cuda_graph: bool. Replay a CUDA graph per input signature (overrides config's).
+        config: a `RingConfig`; None: the environment's (`tokenring_xdit.config`).
+        deterministic: bool. Training path only: a deterministic backward pair.
+        positions: (seqlen_q,) or (batch_size, seqlen_q) int, the global token positions of
+            this shard: the proof of a causal call's zigzag layout.
+        cu_seqlens: (num_docs + 1,) int offsets of packed documents in the WHOLE global
+            sequence (0, ..., S; flash-attn's convention), equal on every rank; keep them on
+            the CPU (read on the host). Attention stays inside each document.
+        position_ids: (seqlen_q,) or (batch_size, seqlen_q) int, this shard's per-document
+            positions that restart at 0 where a document starts (transformers' packed
+            batches); every rank learns the same documents from them in the input check.
 
-    Packed documents (attention stays inside each document; causal inside it when causal):
-    `cu_seqlens`, the int offsets of the documents in the WHOLE global sequence (0, ..., S;
-    flash-attn's convention; keep them on the CPU: they are read on the host), equal on every
-    rank; or `position_ids`, this shard's per-document positions that restart at 0 where a
-    document starts (transformers' packed batches), from which every rank learns the same
-    documents in the input check. Causal shards are zigzag shards as above; non-causal ones the
-    contiguous shards in rank order. K/V must be the query's tokens; one layout for the batch.
-    Blocks whose tiles share no document are skipped (ring/documents.py). Packed calls always
-    run the block-schedule path; `kernel` may also be "masked" or "flash_varlen" there.
+    Returns:
+        out: same shape and dtype as q, with headdim_v as its last dim.
+        lse: (batch_size, nheads, seqlen_q) float32, the log-sum-exp of each query's scores.
 
-    Under torch.compile the call is one opaque operator (`compiled.py`; `kernel` by name only;
-    packed documents are not traced yet: they raise there).
+    causal=True and inputs that require grad run the differentiable block-schedule path
+    (`function.train_attn`). Packed documents: non-causal shards are the contiguous shards in
+    rank order, causal ones zigzag shards; K/V must be the query's tokens; batch size 1 (one
+    layout for the batch); blocks whose tiles share no document are skipped
+    (ring/documents.py); `kernel` may also be "masked" or "flash_varlen" there. Under
+    torch.compile the call is one opaque operator (`compiled.py`; `kernel` by name only; packed
+    documents raise there).
     """
     if torch.compiler.is_compiling():  # Dynamo is tracing: the ring becomes one graph node
         if cu_seqlens is not None or position_ids is not None:
