@@ -17,6 +17,7 @@ import functools
 import pytest
 
 from tests.harness import run_ranks, values
+from tests.reference import exact_attention, exact_grads
 
 FP32_TOL = 2e-5  # fp32 ring vs fp64 exact, and compiled vs eager (Inductor reorders fp32 math)
 H, HK, D = 4, 2, 8
@@ -32,18 +33,6 @@ def _inputs(torch, n, s, seed, heads=H, kv_heads=H, d=D):
     v = torch.randn(1, s * n, kv_heads, d, generator=gen, dtype=torch.float64)
     do = torch.randn(1, s * n, heads, d, generator=gen, dtype=torch.float64)
     return q, k, v, do
-
-
-def _exact(torch, q, k, v, do, causal):
-    """fp64 attention over the whole sequence, and its gradients."""
-    q, k, v = (x.clone().requires_grad_() for x in (q, k, v))
-    g = q.shape[2] // k.shape[2]
-    kk, vv = (x.repeat_interleave(g, dim=2) for x in (k, v))
-    out = torch.nn.functional.scaled_dot_product_attention(
-        q.transpose(1, 2), kk.transpose(1, 2), vv.transpose(1, 2), is_causal=causal
-    ).transpose(1, 2)
-    out.backward(do)
-    return out.detach(), q.grad, k.grad, v.grad
 
 
 def _run(fn, q, k, v, do, train):
@@ -108,7 +97,7 @@ def _core(rank, n):
     results, s = {}, 8  # local length (a zigzag shard: two halves of 4)
     for i, (name, fn, causal, kv_heads, train, c) in enumerate(_case_matrix(rank, n)):
         q, k, v, do = _inputs(torch, n, s, seed=i, kv_heads=kv_heads)
-        exact = _exact(torch, q, k, v, do, causal)
+        exact = exact_grads(q, k, v, do, causal=causal)
         mine = [shard(x, causal=causal) for x in (q, k, v, do)]  # declares the zigzag split
         ref = tuple(c * shard(x, causal=causal) for x in exact)[: 4 if train else 1]
         eager = _run(fn, *mine, train)
@@ -149,7 +138,7 @@ def _dynamic(rank, n):
     err = 0.0
     for s, seed in ((6, 40), (10, 41)):
         q, k, v, do = _inputs(torch, n, s, seed)
-        ref = _exact(torch, q, k, v, do, False)[0][:, rank * s : (rank + 1) * s]
+        ref = exact_attention(q, k, v)[0][:, rank * s : (rank + 1) * s]
         mine = [x[:, rank * s : (rank + 1) * s] for x in (q, k, v)]
         with torch.no_grad():
             out = compiled(*(x.float() for x in mine))

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from tests.harness import run_ranks
+from tests.reference import exact_attention
 from tokenring_xdit.tools.launch import launch_outcomes
 
 GROUP_TIMEOUT_S = 6  # the ring group's timeout in these launches
@@ -28,9 +29,9 @@ def _qkv(torch, *, s=16, kv=24, h=2, d=32, seed=0, device="cpu"):
 
 
 def _exact(torch, qs, ks, vs, scale=None):
-    gq, gk, gv = (torch.cat(x, dim=1).transpose(1, 2).double() for x in (qs, ks, vs))
-    out = torch.nn.functional.scaled_dot_product_attention(gq, gk, gv, scale=scale)
-    return out.transpose(1, 2)
+    """fp64 attention of the ranks' shards joined in rank order (tests/reference.py)."""
+    joined = (torch.cat(x, dim=1) for x in (qs, ks, vs))
+    return exact_attention(*joined, scale=scale)[0]
 
 
 def _set_timeout(dist, seconds: int) -> None:

@@ -13,6 +13,7 @@ import functools
 import pytest
 
 from tests.harness import run_ranks, values
+from tests.reference import exact_attention
 
 WORLD_SIZES = [1, 2, 3, 4]
 # Local lengths per ring rank (first N used): uneven, and K/V longer than Q (a KV cache).
@@ -158,7 +159,6 @@ def _expected_traffic(case, n):
 def _run_cases(rank, n, cases):
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
 
     from tokenring_xdit.ring import COUNTERS, setup_token_ring_group, token_ring_attn
 
@@ -177,8 +177,7 @@ def _run_cases(rank, n, cases):
             joint = tuple(x.to(dtype).double() for x in joint)
             all_k, all_v = torch.cat([gk, joint[0]], dim=2), torch.cat([gv, joint[1]], dim=2)
         scale = case["scale"] if case["scale"] is not None else d**-0.5
-        ref_out = F.scaled_dot_product_attention(gq, all_k, all_v, scale=scale)
-        ref_lse = torch.logsumexp((gq @ all_k.transpose(-1, -2)) * scale, dim=-1)
+        ref_out, ref_lse = exact_attention(gq, all_k, all_v, scale=scale, layout="bhsd")
         ref_out = ref_out[:, :, q0 : q0 + q_lens[rank]]
         ref_lse = ref_lse[:, :, q0 : q0 + q_lens[rank]]
 
@@ -354,7 +353,6 @@ def _calls(rank, n, calls, kernel="auto"):
     """Several ring calls in a row; calls = [(q_lens, kv_lens), ...]. Max error of each call."""
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
 
     from tokenring_xdit.ring import setup_token_ring_group, token_ring_attn
 
@@ -367,7 +365,7 @@ def _calls(rank, n, calls, kernel="auto"):
             torch.randn(1, 2, sum(kv_lens), 64, generator=gen, dtype=torch.float64) for _ in "kv"
         )
         q0, k0 = sum(q_lens[:rank]), sum(kv_lens[:rank])
-        ref = F.scaled_dot_product_attention(gq, gk, gv)[:, :, q0 : q0 + q_lens[rank]]
+        ref = exact_attention(gq, gk, gv, layout="bhsd")[0][:, :, q0 : q0 + q_lens[rank]]
         q = gq[:, :, q0 : q0 + q_lens[rank]].float()
         k, v = (x[:, :, k0 : k0 + kv_lens[rank]].float() for x in (gk, gv))
         with torch.no_grad():

@@ -18,6 +18,7 @@ import sys
 import pytest
 
 from tests.harness import run_ranks, values
+from tests.reference import exact_grads
 
 WORLD_SIZES = [1, 2, 3, 4]
 FP32_TOL = 2e-5
@@ -107,9 +108,7 @@ def _run_case(case, rank, n, torch):
     (q, k, v, do), q_pos, kv_pos = _shards(case, n)
     # reference on the same rounded inputs the ring gets
     q, k, v, do = (x.to(dtype).double() for x in (q, k, v, do))
-    ref_in = [x.clone().requires_grad_() for x in (q, k, v)]
-    ref = torch.nn.functional.scaled_dot_product_attention(*ref_in, is_causal=case["causal"])
-    ref.backward(do)
+    ref, *ref_grads = exact_grads(q, k, v, do, causal=case["causal"], layout="bhsd")
     bshd = case["layout"] == "bshd"
 
     def local(x, pos):  # (b, h, S, d) -> this rank's shard in the case's layout
@@ -135,10 +134,10 @@ def _run_case(case, rank, n, torch):
     out.backward(local(do, q_pos))
     bwd = dict(COUNTERS.__dict__, by_peer=dict(COUNTERS.by_peer))
     grads = qkv.grad.unbind(2) if case["packed"] else (ql.grad, kl.grad, vl.grad)
-    errs = {"out": (out.double() - local(ref.detach(), q_pos).double()).abs().max().item()}
-    for name, g, r, p in zip(("dq", "dk", "dv"), grads, ref_in, (q_pos, kv_pos, kv_pos),
+    errs = {"out": (out.double() - local(ref, q_pos).double()).abs().max().item()}
+    for name, g, r, p in zip(("dq", "dk", "dv"), grads, ref_grads, (q_pos, kv_pos, kv_pos),
                              strict=True):  # fmt: skip
-        errs[name] = (g.double() - local(r.grad, p).double()).abs().max().item()
+        errs[name] = (g.double() - local(r, p).double()).abs().max().item()
     return {"errs": errs, "fwd": fwd, "bwd": bwd, "dtype_ok": out.dtype == dtype}
 
 
@@ -224,28 +223,24 @@ def _hybrid(rank, world_size, torch):
 
     errs = {}
     for causal in (True, False):
-        ref_in = [x.clone().requires_grad_() for x in (q, k, v)]
-        ref = torch.nn.functional.scaled_dot_product_attention(
-            *(x.transpose(1, 2) for x in ref_in), is_causal=causal
-        ).transpose(1, 2)
-        ref.backward(do)
+        ref, *ref_grads = exact_grads(q, k, v, do, causal=causal)
         layer = LongContextAttention(ring_impl_type="token_ring", attn_type=AttnType.TORCH_MATH)
         loc = [shard(x).float().requires_grad_() for x in (q, k, v)]
         out = layer(*loc, causal=causal)
         out.backward(shard(do).float())
         tag = "causal" if causal else "noncausal"
-        errs[tag] = {"out": (out.double() - shard(ref.detach())).abs().max().item()}
-        for name, x, r in zip(("dq", "dk", "dv"), loc, ref_in, strict=True):
-            errs[tag][name] = (x.grad.double() - shard(r.grad)).abs().max().item()
+        errs[tag] = {"out": (out.double() - shard(ref)).abs().max().item()}
+        for name, x, r in zip(("dq", "dk", "dv"), loc, ref_grads, strict=True):
+            errs[tag][name] = (x.grad.double() - shard(r)).abs().max().item()
         packed = LongContextAttentionQKVPacked(
             ring_impl_type="token_ring", attn_type=AttnType.TORCH_MATH
         )
         qkv = torch.stack([shard(x).float() for x in (q, k, v)], dim=2).requires_grad_()
         out = packed(qkv, causal=causal)
         out.backward(shard(do).float())
-        errs[tag + "-packed"] = {"out": (out.double() - shard(ref.detach())).abs().max().item()}
-        for i, (name, r) in enumerate(zip(("dq", "dk", "dv"), ref_in, strict=True)):
-            err = (qkv.grad[:, :, i].double() - shard(r.grad)).abs().max().item()
+        errs[tag + "-packed"] = {"out": (out.double() - shard(ref)).abs().max().item()}
+        for i, (name, r) in enumerate(zip(("dq", "dk", "dv"), ref_grads, strict=True)):
+            err = (qkv.grad[:, :, i].double() - shard(r)).abs().max().item()
             errs[tag + "-packed"][name] = err
     return errs
 

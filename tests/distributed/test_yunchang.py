@@ -11,14 +11,7 @@ from __future__ import annotations
 import torch
 
 from tests.harness import run_ranks, values
-
-
-def _exact(q, k, v):
-    """Full-sequence attention in one process, fp64, (b, s, h, d)."""
-    out = torch.nn.functional.scaled_dot_product_attention(
-        *(x.transpose(1, 2).double() for x in (q, k, v))
-    )
-    return out.transpose(1, 2)
+from tests.reference import exact_attention
 
 
 def _cpu_processor(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, **_):
@@ -45,7 +38,7 @@ def _hybrid_worker(rank, world_size, ulysses, ring, use_low):
     gen = torch.Generator().manual_seed(1234)
     b, s, h, d = 2, 16 * world_size, 2 * ulysses, 72
     q, k, v = (torch.randn(b, s, h, d, generator=gen) for _ in range(3))
-    ref = _exact(q, k, v)
+    ref = exact_attention(q, k, v)[0]  # full sequence, fp64, (b, s, h, d)
 
     def shard(x):
         return EXTRACT_FUNC_DICT["token_ring"](x, rank, world_size=world_size, rd=ring, ud=ulysses)

@@ -37,18 +37,11 @@ def _make(layout: Layout, b, s_q, s_k, h, d, dtype, seed=0):
     return tuple(layout.from_bhsd(x).to(dtype).contiguous() for x in (q, k, v))
 
 
-def _exact(q, k, v, layout, scale):
-    qb, kb, vb = (layout.to_bhsd(x).double() for x in (q, k, v))
-    scores = (qb @ kb.transpose(-1, -2)) * scale
-    out = torch.softmax(scores, dim=-1) @ vb
-    return layout.from_bhsd(out), torch.logsumexp(scores, dim=-1)
-
-
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda x: x.name)
 @pytest.mark.parametrize("d", [64, 72, 128])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("s_q,s_k", [(37, 37), (19, 83), (70, 5)])
-def test_cpu_flash_matches_math(layout, d, dtype, s_q, s_k):
+def test_cpu_flash_matches_math(layout, d, dtype, s_q, s_k, reference):
     b, h = 2, 3
     q, k, v = _make(layout, b, s_q, s_k, h, d, dtype, seed=d + s_q)
     scale = d**-0.5
@@ -64,7 +57,7 @@ def test_cpu_flash_matches_math(layout, d, dtype, s_q, s_k):
     _assert_near(out_f, out_m, tol_out, rtol_out, f"{what}: cpu_flash vs math out")
     _assert_near(lse_f, lse_m, tol_lse, 0.0, f"{what}: cpu_flash vs math lse")
     # and both against fp64 attention of the same (rounded) inputs
-    ref_out, ref_lse = _exact(q, k, v, layout, scale)
+    ref_out, ref_lse = reference.exact_attention(q, k, v, scale=scale, layout=layout.name)
     for name, out, lse in (("cpu_flash", out_f, lse_f), ("math", out_m, lse_m)):
         _assert_near(out, ref_out, tol_out, rtol_out / 2, f"{what}: {name} out vs fp64")
         _assert_near(lse, ref_lse, tol_lse, 0.0, f"{what}: {name} lse vs fp64")

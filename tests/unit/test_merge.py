@@ -32,16 +32,6 @@ def _ref_scores(q, k, layout, scale):
     return (qb @ kb.transpose(-1, -2)) * scale
 
 
-def _exact(q, k, v, layout, scale):
-    """Attention over all keys in float64 (out in `layout`, lse (b, h, s)).
-
-    Not the `math` kernel: that one computes in fp32 whatever the input dtype.
-    """
-    scores = _ref_scores(q, k, layout, scale)
-    out = torch.softmax(scores, dim=-1) @ layout.to_bhsd(v).double()
-    return layout.from_bhsd(out), torch.logsumexp(scores, dim=-1)
-
-
 def _check(out, lse, ref_out, ref_lse, what, tol=1e-6):
     """fp32 results vs the fp64 reference: |err| <= tol * (1 + |ref|), numbers in the message."""
     assert out.shape == ref_out.shape, (what, out.shape, ref_out.shape)
@@ -59,11 +49,11 @@ def _check(out, lse, ref_out, ref_lse, what, tol=1e-6):
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda x: x.name)
 @pytest.mark.parametrize("pieces", [1, 2, 3, 5])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_merge_of_key_blocks_equals_full_attention(layout, pieces, seed):
+def test_merge_of_key_blocks_equals_full_attention(layout, pieces, seed, reference):
     b, s_q, s_k, h, d = 2, 13, 61, 3, 32
     q, k, v = _make(layout, b, s_q, s_k, h, d, seed=seed)
     scale = d**-0.5
-    ref_out, ref_lse = _exact(q, k, v, layout, scale)
+    ref_out, ref_lse = reference.exact_attention(q, k, v, scale=scale, layout=layout.name)
     # the same full-key attention through the fp32 math kernel (no merge) agrees too
     full_out, full_lse = math_kernel(q, k, v, scale, layout)
     _check(full_out, full_lse, ref_out, ref_lse, f"{layout.name} unsplit math kernel")
@@ -104,12 +94,12 @@ def test_lse_equals_logsumexp_of_full_scores(layout):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda x: x.name)
-def test_seq_slice_updates_only_their_queries(layout):
+def test_seq_slice_updates_only_their_queries(layout, reference):
     """The final-chunk path: a partial covering queries [a, b) merges into that slice only."""
     b, s_q, s_k, h, d = 2, 17, 50, 2, 24
     q, k, v = _make(layout, b, s_q, s_k, h, d, seed=5)
     scale = d**-0.5
-    ref_out, ref_lse = _exact(q, k, v, layout, scale)
+    ref_out, ref_lse = reference.exact_attention(q, k, v, scale=scale, layout=layout.name)
     split = 30
     k0, k1 = torch.split(k, [split, s_k - split], layout.seq_dim)
     v0, v1 = torch.split(v, [split, s_k - split], layout.seq_dim)
@@ -131,7 +121,7 @@ def test_seq_slice_updates_only_their_queries(layout):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda x: x.name)
-def test_bf16_blocks_accumulate_in_fp32(layout):
+def test_bf16_blocks_accumulate_in_fp32(layout, reference):
     b, s_q, s_k, h, d = 1, 11, 48, 2, 64
     q, k, v = _make(layout, b, s_q, s_k, h, d, dtype=torch.bfloat16, seed=7)
     scale = d**-0.5
@@ -153,7 +143,7 @@ def test_bf16_blocks_accumulate_in_fp32(layout):
     assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
     out32, _ = merge.result(torch.float32)
     assert out32.dtype == torch.float32
-    ref_out, ref_lse = _exact(q, k, v, layout, scale)
+    ref_out, ref_lse = reference.exact_attention(q, k, v, scale=scale, layout=layout.name)
     err_out = (out.double() - ref_out).abs().max().item()
     err_lse = (lse.double() - ref_lse).abs().max().item()
     assert err_out <= 2e-2, f"bf16 merged out vs fp64 reference: {err_out:.3g} > 2e-2"
