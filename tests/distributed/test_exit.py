@@ -9,8 +9,8 @@ finalisation and one of them, dropping the last reference to the finished collec
 killed taking the GIL. Without destroy_process_group the same race exists in plain torch;
 TokenRing's exit hook destroys a gloo default group the program left (ring/comm/groups.py).
 Each program is launched several times (the race is timing-dependent);
-benchmarks/exit_launches.py runs the 100-launch version of PROGRAM. tests/gpu/test_gpu_exit.py
-launches the same programs on 2 GPUs over NCCL.
+benchmarks/diagnostics/exit_launches.py runs the 100-launch version of PROGRAM.
+tests/gpu/test_gpu_exit.py launches the same programs on 2 GPUs over NCCL.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def program(backend: str = "gloo", mode: str = "infer", last: str | None = None,
     return TEMPLATE.format(backend=backend, mode=mode, last=last, destroy=destroy)
 
 
-# set-up, calls, no destroy: the program benchmarks/exit_launches.py launches
+# set-up, calls, no destroy: the program benchmarks/diagnostics/exit_launches.py launches
 PROGRAM = program()
 
 # (mode, last collective, destroy): the programs a user writes, each launched LAUNCHES times

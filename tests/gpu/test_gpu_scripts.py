@@ -72,12 +72,14 @@ def _launches() -> dict[str, Launch]:
             "benchmarks/profile_ring_call.py", ("--shapes", "pixart:4096", "--out", "{tmp}/p.json")
         ),
         "final_chunks": Launch(
-            "benchmarks/final_chunks.py",
+            "benchmarks/diagnostics/final_chunks.py",
             ("--chunks", "1", "2", "--max-tokens", "4608", "--out", "{tmp}/f.json"),
         ),
-        "nccl_peers": Launch("benchmarks/nccl_peers.py", ("--out", "{tmp}/n.json")),
-        "diag_graph_replay": Launch("benchmarks/diag_graph_replay.py", ("--out", "{tmp}/d.json")),
-        "diag_fp32_bshd": Launch("benchmarks/diag_fp32_bshd.py"),
+        "nccl_peers": Launch("benchmarks/diagnostics/nccl_peers.py", ("--out", "{tmp}/n.json")),
+        "diag_graph_replay": Launch(
+            "benchmarks/diagnostics/diag_graph_replay.py", ("--out", "{tmp}/d.json")
+        ),
+        "diag_fp32_bshd": Launch("benchmarks/diagnostics/diag_fp32_bshd.py"),
         "e2e_pipeline": Launch(
             "benchmarks/e2e_pipeline.py",
             (

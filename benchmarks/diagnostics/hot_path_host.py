@@ -1,6 +1,7 @@
 """Host time of the per-call work a graphed TokenRing call does besides the replay, old vs new.
 
-    python benchmarks/hot_path_host.py --out $OUT/hot_path_host.json   # with PYTHONPATH=<checkout>
+    # with PYTHONPATH=<checkout>:
+    python benchmarks/diagnostics/hot_path_host.py --out $OUT/hot_path_host.json
 
 Runs 2 gloo ranks on CPU (the host side is the same whatever the device) at the smallest sweep
 shape (PixArt 1024 px: 16 x 72, 4096 tokens), validate "signature" (what NCCL rings use), and

@@ -9,7 +9,8 @@ Two processes on cuda:0 (gloo world group, CUDA IPC for data):
    other process's IPC buffer running beside it in the other process, then with the copy on a
    side stream of the attention's own process (the situation of a real ring rank).
 
-python benchmarks/ipc_overlap.py --out docs/benchmarks/session5/ipc_overlap_1xH100.json
+python benchmarks/diagnostics/ipc_overlap.py \
+    --out docs/benchmarks/one_gpu_ipc_training/ipc_overlap_1xH100.json
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Launch the set-up + calls + no-destroy program of tests/distributed/test_exit.py many times
 and count exit codes (issue: a correct program must never abort at exit).
 
-    python benchmarks/exit_launches.py --launches 100 \
-        --out docs/benchmarks/session5/exit_launches.json
+    python benchmarks/diagnostics/exit_launches.py --launches 100 \
+        --out docs/benchmarks/one_gpu_ipc_training/exit_launches.json
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.distributed.test_exit import PROGRAM, launch  # noqa: E402
 
 

@@ -1,6 +1,6 @@
 """Diagnostic: do replayed TokenRing CUDA graphs give the eager answer, at every ring size?
 
-  torchrun --nproc_per_node=4 benchmarks/diag_graph_replay.py [--out FILE.json]
+  torchrun --nproc_per_node=4 benchmarks/diagnostics/diag_graph_replay.py [--out FILE.json]
 For each case (kernel, head size, layout, merge, ring size, piece count) it makes fresh random
 bf16 inputs per call, runs `token_ring_attn` graphed (call 0 = eager warm-up + capture, calls
 1.. = replays) and eager on the same inputs, and prints the worst |graphed - eager| and

@@ -1,6 +1,6 @@
 """Why cuDNN's backward looked wrong with the O stand-in: plan cache vs stand-in values.
 
-    python benchmarks/diag_cudnn_backward.py --out diag_cudnn_backward.json
+    python benchmarks/diagnostics/diag_cudnn_backward.py --out diag_cudnn_backward.json
 
 torch caches cuDNN's backward plan under q/k/v's shapes and strides only, while the plan also
 bakes in the strides of O and dO. Each scenario below uses its own sequence length (so its own
@@ -12,7 +12,7 @@ relative max error of dq/dk/dv vs fp64 autograd (b 2, h 4, d 128):
   same footprint, other strides), the next ones pass the dense X, the dense real O, and X with
   the permuted strides (a first version used O/dO sliced from a longer tensor: the reused plan
   then read past the dense tensors, an illegal memory access, see
-  docs/benchmarks/session5/diag_cudnn_backward_stale_plan_1xH100.txt);
+  docs/benchmarks/one_gpu_ipc_training/diag_cudnn_backward_stale_plan_1xH100.txt);
 - pair_standin_after_permuted: the `cudnn` pair (stand-in, out=None) on a key that a raw call
   with permuted O/dO planned first (torch's cache is process-wide: the pair cannot undo that);
 - dense_o_then_standin: real O (dense) first, then X with the same strides;

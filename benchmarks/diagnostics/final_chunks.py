@@ -1,7 +1,7 @@
 """How many pieces should the last partial's return be cut into? One graphed TokenRing call per
 `final_chunks` value, same inputs, ms per call (the slowest rank's).
 
-  torchrun --nproc_per_node=N benchmarks/final_chunks.py --out $OUT/final_chunks.json
+  torchrun --nproc_per_node=N benchmarks/diagnostics/final_chunks.py --out $OUT/final_chunks.json
 `default` in each row is the piece count a call without `final_chunks` used when it ran (the
 rule of sessions 1-3: one piece per 1024 local queries, at most 4; since then 1, or
 TOKENRING_XDIT_FINAL_CHUNKS). Shapes and timing as in ring_sweep.py.
@@ -13,13 +13,17 @@ import argparse
 import functools
 import json
 import os
+import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from ring_sweep import SHAPES, time_ms
 
 from tokenring_xdit import config
 from tokenring_xdit.ring import setup_token_ring_group, token_ring_attn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the sweep's shapes
+from ring_sweep import SHAPES, time_ms  # noqa: E402
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """What the per-call input check costs: `validate="always"` vs the per-signature cache.
 
-    python benchmarks/check_cost.py --out $OUT/check_cost.json
+    python benchmarks/diagnostics/check_cost.py --out $OUT/check_cost.json
 
 The check of an NCCL ring runs on a CPU (gloo) communicator of the same ranks: its cost is host
 time, the same whatever device the tensors are on, so it is measured here on N CPU processes
@@ -68,7 +68,7 @@ def _worker(rank: int, n: int, report) -> dict:
 
 def _call_ms(n: int) -> dict:
     """Committed TokenRing call times (ms) at the two shapes, graph replay, NVLink."""
-    path = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
+    path = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
     file = path / ("sweep_2xH200_nvlink.json" if n == 2 else "sweep_4xH200_nvlink.json")
     if not file.exists():
         return {}

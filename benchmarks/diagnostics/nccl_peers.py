@@ -6,7 +6,7 @@ This measures, per message size, the bandwidth of:
   one_peer_both_ways r -> r+1 and r+1 -> r at once (ring attention at N = 2)
   two_peers          r -> r+1 and r -> r-1 at once (TokenRing's pattern at N >= 3)
   two_peers_two_comms  the same with the second transfer on its own communicator
-Launch: torchrun --nproc_per_node=N benchmarks/nccl_peers.py --out $OUT/nccl_peers.json
+Launch: torchrun --nproc_per_node=N benchmarks/diagnostics/nccl_peers.py --out $OUT/nccl_peers.json
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def main() -> None:
             "gpu": torch.cuda.get_device_name(),
             "torch": torch.__version__,
             "nccl_p2p_disable": os.environ.get("NCCL_P2P_DISABLE", "0"),
-            "command": f"torchrun --nproc_per_node={n} benchmarks/nccl_peers.py",
+            "command": f"torchrun --nproc_per_node={n} benchmarks/diagnostics/nccl_peers.py",
         }
         with open(args.out, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)

@@ -1,6 +1,6 @@
 """Diagnostic for the fp32 (b, s, h, d) CUDA discrepancy of session 1 (docs/performance.md).
 
-  [DIAG_ADMIT_FP32=0] torchrun --nproc_per_node=N benchmarks/diag_fp32_bshd.py
+  [DIAG_ADMIT_FP32=0] torchrun --nproc_per_node=N benchmarks/diagnostics/diag_fp32_bshd.py
 Prints TokenRing's max |err| vs fp64 exact attention per rank for fused merge on/off, CUDA graph
 on/off, both layouts, fp32 and bf16, uneven local lengths. On 2xH200 (2026-11-22) rank 1 showed
 2.8e-2..3.8e-2 for fp32 bshd wherever the Triton merge ran; every other line was <= 1.5e-3

@@ -1,0 +1,71 @@
+"""The benchmarks users run, by name: `python -m benchmarks <name> [args]` (or, for the multi-GPU
+ones, `torchrun --nproc_per_node=N -m benchmarks <name> [args]`); `python -m benchmarks` lists
+them. Each entry is a script of this folder that also runs by path. One-off diagnostics that a
+committed result depends on are under diagnostics/ (run them by path). Not part of the installed
+package; README.md's table is `table_markdown()` (tests/unit/test_benchmarks_entry.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+# name -> (how it is launched, what it measures)
+SWEEPS: dict[str, tuple[str, str]] = {
+    "ring_sweep": (
+        "torchrun",
+        "one attention call vs tokens: TokenRing vs xDiT's/yunchang's rings and ulysses, time "
+        "and exactness (docs/benchmarks/sweep_*.json; `plan --validate` scores them)",
+    ),
+    "train_sweep": (
+        "torchrun",
+        "forward + backward per attention call, causal and non-causal: TokenRing vs yunchang's "
+        "rings, torch's templated ring and ulysses (`--check`: gradients vs exact)",
+    ),
+    "e2e_pipeline": (
+        "torchrun",
+        "end-to-end denoising latency of random-weight PixArt / Flux: one GPU vs xDiT's ring vs "
+        "TokenRing, same weights and seed",
+    ),
+    "profile_ring_call": (
+        "torchrun",
+        "where one TokenRing call's time goes: kernel time by kind vs the kernels alone",
+    ),
+    "packed_varlen": (
+        "python",
+        "packed documents on one GPU: which block kernel, and what one ring rank costs",
+    ),
+    "replay_rank": (
+        "python",
+        "one rank's training work at ring N replayed on one GPU vs whole-sequence cuDNN / N",
+    ),
+    "train_ring1": (
+        "python",
+        "ring degree 1 forward + backward: TokenRing's training path vs SDPA cuDNN and flash",
+    ),
+    "calibrate_blocks": (
+        "python",
+        "per-block kernel times for the planner's calibration table (one GPU, < 4 minutes)",
+    ),
+    "derive_planner_data": (
+        "python",
+        "rewrites tokenring_xdit/planner/data/ from the committed measurements (no GPU)",
+    ),
+    "plot_sweep": ("python", "plots ring_sweep results: time per call and efficiency vs tokens"),
+    "plot_e2e": ("python", "plots e2e_pipeline results: seconds per image per setting"),
+    "plot_train_speed": ("python", "plots train_ring1 and replay_rank results side by side"),
+}
+
+
+def script(name: str) -> Path:
+    return HERE / f"{name}.py"
+
+
+def table_markdown() -> str:
+    """benchmarks/README.md's table of the entries."""
+    rows = ["| name | launch | what it measures |", "|---|---|---|"]
+    for name, (launch, what) in SWEEPS.items():
+        how = "torchrun --nproc_per_node=N -m" if launch == "torchrun" else "python -m"
+        rows.append(f"| `{name}` | `{how} benchmarks {name}` | {what} |")
+    return "\n".join(rows) + "\n"
