@@ -87,27 +87,27 @@ def _subparser(parser: argparse.ArgumentParser, name: str | None) -> argparse.Ar
     return parser
 
 
+def _lazy(module: str, run: str = "run") -> tuple[Callable, Callable]:
+    """(add_arguments, run) of a subcommand whose module loads only when its parser is built
+    (argparse-only at import: torch, numpy, rich load when it runs)."""
+    import importlib
+
+    def load():
+        return importlib.import_module(module, __package__)
+
+    return (
+        lambda parser: load().add_arguments(parser),
+        lambda args: getattr(load(), run)(args),
+    )
+
+
 # ---------------------------------------------------------------------------------------- demo
-
-
-def _add_demo_args(parser: argparse.ArgumentParser) -> None:
-    from . import demo_cli  # argparse only at import time; torch loads when it runs
-
-    demo_cli.add_arguments(parser)
-
-
-def _run_demo(args: argparse.Namespace) -> int:
-    from . import demo_cli
-
-    return demo_cli.run(args)
-
 
 SUBCOMMANDS.append(
     (
         "demo",
         "time TokenRing, yunchang's ring and exact attention on local ranks (random tensors)",
-        _add_demo_args,
-        _run_demo,
+        *_lazy(".demo_cli"),
     )
 )
 
@@ -138,43 +138,16 @@ SUBCOMMANDS.append(
 
 # ---------------------------------------------------------------------------------------- plan
 
-
-def _add_plan_args(parser: argparse.ArgumentParser) -> None:
-    from . import plan_cli  # cheap: numpy/scipy load when it runs
-
-    plan_cli.add_arguments(parser)
-
-
-def _run_plan(args: argparse.Namespace) -> int:
-    from . import plan_cli
-
-    return plan_cli.run(args)
-
-
 SUBCOMMANDS.append(
     (
         "plan",
         "predict and rank ulysses x ring splits and ring implementations for a model, sequence "
         "and machine (cost model; --validate checks it against docs/benchmarks/)",
-        _add_plan_args,
-        _run_plan,
+        *_lazy(".plan_cli"),
     )
 )
 
 # ------------------------------------------------------------------------------------- compare
-
-
-def _add_compare_args(parser: argparse.ArgumentParser) -> None:
-    from .compare import add_arguments  # a cheap module: its heavy imports are inside functions
-
-    add_arguments(parser)
-
-
-def _run_compare(args: argparse.Namespace) -> int:
-    from .compare import run_cli
-
-    return run_cli(args)
-
 
 # The first entry is the default subcommand.
 SUBCOMMANDS.insert(
@@ -184,8 +157,7 @@ SUBCOMMANDS.insert(
         "one image three ways (diffusers in 1 process, xDiT's ring, xDiT + TokenRing; with "
         "--host diffusers: diffusers' context-parallel ring and TokenRing): images, difference "
         "maps, PSNR/SSIM report (random-weight PixArt or Flux)",
-        _add_compare_args,
-        _run_compare,
+        *_lazy(".compare", run="run_cli"),
     ),
 )
 
