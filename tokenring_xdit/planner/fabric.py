@@ -1,7 +1,7 @@
 """Links between GPUs: latency + bandwidth per traffic pattern, fitted from NCCL measurements.
 
-`benchmarks/diagnostics/nccl_peers.py` times, per message size, three patterns that are exactly what the
-schedules do:
+`benchmarks/diagnostics/nccl_peers.py` times, per message size, three patterns that are exactly
+what the schedules do:
   one_way     r -> r+1 only (pairs)                         - a single transfer on a quiet link
   ring        r -> r+1 while r-1 -> r (one peer each way)   - K/V rings, all-gather steps, Q alone
   two_peers   r -> r+1 and r -> r-1 at once, one NCCL group - TokenRing's Q + partial, all-to-all
