@@ -456,7 +456,8 @@ SELECT_SCRIPT = textwrap.dedent(
 
     def config(backend):
         runtime = types.SimpleNamespace(attention_backend=backend)
-        return types.SimpleNamespace(runtime_config=runtime)
+        parallel = types.SimpleNamespace(pp_degree=1)  # read by the PipeFusion refusal
+        return types.SimpleNamespace(runtime_config=runtime, parallel_config=parallel)
 
     picks = {}
     # what xfuser's choice reads from the build: a CPU build has no cuDNN, a CUDA build on a
