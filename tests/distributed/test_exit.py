@@ -132,24 +132,28 @@ def _world_outlives_teardown(rank: int, world_size: int, init_file: str) -> list
     import tokenring_xdit as tr
     from tokenring_xdit.ring.comm import groups
 
-    def calls() -> weakref.ref:
+    def calls() -> tuple[weakref.ref, torch.Tensor]:
         q = torch.randn(1, 16, 2, 8)
         tr.token_ring_attn(q, q, q)
         x = tr.shard(torch.randn(1, 16, 2, 8, requires_grad=True), None, causal=True, dim=1)
-        tr.token_ring_attn_func(x, x, x, causal=True).sum().backward()
+        out = tr.token_ring_attn_func(x, x, x, causal=True)
+        out.sum().backward()
         dist.all_gather([torch.empty(1) for _ in range(world_size)], torch.ones(1))
-        return weakref.ref(dist.group.WORLD)
+        # the output stays referenced, as a training script's module-level `out` does: its
+        # autograd node must not keep the group alive (it held the ring: an abort at exit)
+        return weakref.ref(dist.group.WORLD), out
 
     alive = []
-    world = calls()
+    world, kept = calls()
     dist.destroy_process_group()
     gc.collect()
     alive.append(world() is not None)
     dist.init_process_group("gloo", f"file://{init_file}", rank=rank, world_size=world_size)
-    world = calls()
+    world, kept = calls()
     groups._at_exit()  # what interpreter exit runs first
     gc.collect()
     alive.append(world() is not None or dist.is_initialized())
+    del kept
     return alive
 
 

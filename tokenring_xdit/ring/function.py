@@ -9,17 +9,50 @@ exact for any sharding.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
+import torch.distributed as dist
 
 from .backward import block_backward
 from .backward_kernels import KernelPair
 from .block_forward import BlockCall, block_forward
+from .comm.groups import RING_RELEASE_HOOKS
 from .documents import Documents, doc_plan
 from .layout import Layout
 from .ring import Ring
 from .schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
 
 __all__ = ["TokenRingAttention", "train_attn"]
+
+
+class _Held:
+    """The ring a pending backward will use. Released with the ring's communicators
+    (RING_RELEASE_HOOKS): an output kept past destroy_process_group or to interpreter exit must
+    not keep the group, and its gloo threads, alive (they aborted the process at exit: issue 30)."""
+
+    __slots__ = ("ring", "__weakref__")
+
+    def __init__(self, ring: Ring):
+        self.ring: Ring | None = ring
+        _PENDING.add(self)
+
+
+_PENDING: weakref.WeakSet[_Held] = weakref.WeakSet()
+
+
+def _release(group: dist.ProcessGroup | None) -> None:
+    world = dist.group.WORLD if dist.is_initialized() else None
+    for held in list(_PENDING):
+        ring = held.ring
+        if ring is None:
+            continue
+        mine = ring.pos.group if ring.pos.group is not None else world
+        if group is None or mine is None or mine is group:
+            held.ring = None
+
+
+RING_RELEASE_HOOKS.append(_release)
 
 
 class TokenRingAttention(torch.autograd.Function):
@@ -30,15 +63,22 @@ class TokenRingAttention(torch.autograd.Function):
         out, lse = block_forward(call, ring, q_lens, q, k, v)
         ring.finished("forward")
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.call, ctx.ring, ctx.q_lens = call, ring, q_lens
+        ctx.call, ctx.held, ctx.q_lens = call, _Held(ring), q_lens
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = block_backward(ctx.call, ctx.ring, ctx.q_lens, dout, q, k, v, out, lse)
-        ctx.ring.finished("backward")
+        ring = ctx.held.ring
+        if ring is None:
+            raise RuntimeError(
+                "TokenRing backward: the ring's process group was destroyed (or its "
+                "communicators released) after the forward; run backward before "
+                "destroy_process_group"
+            )
+        dq, dk, dv = block_backward(ctx.call, ring, ctx.q_lens, dout, q, k, v, out, lse)
+        ring.finished("backward")
         return dq, dk, dv, None, None, None
 
 

@@ -233,12 +233,17 @@ def describe_peer(comms: RingComms, rank: int) -> str:
 # Called after release_ring_comms drops rings: modules that keep per-group state (the checks'
 # signature cache) forget it, so nothing of ours keeps a destroyed group alive.
 RELEASE_HOOKS: list[Callable[[], None]] = []
+# Called with the group whose ring is released (None: every ring): holders of a ring past the
+# call (a pending backward) let it go, so a kept output cannot keep a destroyed group alive.
+RING_RELEASE_HOOKS: list[Callable[[dist.ProcessGroup | None], None]] = []
 
 
 def release_ring_comms(group: dist.ProcessGroup | None = None) -> None:
     """Destroy the communicators TokenRing made (for `group`'s ring, or every ring's), newest
     first, while torch.distributed is still whole. Safe to call twice; rings made again later
     get fresh communicators."""
+    for hook in RING_RELEASE_HOOKS:
+        hook(group)
     if not dist.is_initialized():
         _COMMS.clear()
         _VIEWS.clear()
