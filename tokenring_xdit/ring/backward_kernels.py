@@ -68,33 +68,53 @@ def _back(layout: Layout, grads) -> tuple[torch.Tensor, ...]:
     return tuple(layout.from_bhsd(g) for g in grads)
 
 
-# --- math: exact, any device (fp32 math; fp64 stays fp64) ---------------------------------
+# --- math: exact, any device (fp32 math; fp64 stays fp64), also under a documents mask ----------
 
 
-def _math_scores(q, k, scale, layout, causal):
+def segments_mask(mask, s_q: int, s_k: int, device) -> torch.Tensor:
+    """(s_q, s_k) bool: True where a query may see a key. `mask`: a bool (top-left causal or
+    all) or packed documents' segments (query run x key run, causal or full: doc_kernels.py)."""
+    if isinstance(mask, bool):
+        full = torch.ones(s_q, s_k, dtype=torch.bool, device=device)
+        return full.tril() if mask else full
+    m = torch.zeros(s_q, s_k, dtype=torch.bool, device=device)
+    for s in mask:
+        block = m[s.q0 : s.q1, s.k0 : s.k1]
+        block.fill_(True)
+        if s.causal:
+            block.tril_()
+    return m
+
+
+def _math_scores(q, k, scale, layout, mask):
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     qb, kb = (layout.to_bhsd(x).to(acc) for x in (q, k))
     scores = (qb @ kb.transpose(-1, -2)) * scale
-    if causal:
-        s_q, s_k = scores.shape[-2:]
-        mask = torch.ones(s_q, s_k, dtype=torch.bool, device=q.device).triu(1)
-        scores = scores.masked_fill(mask, float("-inf"))
+    if mask is not False:
+        allowed = segments_mask(mask, scores.shape[-2], scores.shape[-1], q.device)
+        scores = scores.masked_fill(~allowed, float("-inf"))
     return qb, kb, scores
 
 
-def _math_forward(q, k, v, scale, layout, causal):
-    _, _, scores = _math_scores(q, k, scale, layout, causal)
+def _finite(lse: torch.Tensor) -> torch.Tensor:
+    """lse with -inf rows (no visible key: a packed block's rows outside every document) as 0,
+    so exp(scores - lse) is 0 there, not NaN."""
+    return torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+
+
+def _math_forward(q, k, v, scale, layout, mask):
+    _, _, scores = _math_scores(q, k, scale, layout, mask)
     lse = torch.logsumexp(scores, dim=-1)
-    out = torch.exp(scores - lse.unsqueeze(-1)) @ layout.to_bhsd(v).to(scores.dtype)
+    out = torch.exp(scores - _finite(lse).unsqueeze(-1)) @ layout.to_bhsd(v).to(scores.dtype)
     return layout.from_bhsd(out.to(q.dtype)), lse.float()
 
 
-def _math_backward(dout, q, k, v, out, lse, delta, scale, layout, causal):
+def _math_backward(dout, q, k, v, out, lse, delta, scale, layout, mask):
     if delta is None:
         delta = row_delta(dout, out, layout)
-    qb, kb, scores = _math_scores(q, k, scale, layout, causal)
+    qb, kb, scores = _math_scores(q, k, scale, layout, mask)
     acc = scores.dtype
-    p = torch.exp(scores - lse.to(acc).unsqueeze(-1))
+    p = torch.exp(scores - _finite(lse.to(acc)).unsqueeze(-1))
     dob, vb = layout.to_bhsd(dout).to(acc), layout.to_bhsd(v).to(acc)
     dv = p.transpose(-1, -2) @ dob
     ds = p * (dob @ vb.transpose(-1, -2) - delta.to(acc).unsqueeze(-1))

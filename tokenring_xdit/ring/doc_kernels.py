@@ -21,7 +21,15 @@ from dataclasses import dataclass
 
 import torch
 
-from .backward_kernels import KernelPair, _flash_backward, _flash_forward, _no_rng, row_delta
+from .backward_kernels import (
+    KernelPair,
+    _flash_backward,
+    _flash_forward,
+    _math_backward,
+    _math_forward,
+    _no_rng,
+    segments_mask,
+)
 from .documents import Segment
 from .layout import BHSD, Layout
 from .standin import out_standin_bhsd
@@ -32,61 +40,10 @@ DOC_KERNELS = ("masked", "flash_varlen")
 _HALF = (torch.float16, torch.bfloat16)
 
 
-def segments_mask(mask, s_q: int, s_k: int, device) -> torch.Tensor:
-    """(s_q, s_k) bool: True where a query may see a key (bool mask: top-left causal or all)."""
-    if isinstance(mask, bool):
-        full = torch.ones(s_q, s_k, dtype=torch.bool, device=device)
-        return full.tril() if mask else full
-    m = torch.zeros(s_q, s_k, dtype=torch.bool, device=device)
-    for s in mask:
-        block = m[s.q0 : s.q1, s.k0 : s.k1]
-        block.fill_(True)
-        if s.causal:
-            block.tril_()
-    return m
-
-
 def _empty_result(q, v, layout: Layout):
     b, s_q, h, _ = layout.dims(q)
     out = layout.empty(b, s_q, h, v.shape[3], like=q).zero_()
     return out, torch.full((b, h, s_q), float("-inf"), dtype=torch.float32, device=q.device)
-
-
-# --- masked: exact, any device --------------------------------------------------------------
-
-
-def _masked_scores(q, k, scale, layout, mask):
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-    qb, kb = (layout.to_bhsd(x).to(acc) for x in (q, k))
-    scores = (qb @ kb.transpose(-1, -2)) * scale
-    allowed = segments_mask(mask, scores.shape[-2], scores.shape[-1], q.device)
-    return qb, kb, scores.masked_fill(~allowed, float("-inf"))
-
-
-def _finite(lse: torch.Tensor) -> torch.Tensor:
-    """lse with -inf rows (no visible key) as 0, so exp(scores - lse) is 0 there, not NaN."""
-    return torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
-
-
-def _masked_forward(q, k, v, scale, layout, mask):
-    _, _, scores = _masked_scores(q, k, scale, layout, mask)
-    lse = torch.logsumexp(scores, dim=-1)
-    p = torch.exp(scores - _finite(lse).unsqueeze(-1))
-    out = p @ layout.to_bhsd(v).to(scores.dtype)
-    return layout.from_bhsd(out.to(q.dtype)), lse.float()
-
-
-def _masked_backward(dout, q, k, v, out, lse, delta, scale, layout, mask):
-    if delta is None:
-        delta = row_delta(dout, out, layout)
-    qb, kb, scores = _masked_scores(q, k, scale, layout, mask)
-    acc = scores.dtype
-    p = torch.exp(scores - _finite(lse.to(acc)).unsqueeze(-1))
-    dob, vb = layout.to_bhsd(dout).to(acc), layout.to_bhsd(v).to(acc)
-    dv = p.transpose(-1, -2) @ dob
-    ds = p * (dob @ vb.transpose(-1, -2) - delta.to(acc).unsqueeze(-1))
-    dq, dk = (ds @ kb) * scale, (ds.transpose(-1, -2) @ qb) * scale
-    return tuple(layout.from_bhsd(g.to(x.dtype)) for g, x in ((dq, q), (dk, k), (dv, v)))
 
 
 # --- any dense pair, one call per segment ---------------------------------------------------
@@ -198,7 +155,7 @@ def _varlen_backward(dout, q, k, v, out, lse, delta, scale, layout: Layout, mask
     return dq, dk, dv
 
 
-MASKED = KernelPair("masked", _masked_forward, _masked_backward, True)
+MASKED = KernelPair("masked", _math_forward, _math_backward, True)  # the math pair, masked
 FLASH_VARLEN = KernelPair("flash_varlen", _varlen_forward, _varlen_backward, False)
 
 
