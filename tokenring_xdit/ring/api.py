@@ -136,7 +136,7 @@ def token_ring_attn(
         q, k, v, layout, causal, chunks, scale, digest(family), graphs and not train,
         cfg.validate, joint_kv, positions, *problem, transport=cfg.transport,
         documents=docs, doc_positions=position_ids if cu_seqlens is None else None,
-        timeout=cfg.timeout, kernel_name=_family_name(family),
+        timeout=cfg.timeout, family=family,
     )  # fmt: skip
     ring = agree(spec, pos)  # raises the same error on every rank, or returns the agreed ring
     if train:
@@ -166,13 +166,6 @@ def token_ring_attn(
         result = run_graphed(graph_key, inputs, run, pos.group)
     ring.finished("forward")
     return result
-
-
-def _family_name(family) -> str:
-    """A kernel family as a user would name it (errors only)."""
-    if isinstance(family, tuple) and len(family) == 3 and family[0] == "pair":
-        return f"{family[1]} (training pair{', deterministic' if family[2] else ''})"
-    return str(family)[:120]
 
 
 def _documents(cu_seqlens, position_ids) -> tuple[Documents | None, tuple[Problem, str]]:

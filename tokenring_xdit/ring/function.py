@@ -17,7 +17,7 @@ import torch.distributed as dist
 from .backward import block_backward
 from .backward_kernels import KernelPair
 from .block_forward import BlockCall, block_forward
-from .comm.groups import RING_RELEASE_HOOKS
+from .comm.groups import RELEASE_HOOKS
 from .documents import Documents, doc_plan
 from .layout import Layout
 from .ring import Ring
@@ -28,7 +28,7 @@ __all__ = ["TokenRingAttention", "train_attn"]
 
 class _Held:
     """The ring a pending backward will use. Released with the ring's communicators
-    (RING_RELEASE_HOOKS): an output kept past destroy_process_group or to interpreter exit must
+    (RELEASE_HOOKS): an output kept past destroy_process_group or to interpreter exit must
     not keep the group, and its gloo threads, alive (they aborted the process at exit: issue 30)."""
 
     __slots__ = ("ring", "__weakref__")
@@ -52,7 +52,7 @@ def _release(group: dist.ProcessGroup | None) -> None:
             held.ring = None
 
 
-RING_RELEASE_HOOKS.append(_release)
+RELEASE_HOOKS.append(_release)
 
 
 class TokenRingAttention(torch.autograd.Function):

@@ -32,7 +32,8 @@ def remember(key, value) -> None:
         _CACHE.popitem(last=False)
 
 
-RELEASE_HOOKS.append(_CACHE.clear)  # keys and rings hold their group: let destroyed ones go
+# keys and rings hold their group: let destroyed ones go (every group's: the cache is small)
+RELEASE_HOOKS.append(lambda group: _CACHE.clear())
 
 
 def always(validate: str, device_type: str) -> bool:

@@ -140,7 +140,16 @@ class CallSpec:
     detail: str = ""
     transport: str = "nccl"  # requested (config.TRANSPORTS); the agreed one is Ring.transport
     timeout: float | None = None  # this call's deadline in seconds (RingConfig.timeout)
-    kernel_name: str = ""  # the kernel family in words (errors name it; `kernel` is agreed)
+    family: object = None  # the kernel family (`kernel` is its agreed digest; errors name it)
+
+    @property
+    def kernel_name(self) -> str:
+        """The kernel family as a user would name it (error path only: not worded per call)."""
+        f = self.family
+        if isinstance(f, tuple) and len(f) == 3 and f[0] == "pair":
+            return f"{f[1]} (training pair{', deterministic' if f[2] else ''})"
+        return "" if f is None else str(f)[:120]
+
     documents: Documents | None = None  # packed documents from cu_seqlens (checked by the api)
     doc_positions: torch.Tensor | None = None  # or this rank's position ids that restart
 

@@ -230,24 +230,20 @@ def describe_peer(comms: RingComms, rank: int) -> str:
 # --- teardown --------------------------------------------------------------------------------
 
 
-# Called after release_ring_comms drops rings: modules that keep per-group state (the checks'
-# signature cache) forget it, so nothing of ours keeps a destroyed group alive.
-RELEASE_HOOKS: list[Callable[[], None]] = []
-# Called with the group whose ring is released (None: every ring): holders of a ring past the
-# call (a pending backward) let it go, so a kept output cannot keep a destroyed group alive.
-RING_RELEASE_HOOKS: list[Callable[[dist.ProcessGroup | None], None]] = []
+# Called with the released ring's group (None: every ring) after release_ring_comms drops rings:
+# modules that keep per-group state (the checks' signature cache, a pending backward's ring)
+# forget it, so nothing of ours keeps a destroyed group alive.
+RELEASE_HOOKS: list[Callable[[dist.ProcessGroup | None], None]] = []
 
 
 def release_ring_comms(group: dist.ProcessGroup | None = None) -> None:
     """Destroy the communicators TokenRing made (for `group`'s ring, or every ring's), newest
     first, while torch.distributed is still whole. Safe to call twice; rings made again later
     get fresh communicators."""
-    for hook in RING_RELEASE_HOOKS:
-        hook(group)
     if not dist.is_initialized():
         _COMMS.clear()
         _VIEWS.clear()
-        _forget()
+        _forget(group)
         return
     for ring in reversed(list(_COMMS.keys())):
         if group is not None and ring is not group:
@@ -256,12 +252,12 @@ def release_ring_comms(group: dist.ProcessGroup | None = None) -> None:
         if comms is not None:
             _VIEWS.pop(comms, None)
             _tear_down(comms)
-    _forget()
+    _forget(group)
 
 
-def _forget() -> None:
+def _forget(group: dist.ProcessGroup | None) -> None:
     for hook in RELEASE_HOOKS:
-        hook()
+        hook(group)
 
 
 def _tear_down(comms: RingComms) -> None:
