@@ -28,7 +28,6 @@ import argparse
 import json
 import platform
 import random
-import statistics
 import sys
 from pathlib import Path
 
@@ -37,7 +36,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from replay_rank import LocalRing  # noqa: E402
+from replay_rank import LocalRing, _timed  # noqa: E402
 
 H, HK, D = 32, 8, 128
 
@@ -47,19 +46,6 @@ def _documents(total: int, seed: int) -> list[int]:
     while cu[-1] < total:
         cu.append(min(total, cu[-1] + rng.randint(512, 8192)))
     return cu
-
-
-def _timed(fn, warmup: int, iters: int) -> float:
-    times = []
-    for i in range(warmup + iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        if i >= warmup:
-            times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def _grad_fn(f, ins, do):
