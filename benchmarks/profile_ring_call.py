@@ -7,6 +7,7 @@ other) and compared with the same per-block cuDNN kernels run alone, back to bac
 `attention_inflation` = attention kernel time inside the ring / the same kernels alone: above 1
 the NCCL kernels running beside the attention kernel slow it down (they share SMs and memory).
 `exposed_ms` = call time - attention time inside the ring: what the overlap did not hide.
+`--defer 0 0.5` profiles each shape once per `defer_own` (0: the own block whole at step 0).
 """
 
 from __future__ import annotations
@@ -50,7 +51,10 @@ def _kernel_ms(fn, calls: int) -> dict[str, float]:
     return dict(total)
 
 
-def _profile_shape(group, rank: int, n: int, model: str, heads: int, dim: int, tokens: int):
+def _profile_shape(
+    group, rank: int, n: int, model: str, heads: int, dim: int, tokens: int, defer: float | None
+):
+    from tokenring_xdit.config import current
     from tokenring_xdit.ring import token_ring_attn
     from tokenring_xdit.ring.kernels import KERNELS
     from tokenring_xdit.ring.layout import get_layout
@@ -61,9 +65,10 @@ def _profile_shape(group, rank: int, n: int, model: str, heads: int, dim: int, t
         for _ in range(3)
     )
     lay = get_layout("bhsd")
+    cfg = current() if defer is None else current().replace(defer_own=defer)
 
     def ring():
-        return token_ring_attn(q, k, v, group=group, layout="bhsd", kernel="cudnn")
+        return token_ring_attn(q, k, v, group=group, layout="bhsd", kernel="cudnn", config=cfg)
 
     def blocks_alone():  # the n per-block kernels a rank runs in one ring call
         for _ in range(n):
@@ -79,6 +84,7 @@ def _profile_shape(group, rank: int, n: int, model: str, heads: int, dim: int, t
         tokens=tokens,
         ring=n,
         rank=rank,
+        defer_own=cfg.defer_own,
         call_ms=call_ms,
         kernels_in_ring_ms=in_ring,
         attention_alone_ms=alone.get("attention"),
@@ -92,6 +98,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--shapes", nargs="+", default=["flux:16896", "pixart:16384", "pixart:4096"])
+    ap.add_argument("--defer", nargs="+", type=float, default=[None], help="defer_own values")
     args = ap.parse_args()
     from tokenring_xdit.ring import setup_token_ring_group
 
@@ -102,8 +109,10 @@ def main() -> None:
     setup_token_ring_group(group)
     rows = []
     for model, heads, dim, tokens in SHAPES:
-        if f"{model}:{tokens}" in args.shapes:
-            rows.append(_profile_shape(group, rank, n, model, heads, dim, tokens))
+        if f"{model}:{tokens}" not in args.shapes and "all" not in args.shapes:
+            continue
+        for defer in args.defer:
+            rows.append(_profile_shape(group, rank, n, model, heads, dim, tokens, defer))
             if rank == 0:
                 print(json.dumps(rows[-1]), flush=True)
     if rank == 0:

@@ -12,6 +12,8 @@ Methods (bf16, (b, h, s, d), non-causal, cuDNN per block where the method takes 
   single        one GPU, full sequence; ideal = single / N
   token_ring    tokenring_xdit.token_ring_attn (replayed as a CUDA graph, the default)
   token_ring_eager  the same without CUDA graphs
+  token_ring_whole_own  graphed, the own block whole at step 0 (defer_own=0: the last return
+                    travels in the open; the default holds back half of it to hide that return)
   torch_ag      torch's templated ring, all-gather rotation (xDiT 0.7's default ring_attn)
   torch_a2a     the same with all-to-all rotation
   yunchang_p2p  yunchang ring_flash_attn_func (P2P K/V ring, torch flash kernel; its only CUDA
@@ -68,6 +70,7 @@ def ring_methods(group):
     from yunchang.kernels import AttnType
     from yunchang.ring.ring_flash_attn import ring_flash_attn_func
 
+    from tokenring_xdit.config import current
     from tokenring_xdit.ring import token_ring_attn
 
     def torch_ring(rotate):
@@ -78,9 +81,9 @@ def ring_methods(group):
 
         return run
 
-    def token_ring(graph):
+    def token_ring(graph, config=None):
         return lambda q, k, v: token_ring_attn(
-            q, k, v, group=group, layout="bhsd", kernel="cudnn", cuda_graph=graph
+            q, k, v, group=group, layout="bhsd", kernel="cudnn", cuda_graph=graph, config=config
         )[0]
 
     def yunchang_p2p(q, k, v):
@@ -90,6 +93,7 @@ def ring_methods(group):
     return {
         "token_ring": token_ring(True),
         "token_ring_eager": token_ring(False),
+        "token_ring_whole_own": token_ring(True, current().replace(defer_own=0.0)),
         "torch_ag": torch_ring("allgather"),
         "torch_a2a": torch_ring("alltoall"),
         "yunchang_p2p": lambda q, k, v: yunchang_p2p(q, k, v).transpose(1, 2),

@@ -92,6 +92,14 @@ class RingConfig:
         "pieces of the last partial's return (2 was faster only for Flux 1024 px at ring 2)",
         parse="positive_or_invalid",
     )
+    # Local to each rank (the own block never travels, so ranks need not agree on it).
+    defer_own: float = _setting(
+        "DEFER_OWN",
+        0.5,
+        "fraction of a rank's own queries whose block against its own K/V runs last, so the last "
+        "partial's return travels behind it (0: the own block runs whole at step 0)",
+        parse="fraction",
+    )
     validate: ValidateMode = _setting(
         "VALIDATE",
         "auto",
@@ -127,6 +135,10 @@ class RingConfig:
         p2p = _flag(environ.get(NCCL_P2P_DISABLE), False, NCCL_P2P_DISABLE)
         return cls(**values, nccl_p2p_disabled=p2p)
 
+    def __post_init__(self) -> None:
+        if not 0 <= self.defer_own < 1:  # raised where the config is built, before any call
+            raise ValueError(f"RingConfig.defer_own={self.defer_own!r}: use 0 <= defer_own < 1")
+
     def replace(self, **changes) -> RingConfig:
         return dataclasses.replace(self, **changes)
 
@@ -152,6 +164,8 @@ def _parse(f: dataclasses.Field, raw: str | None):
         return _seconds(raw)
     if how == "positive_or_invalid":
         return _positive_or_invalid(raw, f.default)
+    if how == "fraction":
+        return _fraction(raw, f.name, f.default)
     if isinstance(f.default, bool):
         return _flag(raw, f.default, f.metadata["env"])
     allowed = _ALLOWED[f.name]
@@ -200,6 +214,18 @@ def _seconds(raw: str | None) -> float | None:
         value = -1.0
     if not 0 < value < float("inf"):
         raise ValueError(f"{_ENV_NAME['timeout']}={raw!r}: use a positive number of seconds")
+    return value
+
+
+def _fraction(raw: str | None, field: str, default: float) -> float:
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1:
+        raise ValueError(f"{_ENV_NAME[field]}={raw!r}: use a number from 0 up to (not incl.) 1")
     return value
 
 

@@ -42,7 +42,9 @@ def _case(
     noncontig=False,
     joint=None,
     seed=0,
+    defer=None,
 ):
+    """defer: RingConfig.defer_own for the case (None: the configured default)."""
     return dict(
         name=name,
         b=b,
@@ -58,13 +60,19 @@ def _case(
         noncontig=noncontig,
         joint=joint,
         seed=seed,
+        defer=defer,
     )
 
 
 CASES = [
     _case("bshd-b1-d72-fcNone", seed=1),
-    _case("bhsd-b2-d128-fc1", b=2, h=3, d=128, layout="bhsd", final_chunks=1, seed=2),
-    _case("bshd-b2-d64-fc3", b=2, d=64, final_chunks=3, seed=3),
+    _case("bhsd-b2-d128-fc1", b=2, h=3, d=128, layout="bhsd", final_chunks=1, seed=2, defer=0.0),
+    _case("bshd-b2-d64-fc3", b=2, d=64, final_chunks=3, seed=3, defer=0.3),
+    # the own block whole at step 0 (defer_own=0) and mostly held back (0.9)
+    _case(
+        "bhsd-b2-d64-fc1-whole-own", b=2, d=64, layout="bhsd", final_chunks=1, seed=19, defer=0.0
+    ),
+    _case("bshd-b1-d72-fc2-defer-0.9", final_chunks=2, seed=20, defer=0.9),
     _case("bhsd-b1-d72-fc3", layout="bhsd", final_chunks=3, seed=4),
     _case("bshd-b2-d128-fc1-math", b=2, d=128, final_chunks=1, kernel="math", seed=5),
     _case(
@@ -108,6 +116,7 @@ CASES = [
     # joint (text) K/V, the same on every rank: each query must meet it exactly once
     _case("joint-rear-bshd-b2-d64-fc3", b=2, d=64, final_chunks=3, joint=("rear", 11), seed=17),
     _case("joint-front-bhsd-b1-d72", layout="bhsd", joint=("front", 5), seed=18),
+    _case("joint-rear-bshd-b1-d64-whole-own", d=64, joint=("rear", 7), seed=21, defer=0.0),
 ]
 TOLS = {"float32": FP32_TOL, "bfloat16": BF16_TOL, "float64": FP64_TOL}
 # lse is fp32 whatever the dtype; cpu_flash's bf16 lse is ~3e-5 off the fp64 one (measured)
@@ -142,17 +151,27 @@ def _strided_copies(q, k, v, torch):
     return q_nc, k_nc, v_nc
 
 
-def _expected_traffic(case, n):
+def _config(case):
     from tokenring_xdit import config
 
+    cfg = config.current()
+    return cfg if case["defer"] is None else cfg.replace(defer_own=case["defer"])
+
+
+def _expected_traffic(case, n, rank):
     if n == 1:
         return dict(q_messages=0, partial_messages=0, kernel_calls=1)
+    cfg = _config(case)
     q_lens = case["q_lens"][:n]
-    chunks = case["final_chunks"] or config.current().final_chunks
+    chunks = case["final_chunks"] or cfg.final_chunks
     chunks = min(chunks, min(q_lens))
+    # a held-back part of the own block is one more kernel (never a message)
+    split = int(cfg.defer_own > 0 and q_lens[rank] >= 2)
     # N-2 regular returns + the final one in `chunks` pieces; every return is out + lse
     return dict(
-        q_messages=n - 1, partial_messages=2 * (n - 2) + 2 * chunks, kernel_calls=n - 1 + chunks
+        q_messages=n - 1,
+        partial_messages=2 * (n - 2) + 2 * chunks,
+        kernel_calls=n - 1 + chunks + split,
     )
 
 
@@ -201,6 +220,7 @@ def _run_cases(rank, n, cases):
             kernel=case["kernel"],
             softmax_scale=case["scale"],
             final_chunks=case["final_chunks"],
+            config=_config(case),
             **extra,
         )
         COUNTERS.reset()
@@ -235,7 +255,6 @@ def _run_cases(rank, n, cases):
             res["inputs_intact"] = all(torch.equal(a, b) for a, b in ((qn, q), (kn, k), (vn, v)))
         if case is cases[0]:  # the same call again: identical result; checked again on gloo
             # (validate "auto"), not with the per-signature cache (what NCCL rings use)
-            from tokenring_xdit.config import current
 
             COUNTERS.reset()
             with torch.no_grad():
@@ -244,11 +263,12 @@ def _run_cases(rank, n, cases):
             res["repeat_handshakes"] = COUNTERS.handshakes
             # the validate mode is part of the agreed call: the first call under a new mode is
             # checked once, the next one comes from the cache
-            cached = current().replace(validate="signature")
+            cached = kwargs["config"].replace(validate="signature")
+            kwargs = {**kwargs, "config": cached}
             with torch.no_grad():
-                token_ring_attn(q, k, v, config=cached, **kwargs)
+                token_ring_attn(q, k, v, **kwargs)
                 COUNTERS.reset()
-                out3, _ = token_ring_attn(q, k, v, config=cached, **kwargs)
+                out3, _ = token_ring_attn(q, k, v, **kwargs)
             res["repeat_equal"] &= torch.equal(out3, out)
             res["cached_handshakes"] = COUNTERS.handshakes
         results.append(res)
@@ -304,7 +324,7 @@ def test_matches_full_attention(n, dtype):
 @pytest.mark.parametrize("n", WORLD_SIZES)
 def test_traffic_counters_follow_the_schedule(n):
     for r in _flat(n):
-        want = _expected_traffic(next(c for c in CASES if c["name"] == r["name"]), n)
+        want = _expected_traffic(next(c for c in CASES if c["name"] == r["name"]), n, r["rank"])
         got = {key: r["traffic"][key] for key in want}
         assert got == want, f"N={n} {r['name']} rank {r['rank']}: {got} != {want}"
         assert r["rank"] not in r["traffic"]["peers"], f"self-send on rank {r['rank']}: {r}"

@@ -13,6 +13,7 @@ each rank was. Skipped with fewer than 2 GPUs; nothing here runs in CI.
 from __future__ import annotations
 
 import os
+import queue
 import shutil
 import socket
 import subprocess
@@ -34,7 +35,19 @@ pytestmark = [
 ROOT = Path(__file__).resolve().parents[2]
 EXIT_S = 5.0  # issue 34: every script exits within 5 s of its last output
 LAUNCH_TIMEOUT_S = float(os.environ.get("SCRIPTS_TIMEOUT_S", "150"))
-CONCURRENCY = int(os.environ.get("SCRIPTS_CONCURRENCY", "4"))
+
+
+def _gpu_pairs() -> list[str]:
+    """Disjoint GPU pairs of this machine (CUDA_VISIBLE_DEVICES values), e.g. 4 GPUs -> 2."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+    return [f"{ids[i]},{ids[i + 1]}" for i in range(0, len(ids) - 1, 2)]
+
+
+PAIRS = _gpu_pairs()
+# Default: one launch per GPU pair at a time, so the exit-time assertion is measured with nothing
+# else on the launch's GPUs (issue 34: 12 launches sharing two GPUs pushed 4 past 5 s).
+CONCURRENCY = int(os.environ.get("SCRIPTS_CONCURRENCY", str(max(1, len(PAIRS)))))
 # where each launch's whole output and a one-line summary go as soon as it ends (optional)
 LOG_DIR = os.environ.get("SCRIPTS_LOG_DIR")
 
@@ -148,12 +161,17 @@ def _py_spy(pid: int) -> str:
     return "\n".join(dumps)
 
 
-def run_launch(name: str, launch: Launch, tmp: Path, timeout: float = LAUNCH_TIMEOUT_S) -> dict:
-    """Launch under torchrun; return rc, output, seconds from the last output line to exit."""
+def run_launch(
+    name: str, launch: Launch, tmp: Path, timeout: float = LAUNCH_TIMEOUT_S, gpus: str | None = None
+) -> dict:
+    """Launch under torchrun (on GPU pair `gpus`, e.g. "2,3"); return rc, output, seconds from
+    the last output line to exit."""
     args = [a.replace("{tmp}", str(tmp)) for a in launch.args]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
            f"--master_port={_free_port()}", launch.script, *args]  # fmt: skip
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **launch.env}
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpus
     start = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
@@ -177,7 +195,7 @@ def run_launch(name: str, launch: Launch, tmp: Path, timeout: float = LAUNCH_TIM
     end = time.monotonic()
     reader.join(timeout=5)
     res = dict(
-        cmd=" ".join(cmd[2:]), rc=proc.returncode, wall_s=end - start,
+        cmd=" ".join(cmd[2:]), gpus=gpus, rc=proc.returncode, wall_s=end - start,
         exit_after_output_s=end - last[0], output="".join(lines), py_spy=spy,
     )  # fmt: skip
     if LOG_DIR:
@@ -191,19 +209,29 @@ def _log(name: str, launch: Launch, res: dict) -> None:
     with open(os.path.join(LOG_DIR, f"{name}.log"), "w") as f:
         f.write(f"{env} {res['cmd']}\n{res['output']}\n{res['py_spy']}")
     with open(os.path.join(LOG_DIR, "summary.txt"), "a") as f:
-        f.write(f"{name}: rc={res['rc']} wall={res['wall_s']:.1f}s "
+        f.write(f"{name}: gpus={res['gpus']} rc={res['rc']} wall={res['wall_s']:.1f}s "
                 f"exit_after_output={res['exit_after_output_s']:.2f}s\n")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def results(request, tmp_path_factory) -> dict[str, dict]:
-    """Run every selected launch, CONCURRENCY at a time (they are tiny; two GPUs hold several)."""
+    """Run every selected launch, CONCURRENCY at a time, each on a GPU pair it takes from a
+    pool (pairs are shared only when CONCURRENCY exceeds the number of pairs)."""
     names = [item.callspec.params["name"] for item in request.session.items
              if item.module is request.module and hasattr(item, "callspec")]  # fmt: skip
+    pool_of_pairs: queue.Queue[str] = queue.Queue()
+    for i in range(CONCURRENCY):
+        pool_of_pairs.put(PAIRS[i % len(PAIRS)])
+
+    def on_a_pair(name: str) -> dict:
+        gpus = pool_of_pairs.get()
+        try:
+            return run_launch(name, LAUNCHES[name], tmp_path_factory.mktemp(name), gpus=gpus)
+        finally:
+            pool_of_pairs.put(gpus)
+
     with ThreadPoolExecutor(CONCURRENCY) as pool:
-        futures = {
-            n: pool.submit(run_launch, n, LAUNCHES[n], tmp_path_factory.mktemp(n)) for n in names
-        }
+        futures = {n: pool.submit(on_a_pair, n) for n in names}
         return {n: f.result() for n, f in futures.items()}
 
 

@@ -5,6 +5,8 @@ python -m pytest -m gpu tests/gpu -q
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -51,50 +53,52 @@ def test_auto_kernel_is_cudnn_for_bf16_without_flash_attn():
 def _ring_worker(rank, world_size):
     import torch.distributed as dist
 
+    from tokenring_xdit.config import current
     from tokenring_xdit.ring import COUNTERS, setup_token_ring_group, token_ring_attn
     from tokenring_xdit.ring.kernels import math
     from tokenring_xdit.ring.layout import get_layout
 
     setup_token_ring_group(dist.group.WORLD)
     errs = {}
-    for layout in ("bshd", "bhsd"):
-        for dtype, kernel in ((torch.bfloat16, "auto"), (torch.float32, "auto")):
-            for chunks in (None, 1, 3):
-                lay = get_layout(layout)
-                gen = torch.Generator(device="cuda").manual_seed(7)
-                lens = [1000 + 24 * r for r in range(world_size)]  # uneven local lengths
-                kv_lens = [1500 + 8 * r for r in range(world_size)]
-                h, d = 16, 72
+    for layout, dtype, chunks, defer in itertools.product(
+        ("bshd", "bhsd"), (torch.bfloat16, torch.float32), (None, 1, 3), (0.0, 0.5)
+    ):
+        lay = get_layout(layout)
+        gen = torch.Generator(device="cuda").manual_seed(7)
+        lens = [1000 + 24 * r for r in range(world_size)]  # uneven local lengths
+        kv_lens = [1500 + 8 * r for r in range(world_size)]
+        h, d = 16, 72
 
-                def make(n, layout=layout, dtype=dtype, gen=gen, h=h, d=d):
-                    shape = (2, n, h, d) if layout == "bshd" else (2, h, n, d)
-                    return torch.randn(shape, device="cuda", dtype=dtype, generator=gen)
+        def make(n, layout=layout, dtype=dtype, gen=gen, h=h, d=d):
+            shape = (2, n, h, d) if layout == "bshd" else (2, h, n, d)
+            return torch.randn(shape, device="cuda", dtype=dtype, generator=gen)
 
-                q, k, v = make(sum(lens)), make(sum(kv_lens)), make(sum(kv_lens))
-                sd = lay.seq_dim
-                ql, kl, vl = (
-                    x.split(ls, dim=sd)[rank] for x, ls in ((q, lens), (k, kv_lens), (v, kv_lens))
+        q, k, v = make(sum(lens)), make(sum(kv_lens)), make(sum(kv_lens))
+        sd = lay.seq_dim
+        ql, kl, vl = (
+            x.split(ls, dim=sd)[rank] for x, ls in ((q, lens), (k, kv_lens), (v, kv_lens))
+        )
+        COUNTERS.reset()
+        ref, ref_lse = math(q.double(), k.double(), v.double(), d**-0.5, lay)
+        ref = ref.split(lens, dim=sd)[rank]
+        ref_lse = ref_lse.split(lens, dim=2)[rank]
+        for call in ("eager warm-up", "graph replay"):  # the 2nd call replays a graph
+            with torch.no_grad():
+                out, lse = token_ring_attn(
+                    ql,
+                    kl,
+                    vl,
+                    group=dist.group.WORLD,
+                    layout=layout,
+                    kernel="auto",
+                    final_chunks=chunks,
+                    config=current().replace(defer_own=defer),
                 )
-                COUNTERS.reset()
-                ref, ref_lse = math(q.double(), k.double(), v.double(), d**-0.5, lay)
-                ref = ref.split(lens, dim=sd)[rank]
-                ref_lse = ref_lse.split(lens, dim=2)[rank]
-                for call in ("eager warm-up", "graph replay"):  # the 2nd call replays a graph
-                    with torch.no_grad():
-                        out, lse = token_ring_attn(
-                            ql,
-                            kl,
-                            vl,
-                            group=dist.group.WORLD,
-                            layout=layout,
-                            kernel=kernel,
-                            final_chunks=chunks,
-                        )
-                    errs[f"{layout}/{dtype}/{chunks}/{call}"] = (
-                        (out.double() - ref).abs().max().item(),
-                        (lse.double() - ref_lse).abs().max().item(),
-                    )
-                torch.cuda.synchronize()
+            errs[f"{layout}/{dtype}/{chunks}/defer {defer}/{call}"] = (
+                (out.double() - ref).abs().max().item(),
+                (lse.double() - ref_lse).abs().max().item(),
+            )
+        torch.cuda.synchronize()
     return errs
 
 

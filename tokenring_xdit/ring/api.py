@@ -150,6 +150,7 @@ def token_ring_attn(
         chunks=min(chunks, min(ring.q_lens)),  # equal piece count on every rank
         joint_strategy=joint_strategy,
         fused_merge=cfg.fused_merge,
+        defer_own=cfg.defer_own,
     )
     if pos.size == 1:
         return local_forward(call, q, k, v, joint_kv)

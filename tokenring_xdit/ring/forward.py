@@ -14,7 +14,7 @@ import torch
 from .comm import COUNTERS, Lane
 from .kernels import BlockKernel, run_block
 from .layout import Layout
-from .merge import PartialMerge
+from .merge import PartialMerge, SplitMerge
 from .ring import Ring
 from .schedules import chunk_bounds
 
@@ -33,6 +33,7 @@ class RingCall:
     chunks: int  # pieces of the last partial's return
     joint_strategy: str  # where joint K/V join the local K/V in the step-0 block
     fused_merge: bool
+    defer_own: float = 0.0  # share of our own queries whose own block runs after the last send
 
     def graph_key(self) -> tuple:
         """Everything a captured graph bakes in besides the tensors' signature."""
@@ -44,12 +45,21 @@ class RingCall:
             self.chunks,
             self.joint_strategy,
             self.fused_merge,
+            self.defer_own,
         )
 
-    def block(self, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
+    def held_back(self, length: int) -> int:
+        """How many of our `length` queries run their own block last (0: none). Local: the own
+        block never travels, so ranks with other lengths or settings still match."""
+        if self.defer_own <= 0 or length < 2:
+            return 0
+        return min(length - 1, max(1, round(length * self.defer_own)))
+
+    def block(self, q, k, v, dense: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """(out, lse fp32); `dense` (P2P needs dense buffers) for partials that travel."""
         COUNTERS.kernel_calls += 1
         out, lse = run_block(self.kernel, q, k, v, self.scale, self.layout)
-        return out.contiguous(), lse.float().contiguous()  # P2P needs dense buffers
+        return (out.contiguous() if dense else out), lse.float().contiguous()
 
     def join(self, k, v, joint_kv) -> tuple[torch.Tensor, torch.Tensor]:
         """K/V of the step-0 block: local plus joint K/V, which only our own queries meet (each
@@ -71,12 +81,19 @@ def local_forward(call: RingCall, q, k, v, joint_kv) -> tuple[torch.Tensor, torc
 def ring_forward(
     call: RingCall, ring: Ring, q_lens: tuple[int, ...], q, k, v, joint_kv
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) of our queries against every rank's K/V. q_lens: every rank's query length."""
+    """(out, lse) of our queries against every rank's K/V. q_lens: every rank's query length.
+
+    With `call.defer_own`, the own block of our last `held` queries runs after the last partial
+    has been sent, so that partial's return travels behind it instead of in the open (at ring 2
+    the Q transfer hides behind the first part, the return behind the second)."""
     layout, rank, n = call.layout, ring.rank, ring.size
     q_lane, out_lane = ring.lanes()
     own_kv = call.join(k, v, joint_kv)
     b, _, h, d = layout.dims(q)
     held_q = q.contiguous()
+    held = call.held_back(q_lens[rank])
+    split = q_lens[rank] - held
+    tail_q = layout.seq_slice(held_q, slice(split, q_lens[rank])) if held else None
     # One receive buffer pair for our own partials, reused: each merge is ordered before the
     # next receive is posted (same stream on CUDA, synchronous on gloo).
     ret = (
@@ -99,13 +116,20 @@ def ring_forward(
         if st.step == n - 1:
             pending = ret if st.ret_send_to is not None else None
             final = _Final(call, rank, n, q_lens, q_lane, out_lane)
-            return final.run(held_q, k, v, merge, pending, q.dtype)
-        block = call.block(held_q, *(own_kv if st.step == 0 else (k, v)))
+            tail = (tail_q, own_kv) if held else None
+            return final.run(held_q, k, v, merge, pending, q.dtype, tail)
+        if st.step == 0 and held:
+            block = call.block(layout.seq_slice(held_q, slice(0, split)), *own_kv, dense=False)
+        else:
+            block = call.block(held_q, *(own_kv if st.step == 0 else (k, v)))
         q_lane.wait()
         out_lane.wait()
         if merge is None:
             # step 0: our own Q against our own K/V; n-1 partials of it are still to come
-            merge = PartialMerge(*block, layout, q.dtype, updates=n - 1, fused=call.fused_merge)
+            if held:
+                merge = SplitMerge(*block, q_lens[rank], layout, q.dtype, n - 1, call.fused_merge)
+            else:
+                merge = PartialMerge(*block, layout, q.dtype, updates=n - 1, fused=call.fused_merge)
         elif st.ret_send_to is not None:
             merge.update(*ret)
         prev = block if st.step > 0 else None
@@ -128,7 +152,8 @@ class _Final:
     q_lane: Lane
     out_lane: Lane
 
-    def run(self, held_q, k, v, merge: PartialMerge, pending, dtype):
+    def run(self, held_q, k, v, merge, pending, dtype, tail=None):
+        """`tail`: (held-back own queries, own K/V), run once every piece is on its way."""
         layout = self.call.layout
         send_to, recv_from = self.call.schedule.final_return(self.rank, self.size)
         sent_bounds = chunk_bounds(self.q_lens[send_to], self.call.chunks)  # send_to owns held_q
@@ -146,6 +171,8 @@ class _Final:
             )
             # keep the sent piece referenced until its transfer is waited for
             pieces.append((works, slice(r0, r1), recv_out, recv_lse, out_c, lse_c))
+        if tail is not None:  # the returns travel behind this block
+            merge.add_tail(*self.call.block(tail[0], *tail[1], dense=False))
         self.out_lane.wait()
         if pending is not None:
             merge.update(*pending)

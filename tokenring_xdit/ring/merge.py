@@ -29,13 +29,19 @@ class PartialMerge:
         updates: int | None = None,
         fused: bool = True,
         eager_fused: bool = False,
+        into: tuple[torch.Tensor, torch.Tensor] | None = None,
     ):
+        """`into`: (out, lse) views the result is written to (rows of a larger output)."""
         self.layout = layout
         self.dtype = out_dtype or block_out.dtype
         many = updates is None or updates > 1
         self.out = block_out.to(torch.float32, copy=True) if many else block_out
-        self.lse = block_lse.to(torch.float32, copy=True)
-        self.final: torch.Tensor | None = None
+        if into is None:
+            self.lse = block_lse.to(torch.float32, copy=True)
+            self.final: torch.Tensor | None = None
+        else:
+            self.final, self.lse = into
+            self.lse.copy_(block_lse)
         # The Triton pass only while a CUDA graph is being captured: its Python launcher costs
         # more host time per call than the torch ops, which only a graph replay hides. Unless
         # `eager_fused` (the training loops' large blocks, where device time dominates: one
@@ -85,3 +91,66 @@ class PartialMerge:
         dtype = dtype or self.dtype
         out = self.final if self.final is not None else self.out
         return out.to(dtype), self.lse
+
+
+class SplitMerge:
+    """The merges of our own queries when their own block runs in two parts (`defer_own`):
+    rows [0, a) start from the step-0 block, rows [a, L) from whatever reaches them first (the
+    first returned partial, or at ring 2 the held-back block itself). Partials of all rows are
+    split at a; both parts write one (out, lse) pair, so no copy joins them."""
+
+    def __init__(
+        self,
+        head_out: torch.Tensor,
+        head_lse: torch.Tensor,
+        length: int,
+        layout: Layout,
+        out_dtype: torch.dtype,
+        updates: int,
+        fused: bool,
+    ):
+        b, a, h, dv = layout.dims(head_out)
+        self.layout, self.split, self.length, self.updates = layout, a, length, updates
+        self.out = torch.empty(
+            (b, length, h, dv) if layout.seq_dim == 1 else (b, h, length, dv),
+            dtype=out_dtype, device=head_out.device,
+        )  # fmt: skip
+        self.lse = torch.empty(b, h, length, dtype=torch.float32, device=head_out.device)
+        self._args = dict(out_dtype=out_dtype, updates=updates, fused=fused)
+        self.head = PartialMerge(head_out, head_lse, layout, into=self._rows(0, a), **self._args)
+        self.tail: PartialMerge | None = None
+
+    def _rows(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        seq = slice(start, stop)
+        return self.layout.seq_slice(self.out, seq), self.lse[:, :, seq]
+
+    def _start_tail(self, out: torch.Tensor, lse: torch.Tensor) -> None:
+        rows = self._rows(self.split, self.length)
+        self.tail = PartialMerge(out, lse, self.layout, into=rows, **self._args)
+
+    def update(self, out, lse, seq: slice | None = None, last: bool = False) -> None:
+        """Merge a partial of our rows `seq` (default: all), split between the two parts."""
+        s0, s1 = (0, self.length) if seq is None else (seq.start, seq.stop)
+        a, sl = self.split, self.layout.seq_slice
+        if s0 < a:
+            cut = slice(0, min(s1, a) - s0)
+            self.head.update(sl(out, cut), lse[:, :, cut], slice(s0, min(s1, a)), last)
+        if s1 > a:
+            cut = slice(max(s0, a) - s0, s1 - s0)
+            part_out, part_lse = sl(out, cut), lse[:, :, cut]
+            if self.tail is None:  # only a partial of every row can start the tail
+                assert seq is None or (s0 <= a and s1 == self.length)
+                self._start_tail(part_out, part_lse)
+            else:
+                self.tail.update(part_out, part_lse, slice(max(s0, a) - a, s1 - a), last)
+
+    def add_tail(self, out: torch.Tensor, lse: torch.Tensor) -> None:
+        """The held-back own block (rows [a, L)); merge order does not change the result, so
+        it goes in before the last return, whose merge writes the final rows."""
+        if self.tail is None:
+            self._start_tail(out, lse)
+        else:
+            self.tail.update(out, lse)
+
+    def result(self, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.out.to(dtype or self.out.dtype), self.lse
