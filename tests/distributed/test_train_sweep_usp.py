@@ -1,0 +1,73 @@
+"""benchmarks/train_sweep.py --ulysses: the USP layers it builds, 4 gloo ranks (ulysses 2 x ring 2).
+
+Every rank builds the script's own methods (`_impls(4, 2, "cpu")`: yunchang's LongContextAttention
+with ring_impl_type "token_ring", "basic" and "zigzag" over set_seq_parallel_pg(2, 2), yunchang's
+rings on TokenRing's CPU flash pair as the script wires them without flash-attn) and runs the
+script's `_check` (forward + backward, each method on the shards `_shard_for` gives it) against
+fp64 attention of the whole sequence. The shards themselves are compared with an independent
+formula (tests/reference.py's zigzag slice of the ring, split over ulysses). torch's templated ring
+and ulysses-N are left out on CPU (see the script's docstring); the GPU run checks them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tests.harness import run_ranks, values
+from tests.reference import zigzag_slice
+
+N, U = 4, 2
+METHODS = ("token_ring", "yunchang_zigzag", "yunchang_basic")
+# bf16 inputs (yunchang's rings are bf16-only, see the script), fp64 reference on the same inputs
+BF16_TOL = {"out": 2e-2, "dq": 6e-2, "dk": 6e-2, "dv": 6e-2}
+FP32_TOL = 2e-5
+
+
+def _worker(rank, world_size):
+    import tokenring_xdit
+    from benchmarks import train_sweep as ts
+    from tokenring_xdit.ring.comm import setup_token_ring_group
+
+    tokenring_xdit.install()
+    setup_token_ring_group(None)  # as the script does for the world group
+    impls = ts._impls(world_size, U, "cpu")
+    b, s, h, d = 2, 32 * world_size, 4, 32
+    errs, layout_ok = {}, {}
+    x = torch.arange(s).reshape(1, s, 1).expand(b, s, h).clone()  # token positions
+    for causal in (True, False):
+        tag = "causal" if causal else "full"
+        for name in METHODS:
+            shard = ts._shard_for(name, causal, rank, world_size, U)
+            errs[f"{tag}/{name}"] = ts._check(impls[name], shard, b, s, h, d, causal, "cpu")
+            if causal and name != "yunchang_basic":  # ring rank // U: its zigzag, ulysses part
+                want = zigzag_slice(x, rank // U, world_size // U).chunk(U, dim=1)[rank % U]
+            else:
+                want = x.chunk(world_size, dim=1)[rank]
+            layout_ok[f"{tag}/{name}"] = torch.equal(shard(x), want)
+        # TokenRing is exact in fp32 too (yunchang's rings are not: dq aliases a buffer)
+        shard = ts._shard_for("token_ring", causal, rank, world_size, U)
+        fn = impls["token_ring"]
+        errs[f"{tag}/token_ring/fp32"] = ts._check(
+            fn, shard, b, s, h, d, causal, "cpu", torch.float32
+        )
+    return {"errs": errs, "layout_ok": layout_ok, "methods": sorted(impls)}
+
+
+def test_usp_methods_match_exact_attention():
+    results = values(run_ranks(_worker, N, timeout=240))
+    failures = []
+    for rank, res in enumerate(results):
+        assert res["methods"] == sorted(METHODS), res["methods"]
+        for key, ok in res["layout_ok"].items():
+            if not ok:
+                failures.append(f"rank {rank} {key}: shard is not the hybrid layout")
+        for key, errs in res["errs"].items():
+            for what, err in errs.items():
+                tol = FP32_TOL if key.endswith("fp32") else BF16_TOL[what]
+                if not err <= tol:
+                    failures.append(f"rank {rank} {key} {what}: {err:.3g} > {tol}")
+    assert not failures, "\n".join(failures)
+    worst = {
+        k: max(r["errs"][k][w] for r in results for w in r["errs"][k]) for k in results[0]["errs"]
+    }
+    print("max errors:", {k: f"{v:.2e}" for k, v in worst.items()})
