@@ -133,11 +133,7 @@ def _usp_impls(n: int, u: int, device: str):
         "yunchang_basic": lambda q, k, v, c: basic(q, k, v, causal=c),
     }
     if device == "cuda":
-        from torch.distributed.device_mesh import init_device_mesh
-
-        # ranks laid out (n/u, u): the "ring" dimension of rank r is {r % u, r % u + u, ...},
-        # yunchang's ring group (use_ulysses_low), in the same order
-        mesh = init_device_mesh("cuda", (n // u, u), mesh_dim_names=("ring", "ulysses"))["ring"]
+        mesh = _ring_mesh(n, u, device)
         for name, kind in (
             ("torch_templated_ring", "flash"),
             ("torch_templated_ring_cudnn", "cudnn"),
@@ -147,6 +143,14 @@ def _usp_impls(n: int, u: int, device: str):
     if ulysses is not None:
         impls["ulysses"] = ulysses
     return impls
+
+
+def _ring_mesh(n: int, u: int, device: str):
+    """The 1-D device mesh of this rank's ring: ranks laid out (n/u, u), its "ring" dimension
+    is {r % u, r % u + u, ...}, yunchang's ring group (use_ulysses_low) in the same order."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device, (n // u, u), mesh_dim_names=("ring", "ulysses"))["ring"]
 
 
 def _behind_all_to_all(fn, ulysses_pg):

@@ -6,7 +6,9 @@ rings on TokenRing's CPU flash pair as the script wires them without flash-attn)
 script's `_check` (forward + backward, each method on the shards `_shard_for` gives it) against
 fp64 attention of the whole sequence. The shards themselves are compared with an independent
 formula (tests/reference.py's zigzag slice of the ring, split over ulysses). torch's templated ring
-and ulysses-N are left out on CPU (see the script's docstring); the GPU run checks them.
+and ulysses-N are left out on CPU (see the script's docstring); what the script puts around torch's
+ring (its device mesh, the all-to-alls) is checked with TokenRing's functional ring inside. The GPU
+run (`--ulysses 2 --check`) checks torch's ring itself.
 """
 
 from __future__ import annotations
@@ -50,7 +52,36 @@ def _worker(rank, world_size):
         errs[f"{tag}/token_ring/fp32"] = ts._check(
             fn, shard, b, s, h, d, causal, "cpu", torch.float32
         )
-    return {"errs": errs, "layout_ok": layout_ok, "methods": sorted(impls)}
+    # torch's templated ring runs CUDA-only kernels; what the script wraps around it is checked
+    # here with TokenRing's functional ring as the inner ring: the mesh is yunchang's ring group,
+    # the all-to-alls are LongContextAttention's
+    import torch.distributed as dist
+    from yunchang.globals import PROCESS_GROUP
+
+    from tokenring_xdit.ring import token_ring_attn_func
+    from tokenring_xdit.ring.sharding import declare_zigzag
+
+    ring_pg = ts._ring_mesh(world_size, U, "cpu").get_group()
+    same_ring = dist.get_process_group_ranks(ring_pg) == dist.get_process_group_ranks(
+        PROCESS_GROUP.RING_PG
+    )
+
+    def inner(q, k, v, causal):
+        if causal:
+            declare_zigzag(ring_pg, q.shape[1] * (world_size // U))
+        return token_ring_attn_func(q, k, v, causal=causal, group=ring_pg)
+
+    wrapped = ts._behind_all_to_all(inner, PROCESS_GROUP.ULYSSES_PG)
+    for causal in (True, False):
+        shard = ts._shard_for("torch_templated_ring", causal, rank, world_size, U)
+        key = f"{'causal' if causal else 'full'}/behind_all_to_all/fp32"
+        errs[key] = ts._check(wrapped, shard, b, s, h, d, causal, "cpu", torch.float32)
+    return {
+        "errs": errs,
+        "layout_ok": layout_ok,
+        "methods": sorted(impls),
+        "same_ring": same_ring,
+    }
 
 
 def test_usp_methods_match_exact_attention():
@@ -58,6 +89,7 @@ def test_usp_methods_match_exact_attention():
     failures = []
     for rank, res in enumerate(results):
         assert res["methods"] == sorted(METHODS), res["methods"]
+        assert res["same_ring"], f"rank {rank}: the torch ring's mesh is not yunchang's ring group"
         for key, ok in res["layout_ok"].items():
             if not ok:
                 failures.append(f"rank {rank} {key}: shard is not the hybrid layout")
