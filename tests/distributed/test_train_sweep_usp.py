@@ -36,11 +36,17 @@ def _worker(rank, world_size):
     b, s, h, d = 2, 32 * world_size, 4, 32
     errs, layout_ok = {}, {}
     x = torch.arange(s).reshape(1, s, 1).expand(b, s, h).clone()  # token positions
+    problems = {
+        (causal, dtype): ts._reference(b, s, h, d, causal, "cpu", dtype)
+        for causal in (True, False)
+        for dtype in (torch.bfloat16, torch.float32)
+    }
     for causal in (True, False):
         tag = "causal" if causal else "full"
         for name in METHODS:
             shard = ts._shard_for(name, causal, rank, world_size, U)
-            errs[f"{tag}/{name}"] = ts._check(impls[name], shard, b, s, h, d, causal, "cpu")
+            problem = problems[causal, torch.bfloat16]
+            errs[f"{tag}/{name}"] = ts._check(impls[name], shard, problem, causal)
             if causal and name != "yunchang_basic":  # ring rank // U: its zigzag, ulysses part
                 want = zigzag_slice(x, rank // U, world_size // U).chunk(U, dim=1)[rank % U]
             else:
@@ -50,7 +56,7 @@ def _worker(rank, world_size):
         shard = ts._shard_for("token_ring", causal, rank, world_size, U)
         fn = impls["token_ring"]
         errs[f"{tag}/token_ring/fp32"] = ts._check(
-            fn, shard, b, s, h, d, causal, "cpu", torch.float32
+            fn, shard, problems[causal, torch.float32], causal
         )
     # torch's templated ring runs CUDA-only kernels; what the script wraps around it is checked
     # here with TokenRing's functional ring as the inner ring: the mesh is yunchang's ring group,
@@ -75,7 +81,7 @@ def _worker(rank, world_size):
     for causal in (True, False):
         shard = ts._shard_for("torch_templated_ring", causal, rank, world_size, U)
         key = f"{'causal' if causal else 'full'}/behind_all_to_all/fp32"
-        errs[key] = ts._check(wrapped, shard, b, s, h, d, causal, "cpu", torch.float32)
+        errs[key] = ts._check(wrapped, shard, problems[causal, torch.float32], causal)
     return {
         "errs": errs,
         "layout_ok": layout_ok,
