@@ -8,7 +8,8 @@ ring vs ulysses, causal and non-causal, on any number of GPUs (also the GPU chec
 Shapes are Llama-style (head size 128; 32 heads = Llama-2/3 7-8B, 64 = 70B without GQA).
 Every rank holds the zigzag shard (chunks r and 2N-1-r) for causal calls and a contiguous shard
 otherwise. Warm-up excluded, CUDA events, median of --iters. With --check every TokenRing
-configuration is first compared (out and dq/dk/dv) with exact attention of the whole sequence.
+configuration is first compared (out and dq/dk/dv) with exact attention of the whole sequence
+(the worst rank's error is recorded).
 Results: JSON (machine, versions, per-config ms); a --nproc-per-node 1 run gives the single-GPU
 time that the fraction of ideal (t_1 / (N t_N)) is computed from.
 
@@ -363,7 +364,12 @@ def main() -> None:
                 problem = _reference(2, args.check_tokens * n, h, d, causal, device)
                 for name in checked:
                     shard = _shard_for(name, causal, rank, n, u)
-                    errs = _check(impls[name], shard, problem, causal)
+                    try:
+                        errs = _check(impls[name], shard, problem, causal)
+                    except Exception as e:  # a baseline that cannot run it; TokenRing must
+                        if name == "token_ring":
+                            raise
+                        errs = dict(error=f"{type(e).__name__}: {str(e)[:200]}")
                     checks[key if u == 1 else f"{key}/{name}"] = errs
             for seq in map(int, args.seqs.split(",")):
                 s_local = seq // n
