@@ -3,11 +3,13 @@ ring vs ulysses, causal and non-causal, on any number of GPUs (also the GPU chec
 
     torchrun --nproc-per-node 8 benchmarks/train_sweep.py --out train_sweep.json
     torchrun --nproc-per-node 1 benchmarks/train_sweep.py --check     # ring degree 1 + checks
+    torchrun --nproc-per-node 4 benchmarks/train_sweep.py --ulysses 2 --check  # ulysses 2 x ring 2
 
 Shapes are Llama-style (head size 128; 32 heads = Llama-2/3 7-8B, 64 = 70B without GQA).
 Every rank holds the zigzag shard (chunks r and 2N-1-r) for causal calls and a contiguous shard
 otherwise. Warm-up excluded, CUDA events, median of --iters. With --check every TokenRing
-configuration is first compared (out and dq/dk/dv) with exact attention of the whole sequence.
+configuration is first compared (out and dq/dk/dv) with exact attention of the whole sequence
+(the worst rank's error is recorded).
 Results: JSON (machine, versions, per-config ms); a --nproc-per-node 1 run gives the single-GPU
 time that the fraction of ideal (t_1 / (N t_N)) is computed from.
 
@@ -16,6 +18,28 @@ basic ring) with flash-attn, or without it TokenRing's cuDNN pair behind yunchan
 functions (`yunchang_kernel` in the JSON says which); torch's templated ring with its flash and
 its cuDNN ops (head-tail load balancing for causal calls only, as torch requires); ulysses
 (yunchang's LongContextAttention, FA kernels as above).
+
+--ulysses U (U > 1; it must divide N and the heads): every ring method runs as USP (yunchang's
+hybrid sequence parallelism) does it: an all-to-all over U consecutive ranks (heads -> sequence),
+the ring over the N/U ranks of stride U, the all-to-all back. TokenRing and yunchang's rings are
+yunchang's own LongContextAttention (ring_impl_type "token_ring", "basic", "zigzag"; AttnType.FA)
+after `set_seq_parallel_pg(U, N/U)`; torch's templated ring, which yunchang has no ring_impl_type
+for, runs on the ring dimension of a (N/U, U) device mesh between yunchang's autograd all-to-alls
+(SeqAllToAll4D, the ones LongContextAttention uses), so every method pays the same all-to-alls.
+`ulysses` stays the pure ulysses-N baseline. Causal shards are yunchang's hybrid zigzag split
+(EXTRACT_FUNC_DICT["zigzag"]: ring rank r = rank // U holds chunks r and 2R-1-r of 2R, R = N/U, and
+ulysses rank rank % U its U-th part of them) for TokenRing, yunchang's zigzag ring and torch's
+head-tail ring; every other method holds contiguous shards. --check then compares every method,
+each on its own shards. With U = 1 nothing changes: the rings span all ranks and --check covers
+TokenRing.
+
+--device cpu (gloo): a correctness run of the same wiring without a GPU, small --seqs and
+--check-tokens only (timing is wall clock there and means little). The block kernels are torch's
+CPU flash pair (TokenRing's "cpu_flash"; behind yunchang.kernels' FA functions for its rings, as
+the cuDNN pair is on a GPU without flash-attn); torch's templated ring is left out (its ring ops
+call CUDA-only SDPA kernels), and so is `ulysses` (yunchang's ring at degree 1 still sends dk/dv
+to itself in its backward, which gloo refuses; NCCL allows it). yunchang's rings are checked in
+bf16 only: with fp32 inputs their basic ring's dq aliases its block buffer (dq 2x the last block).
 """
 
 from __future__ import annotations
@@ -26,6 +50,7 @@ import json
 import os
 import platform
 import statistics
+import time
 
 import torch
 import torch.distributed as dist
@@ -42,8 +67,12 @@ def _contiguous(x, rank, n, dim=1):
     return x.chunk(n, dim=dim)[rank].contiguous()
 
 
-def _impls(n: int):
-    """name -> fn(q, k, v, causal) with q/k/v (b, s_local, h, d), differentiable."""
+def _impls(n: int, u: int = 1, device: str = "cuda"):
+    """name -> fn(q, k, v, causal) with q/k/v (b, s_local, h, d), differentiable; with u > 1 the
+    ring methods run as USP (ulysses u x ring n/u), `ulysses` over all n ranks either way."""
+    _yunchang_kernel(device)
+    if u > 1:
+        return _usp_impls(n, u, device)
     from yunchang import ring_flash_attn_func, zigzag_ring_flash_attn_func
 
     from tokenring_xdit.ring import token_ring_attn_func
@@ -55,7 +84,6 @@ def _impls(n: int):
         return token_ring_attn_func(q, k, v, causal=c)
 
     impls = {"token_ring": token_ring}
-    _yunchang_kernel()
 
     def yunchang_zigzag(q, k, v, c):
         if not c:  # yunchang's zigzag ring is causal-only: its non-causal ring is the basic one
@@ -64,30 +92,118 @@ def _impls(n: int):
 
     impls["yunchang_zigzag"] = yunchang_zigzag
     impls["yunchang_basic"] = lambda q, k, v, c: ring_flash_attn_func(q, k, v, causal=c)
-    impls["torch_templated_ring"] = _torch_ring(n, "flash")
-    impls["torch_templated_ring_cudnn"] = _torch_ring(n, "cudnn")
-    impls["ulysses"] = _ulysses(n)
+    if device == "cuda":  # torch's ring ops call CUDA-only SDPA kernels
+        impls["torch_templated_ring"] = _torch_ring(n, "flash")
+        impls["torch_templated_ring_cudnn"] = _torch_ring(n, "cudnn")
+    if device == "cuda":  # on gloo its ring-1 backward fails (see --device cpu above)
+        impls["ulysses"] = _ulysses(n)
     return impls
+
+
+def _usp_impls(n: int, u: int, device: str):
+    """The methods of _impls as USP does them: yunchang's LongContextAttention over
+    set_seq_parallel_pg(u, n / u) groups (torch's ring between its all-to-alls), ulysses-n."""
+    from yunchang import LongContextAttention, set_seq_parallel_pg
+    from yunchang.globals import PROCESS_GROUP
+    from yunchang.kernels import AttnType
+
+    from tokenring_xdit.ring.sharding import declare_zigzag
+
+    # yunchang's groups are process-wide and each layer keeps those current when it is built:
+    # the ulysses-n layer first, then the hybrid groups for every other one
+    ulysses = _ulysses(n) if device == "cuda" else None
+    set_seq_parallel_pg(u, n // u, dist.get_rank(), n)
+    ring_pg = PROCESS_GROUP.RING_PG
+
+    def layer(ring_impl_type):
+        # AttnType.FA: the ring kernel with a backward (flash-attn, or the pair _yunchang_kernel
+        # put behind it); TokenRing maps FA without flash-attn to its best pair with an lse
+        return LongContextAttention(ring_impl_type=ring_impl_type, attn_type=AttnType.FA)
+
+    token_ring_layer, basic, zigzag = layer("token_ring"), layer("basic"), layer("zigzag")
+
+    def token_ring(q, k, v, c):
+        if c:  # the ring holds the hybrid zigzag split of the whole sequence after the a2a
+            declare_zigzag(ring_pg, q.shape[1] * n)
+        return token_ring_layer(q, k, v, causal=c)
+
+    impls = {
+        "token_ring": token_ring,
+        # causal-only, as at u = 1: non-causal rows run the basic ring
+        "yunchang_zigzag": lambda q, k, v, c: (zigzag if c else basic)(q, k, v, causal=c),
+        "yunchang_basic": lambda q, k, v, c: basic(q, k, v, causal=c),
+    }
+    if device == "cuda":
+        mesh = _ring_mesh(n, u, device)
+        for name, kind in (
+            ("torch_templated_ring", "flash"),
+            ("torch_templated_ring_cudnn", "cudnn"),
+        ):
+            ring = _torch_ring(n // u, kind, mesh)
+            impls[name] = _behind_all_to_all(ring, PROCESS_GROUP.ULYSSES_PG)
+    if ulysses is not None:
+        impls["ulysses"] = ulysses
+    return impls
+
+
+def _ring_mesh(n: int, u: int, device: str):
+    """The 1-D device mesh of this rank's ring: ranks laid out (n/u, u), its "ring" dimension
+    is {r % u, r % u + u, ...}, yunchang's ring group (use_ulysses_low) in the same order."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device, (n // u, u), mesh_dim_names=("ring", "ulysses"))["ring"]
+
+
+def _behind_all_to_all(fn, ulysses_pg):
+    """fn between LongContextAttention's autograd all-to-alls over `ulysses_pg`: (b, s/u, h, d)
+    -> (b, s, h/u, d) in, the inverse out."""
+    from yunchang.comm.all_to_all import SeqAllToAll4D
+
+    def run(q, k, v, causal):
+        qs, ks, vs = (SeqAllToAll4D.apply(ulysses_pg, x, 2, 1, False) for x in (q, k, v))
+        return SeqAllToAll4D.apply(ulysses_pg, fn(qs, ks, vs, causal), 1, 2, False)
+
+    return run
+
+
+def _shard_for(name: str, causal: bool, rank: int, n: int, u: int):
+    """x (b, s, ...) -> this rank's shard for method `name`: zigzag for the causal calls of the
+    zigzag-aware rings (yunchang's hybrid split for u > 1), contiguous otherwise."""
+    zigzag = causal and name in ZIGZAG_METHODS
+    if u == 1:
+        return lambda x: (_zigzag if zigzag else _contiguous)(x, rank, n)
+    from yunchang.comm.extract_local import EXTRACT_FUNC_DICT
+
+    extract = EXTRACT_FUNC_DICT["zigzag" if zigzag else "basic"]
+    return lambda x: extract(x, rank, world_size=n, rd=n // u, ud=u).contiguous()
+
+
+# methods whose causal calls take zigzag shards (torch's with head-tail load balancing)
+ZIGZAG_METHODS = ("token_ring", "yunchang_zigzag", "torch_templated_ring",
+                  "torch_templated_ring_cudnn")  # fmt: skip
 
 
 YUNCHANG_KERNEL = "flash_attn"
 
 
-def _yunchang_kernel() -> None:
+def _yunchang_kernel(device: str = "cuda") -> None:
     """yunchang's rings take their block kernels from yunchang.kernels (flash-attn for AttnType.FA,
     the only type with a backward there). Without flash-attn they get TokenRing's cuDNN pair
-    behind the same two functions, so their schedule and communication can still be measured
-    (the pair's output is written into yunchang's buffers: one copy per block more than FA)."""
+    (on CPU: its CPU flash pair) behind the same two functions, so their schedule and
+    communication can still be measured (the pair's output is written into yunchang's buffers:
+    one copy per block more than FA)."""
     global YUNCHANG_KERNEL
-    if importlib.util.find_spec("flash_attn") is not None:
+    if device == "cuda" and importlib.util.find_spec("flash_attn") is not None:
         return
     import yunchang.kernels as yk
 
     from tokenring_xdit.ring.backward_kernels import PAIRS
     from tokenring_xdit.ring.layout import BSHD
 
-    pair = PAIRS["cudnn"]
-    YUNCHANG_KERNEL = "cudnn (TokenRing's pair in yunchang.kernels.flash_attn_forward/_backward)"
+    pair = PAIRS["cudnn" if device == "cuda" else "cpu_flash"]
+    YUNCHANG_KERNEL = (
+        f"{pair.name} (TokenRing's pair in yunchang.kernels.flash_attn_forward/_backward)"
+    )
 
     def forward(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, *args, **kwargs):
         scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
@@ -103,11 +219,12 @@ def _yunchang_kernel() -> None:
     yk.flash_attn_forward, yk.flash_attn_backward = forward, backward
 
 
-def _torch_ring(n, kind):
+def _torch_ring(n, kind, mesh=None):
+    """torch's templated ring over `mesh` (1-D, n ranks; default: all ranks)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.experimental._context_parallel import _attention as cp
 
-    mesh = init_device_mesh("cuda", (n,))
+    mesh = mesh if mesh is not None else init_device_mesh("cuda", (n,))
     fwd = getattr(cp, f"_scaled_dot_product_ring_{kind}_attention")
     bwd = getattr(cp, f"_scaled_dot_product_ring_{kind}_attention_backward")
 
@@ -160,6 +277,12 @@ def _time(fn, q, k, v, do, causal, warmup, iters) -> float:
         fn(q, k, v, causal).backward(do)
     times = []
     for _ in range(iters):
+        if not q.is_cuda:  # --device cpu: wall clock
+            dist.barrier()
+            start_s = time.perf_counter()
+            fn(q, k, v, causal).backward(do)
+            times.append((time.perf_counter() - start_s) * 1e3)
+            continue
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         dist.barrier()
         start.record()
@@ -170,25 +293,38 @@ def _time(fn, q, k, v, do, causal, warmup, iters) -> float:
     return statistics.median(times)
 
 
-def _check(fn, b, s, h, d, causal, rank, n) -> dict:
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, do = (
-        torch.randn(b, s, h, d, device="cuda", generator=gen).bfloat16() for _ in range(4)
-    )
-    ref_in = [x.double().requires_grad_() for x in (q, k, v)]
-    ref = torch.nn.functional.scaled_dot_product_attention(
-        *(x.transpose(1, 2) for x in ref_in), is_causal=causal
-    ).transpose(1, 2)
-    ref.backward(do.double())
-    shard = _zigzag if causal else _contiguous
-    loc = [shard(x, rank, n).requires_grad_() for x in (q, k, v)]
+def _reference(b, s, h, d, causal, device="cuda", dtype=torch.bfloat16):
+    """A (b, s, h, d) problem for --check: inputs (q, k, v, do) in `dtype` and the exact fp64
+    (out, dq, dk, dv) of the whole sequence, a few heads at a time (heads are independent; it
+    bounds the fp64 score matrices at 4 ranks x 1024 tokens to about 2 GB)."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    inputs = [torch.randn(b, s, h, d, device=device, generator=gen).to(dtype) for _ in range(4)]
+    parts = []
+    for heads in torch.arange(h).split(8):
+        sl = slice(int(heads[0]), int(heads[-1]) + 1)
+        xs = [x[:, :, sl].double().requires_grad_() for x in inputs[:3]]
+        out = torch.nn.functional.scaled_dot_product_attention(
+            *(x.transpose(1, 2) for x in xs), is_causal=causal
+        ).transpose(1, 2)
+        out.backward(inputs[3][:, :, sl].double())
+        parts.append((out.detach(), *(x.grad for x in xs)))
+    return inputs, [torch.cat(p, dim=2) for p in zip(*parts, strict=True)]
+
+
+def _check(fn, shard, problem, causal) -> dict:
+    """fn's out (max abs error) and dq/dk/dv (max abs error / max |exact|) on each rank's
+    `shard` of `problem` (_reference's), against the exact values; the maximum over ranks."""
+    (q, k, v, do), (ref, *ref_grads) = problem
+    loc = [shard(x).requires_grad_() for x in (q, k, v)]
     out = fn(*loc, causal)
-    out.backward(shard(do, rank, n))
-    errs = {"out": (out.double() - shard(ref.detach(), rank, n)).abs().max().item()}
-    for name, x, r in zip(("dq", "dk", "dv"), loc, ref_in, strict=True):
-        ref_g = shard(r.grad, rank, n)
+    out.backward(shard(do))
+    errs = {"out": (out.double() - shard(ref)).abs().max().item()}
+    for name, x, r in zip(("dq", "dk", "dv"), loc, ref_grads, strict=True):
+        ref_g = shard(r)
         errs[name] = ((x.grad.double() - ref_g).abs().max() / ref_g.abs().max()).item()
-    return errs
+    worst = torch.tensor(list(errs.values()), dtype=torch.float64, device=q.device)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # rank 0 writes the JSON: every rank's worst
+    return dict(zip(errs, worst.tolist(), strict=True))
 
 
 def main() -> None:
@@ -198,6 +334,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--check", action="store_true")
+    parser.add_argument("--check-tokens", type=int, default=1024, help="--check tokens per rank")
+    parser.add_argument("--ulysses", type=int, default=1, help="ulysses degree U (ring = N / U)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--out", default="train_sweep.json")
     args = parser.parse_args()
 
@@ -205,23 +344,38 @@ def main() -> None:
     from tokenring_xdit.ring.comm import setup_token_ring_group
 
     tokenring_xdit.install()
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    torch.cuda.set_device(local_rank)
-    dist.init_process_group("nccl")
+    device, u = args.device, args.ulysses
+    world = int(os.environ.get("WORLD_SIZE", 1))  # same answer on every rank, before any group
+    if u < 1 or world % u or any(h % u for h, _ in SHAPES.values()):
+        raise SystemExit(f"--ulysses {u} must divide the {world} ranks and the heads of {SHAPES}")
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group("nccl" if device == "cuda" else "gloo")
     rank, n = dist.get_rank(), dist.get_world_size()
     setup_token_ring_group(dist.group.WORLD)
-    impls = _impls(n)
+    impls = _impls(n, u, device)
+    # u = 1: TokenRing is checked, as before; u > 1: every method, each on its own shards
+    checked = list(impls) if u > 1 else ["token_ring"]
     rows, checks = [], {}
     for shape, (h, d) in SHAPES.items():
         for causal in (True, False):
+            key = f"{shape}/{'causal' if causal else 'full'}"
             if args.check:
-                key = f"{shape}/{'causal' if causal else 'full'}"
-                checks[key] = _check(impls["token_ring"], 2, 1024 * n, h, d, causal, rank, n)
+                problem = _reference(2, args.check_tokens * n, h, d, causal, device)
+                for name in checked:
+                    shard = _shard_for(name, causal, rank, n, u)
+                    try:
+                        errs = _check(impls[name], shard, problem, causal)
+                    except Exception as e:  # a baseline that cannot run it; TokenRing must
+                        if name == "token_ring":
+                            raise
+                        errs = dict(error=f"{type(e).__name__}: {str(e)[:200]}")
+                    checks[key if u == 1 else f"{key}/{name}"] = errs
             for seq in map(int, args.seqs.split(",")):
                 s_local = seq // n
-                gen = torch.Generator(device="cuda").manual_seed(rank)
+                gen = torch.Generator(device=device).manual_seed(rank)
                 q, k, v, do = (
-                    torch.randn(args.batch, s_local, h, d, device="cuda", generator=gen)
+                    torch.randn(args.batch, s_local, h, d, device=device, generator=gen)
                     .bfloat16()
                     .requires_grad_(i < 3)
                     for i in range(4)
@@ -233,15 +387,17 @@ def main() -> None:
                     except Exception as e:  # a baseline that cannot run this config
                         row = dict(impl=name, error=f"{type(e).__name__}: {str(e)[:200]}")
                     rows.append(dict(shape=shape, heads=h, head_dim=d, seq=seq, causal=causal,
-                                     world=n, **row))  # fmt: skip
+                                     world=n, ulysses=u, ring=n // u, **row))  # fmt: skip
                     if rank == 0:
                         print(rows[-1], flush=True)
     if rank == 0:
         result = dict(
             machine=platform.node(),
-            gpu=torch.cuda.get_device_name(),
+            gpu=torch.cuda.get_device_name() if device == "cuda" else "cpu",
             torch=torch.__version__,
             world=n,
+            ulysses=u,
+            ring=n // u,
             yunchang_kernel=YUNCHANG_KERNEL,
             checks=checks,
             rows=rows,

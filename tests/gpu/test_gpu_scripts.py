@@ -81,6 +81,21 @@ def _launches() -> dict[str, Launch]:
             ("--check", "--seqs", "4096", "--iters", "2", "--warmup", "1", "--out", "{tmp}/t.json"),
             ipc,
         ),
+        # USP wiring (ulysses 2 x ring 1 on 2 GPUs): yunchang's hybrid layers, the all-to-alls
+        "train_sweep_usp": Launch(
+            "benchmarks/train_sweep.py",
+            (
+                "--ulysses",
+                "2",
+                "--check",
+                "--seqs",
+                "4096",
+                "--iters",
+                "2",
+                "--out",
+                "{tmp}/t.json",
+            ),
+        ),
         "profile_ring_call": Launch(
             "benchmarks/profile_ring_call.py", ("--shapes", "pixart:4096", "--out", "{tmp}/p.json")
         ),
