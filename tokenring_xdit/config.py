@@ -92,6 +92,13 @@ class RingConfig:
         "pieces of the last partial's return (2 was faster only for Flux 1024 px at ring 2)",
         parse="positive_or_invalid",
     )
+    comm_high_priority: bool = _setting(
+        "COMM_HIGH_PRIORITY",
+        True,
+        "`0`: make the ring's NCCL communicators with normal-priority streams (high priority lets "
+        "their kernels take SMs as the attention kernel's blocks finish, so a transfer starts "
+        "while the kernel runs); read when a ring's communicators are made",
+    )
     # Local to each rank (the own block never travels, so ranks need not agree on it).
     defer_own: float = _setting(
         "DEFER_OWN",

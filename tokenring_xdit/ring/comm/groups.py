@@ -187,8 +187,9 @@ def _make(group: dist.ProcessGroup) -> RingComms:
     def new(kind: str, timeout: timedelta) -> dist.ProcessGroup:
         # members only, same order on each: never involves ranks outside this ring
         return dist.new_group(
-            list(ranks), timeout=timeout, backend=kind, use_local_synchronization=True
-        )
+            list(ranks), timeout=timeout, backend=kind, use_local_synchronization=True,
+            pg_options=_lane_options(kind),
+        )  # fmt: skip
 
     try:
         check = new("gloo", deadline)
@@ -204,6 +205,17 @@ def _make(group: dist.ProcessGroup) -> RingComms:
         ) from exc
     name = int.from_bytes(hashlib.sha256(group.group_name.encode()).digest()[:7], "little")
     return RingComms(group, ranks, q, out, check, deadline, backend, name)
+
+
+def _lane_options(kind: str):
+    """NCCL lanes on high-priority streams (config.comm_high_priority): the block scheduler then
+    gives their kernels SMs as soon as the attention kernel's blocks retire, instead of after the
+    kernel queued behind it on the compute stream (measured: docs/performance.md)."""
+    if kind != "nccl" or not current().comm_high_priority:
+        return None
+    options = dist.ProcessGroupNCCL.Options()
+    options.is_high_priority_stream = True
+    return options
 
 
 def setup_token_ring_group(group: dist.ProcessGroup | None) -> None:
