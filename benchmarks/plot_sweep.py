@@ -15,7 +15,15 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-METHODS = ["token_ring", "token_ring_eager", "torch_ag", "torch_a2a", "yunchang_p2p", "ulysses"]
+METHODS = [
+    "token_ring",
+    "token_ring_whole_own",
+    "token_ring_eager",
+    "torch_ag",
+    "torch_a2a",
+    "yunchang_p2p",
+    "ulysses",
+]
 
 
 def plot(path: Path) -> Path:

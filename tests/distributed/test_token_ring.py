@@ -165,8 +165,10 @@ def _expected_traffic(case, n, rank):
     q_lens = case["q_lens"][:n]
     chunks = case["final_chunks"] or cfg.final_chunks
     chunks = min(chunks, min(q_lens))
+    from tokenring_xdit.ring.forward import held_back
+
     # a held-back part of the own block is one more kernel (never a message)
-    split = int(cfg.defer_own > 0 and q_lens[rank] >= 2)
+    split = int(held_back(q_lens[rank], cfg.defer_own) > 0)
     # N-2 regular returns + the final one in `chunks` pieces; every return is out + lse
     return dict(
         q_messages=n - 1,

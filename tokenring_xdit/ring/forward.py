@@ -18,7 +18,23 @@ from .merge import PartialMerge, SplitMerge
 from .ring import Ring
 from .schedules import chunk_bounds
 
-__all__ = ["RingCall", "ring_forward", "local_forward"]
+__all__ = ["RingCall", "ring_forward", "local_forward", "held_back"]
+
+# defer_own=None ("auto"): hold back this share of the own block where a rank has at least this
+# many queries. Measured at ring 2 on H200 (docs/performance.md, "The held-back own block"):
+# 2-9 % faster from 8k local queries (16k+ tokens), up to 6 % slower below (two smaller kernels).
+AUTO_DEFER = 0.5
+AUTO_DEFER_MIN_QUERIES = 8192
+
+
+def held_back(length: int, defer_own: float | None) -> int:
+    """How many of a rank's `length` queries run their own block last (0: none). Local: the own
+    block never travels, so ranks with other lengths or settings still match."""
+    if defer_own is None:
+        defer_own = AUTO_DEFER if length >= AUTO_DEFER_MIN_QUERIES else 0.0
+    if defer_own <= 0 or length < 2:
+        return 0
+    return min(length - 1, max(1, round(length * defer_own)))
 
 
 @dataclass(frozen=True)
@@ -33,7 +49,7 @@ class RingCall:
     chunks: int  # pieces of the last partial's return
     joint_strategy: str  # where joint K/V join the local K/V in the step-0 block
     fused_merge: bool
-    defer_own: float = 0.0  # share of our own queries whose own block runs after the last send
+    defer_own: float | None = 0.0  # share of our queries whose own block runs last (None: auto)
 
     def graph_key(self) -> tuple:
         """Everything a captured graph bakes in besides the tensors' signature."""
@@ -47,13 +63,6 @@ class RingCall:
             self.fused_merge,
             self.defer_own,
         )
-
-    def held_back(self, length: int) -> int:
-        """How many of our `length` queries run their own block last (0: none). Local: the own
-        block never travels, so ranks with other lengths or settings still match."""
-        if self.defer_own <= 0 or length < 2:
-            return 0
-        return min(length - 1, max(1, round(length * self.defer_own)))
 
     def block(self, q, k, v, dense: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """(out, lse fp32); `dense` (P2P needs dense buffers) for partials that travel."""
@@ -91,7 +100,7 @@ def ring_forward(
     own_kv = call.join(k, v, joint_kv)
     b, _, h, d = layout.dims(q)
     held_q = q.contiguous()
-    held = call.held_back(q_lens[rank])
+    held = held_back(q_lens[rank], call.defer_own)
     split = q_lens[rank] - held
     tail_q = layout.seq_slice(held_q, slice(split, q_lens[rank])) if held else None
     # One receive buffer pair for our own partials, reused: each merge is ordered before the
