@@ -15,9 +15,13 @@ Both lanes are posted before the step's kernel and waited after it.
   (At the last step the Q lane is idle and the last partial goes home the way Q went,
    r -> r+1 = r-3, so its pieces reuse that communicator.)
 
-Each partial returns to its owner one step late, so the transfer hides behind the next kernel;
-the last one has no next kernel, so it is cut into chunks that leave as soon as each is computed.
-Totals per forward: N kernels, N-1 Q transfers, N-1 partial returns, no self-sends.
+Each partial returns to its owner one step late, so the transfer hides behind the next kernel.
+The last one has no next kernel: it can leave in chunks as each is computed (`final_chunks`),
+and a share of our own queries can be held back (`defer_own`): step 0 then runs P(r, r) for
+the first queries only, and the rest of P(r, r) runs at the last step after its pieces are
+sent, so the last return travels behind it. Neither changes who sends what.
+Totals per forward: N kernels (+1 when holding back), N-1 Q transfers, N-1 partial returns,
+no self-sends.
 """
 
 from __future__ import annotations
