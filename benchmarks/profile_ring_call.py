@@ -7,6 +7,9 @@ other) and compared with the same per-block cuDNN kernels run alone, back to bac
 `attention_inflation` = attention kernel time inside the ring / the same kernels alone: above 1
 the NCCL kernels running beside the attention kernel slow it down (they share SMs and memory).
 `exposed_ms` = call time - attention time inside the ring: what the overlap did not hide.
+`timeline` splits the profiled window per call (breakdown()): attention busy, NCCL outside
+attention (transfers in the open, or waiting for the peer), merges/copies outside both, and
+time with no GPU work at all (host gaps, launches, waits between streams).
 `--defer 0 0.5` profiles each shape once per `defer_own` (0: the own block whole at step 0).
 """
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections import defaultdict
 
 import torch
@@ -36,7 +40,71 @@ def _kind(name: str) -> str:
     return "other"
 
 
-def _kernel_ms(fn, calls: int) -> dict[str, float]:
+# --- the timeline: what ran with nothing to hide it ---------------------------------------
+# Intervals are (start_ns, end_ns) of CUDA activities (kernels, memcpy/memset) from the
+# profiler's trace, grouped by kind. An NCCL kernel also runs while it waits for its peer, so
+# "nccl in the open" is transfer time plus waiting for the other rank.
+
+Interval = tuple[int, int]
+
+
+def union(intervals: list[Interval]) -> list[Interval]:
+    """Sorted, non-overlapping cover of `intervals`."""
+    merged: list[Interval] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def length(intervals: list[Interval]) -> int:
+    return sum(end - start for start, end in union(intervals))
+
+
+def overlap(a: list[Interval], b: list[Interval]) -> int:
+    """Length of the time covered by both `a` and `b`."""
+    a, b = union(a), union(b)
+    i = j = total = 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        total += max(0, hi - lo)
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def in_the_open(kind: list[Interval], hiding: list[Interval]) -> int:
+    """Time `kind` ran while nothing of `hiding` did."""
+    return length(kind) - overlap(kind, hiding)
+
+
+def breakdown(by_kind: dict[str, list[Interval]], calls: int) -> dict[str, float]:
+    """ms per call: the window from the first to the last activity, attention busy time, NCCL
+    time outside attention, merges/copies/other outside both, and time with no GPU work at all
+    (host gaps, launches, waits between the streams)."""
+    everything = [iv for ivs in by_kind.values() for iv in ivs]
+    if not everything:
+        return {}
+    window = max(e for _, e in everything) - min(s for s, _ in everything)
+    attention = by_kind.get("attention", [])
+    nccl = by_kind.get("nccl", [])
+    rest = [iv for kind, ivs in by_kind.items() if kind not in ("attention", "nccl") for iv in ivs]
+    per_call = 1e6 * calls  # ns -> ms per call
+    return dict(
+        window_ms=window / per_call,
+        attention_ms=length(attention) / per_call,
+        nccl_in_the_open_ms=in_the_open(nccl, attention) / per_call,
+        merge_copy_other_in_the_open_ms=in_the_open(rest, attention + nccl) / per_call,
+        gpu_idle_ms=(window - length(everything)) / per_call,
+    )
+
+
+def _kernel_ms(fn, calls: int, timeline: dict | None = None) -> dict[str, float]:
+    """ms per call by kind; `timeline` (if given) receives breakdown() of the same window."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -48,6 +116,12 @@ def _kernel_ms(fn, calls: int) -> dict[str, float]:
     for e in prof.events():
         if e.device_type.name == "CUDA":
             total[_kind(e.name)] += e.device_time_total / 1e3 / calls
+    if timeline is not None:
+        by_kind: dict[str, list] = defaultdict(list)
+        for e in prof.profiler.kineto_results.events():
+            if e.device_type().name == "CUDA":
+                by_kind[_kind(e.name())].append((e.start_ns(), e.end_ns()))
+        timeline.update(breakdown(by_kind, calls))
     return dict(total)
 
 
@@ -75,7 +149,8 @@ def _profile_shape(
             KERNELS["cudnn"](q, k, v, dim**-0.5, lay)
 
     call_ms = time_ms(ring, 50, 10)
-    in_ring = _kernel_ms(ring, 20)
+    timeline: dict = {}
+    in_ring = _kernel_ms(ring, 20, timeline)
     alone = _kernel_ms(blocks_alone, 20)
     row = dict(
         model=model,
@@ -88,6 +163,7 @@ def _profile_shape(
         call_ms=call_ms,
         kernels_in_ring_ms=in_ring,
         attention_alone_ms=alone.get("attention"),
+        timeline=timeline,
     )
     row["attention_inflation"] = in_ring.get("attention", 0) / alone["attention"]
     row["exposed_ms"] = call_ms - in_ring.get("attention", 0)
@@ -119,7 +195,8 @@ def main() -> None:
         meta = dict(
             gpu=torch.cuda.get_device_name(),
             torch=torch.__version__,
-            command="torchrun --nproc_per_node=2 benchmarks/profile_ring_call.py",
+            command=f"torchrun --nproc_per_node={n} benchmarks/profile_ring_call.py "
+            + " ".join(sys.argv[1:]),
         )
         with open(args.out, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
