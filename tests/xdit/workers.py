@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 import traceback
 from typing import Any
 
@@ -451,6 +452,7 @@ def _pipeline_part(rank: int, spec: dict, engine_config, calls: _Calls, model: s
     from tokenring_xdit.hosts.transformer_graphs import graph_stats
 
     for impl in spec["impls"]:
+        print(f"[xdit rank {rank}] {model} with {impl}", file=sys.stderr, flush=True)
         _select(impl)
         run = _run_counted(calls, lambda: xpipe(**kwargs))
         out = run.pop("out")
@@ -460,6 +462,7 @@ def _pipeline_part(rank: int, spec: dict, engine_config, calls: _Calls, model: s
         results[str(impl)] = run
     last = torch.distributed.get_rank() == torch.distributed.get_world_size() - 1
     if spec.get("reference") and last:  # plain diffusers on this one device (GPU test)
+        print(f"[xdit rank {rank}] {model} reference", file=sys.stderr, flush=True)
         results["reference"] = plain_pipeline_latents(model, device, dtype)
     return results
 
@@ -501,6 +504,7 @@ def run_xdit(rank: int, world_size: int, spec: dict) -> dict:
     # TokenRing's rank-0 announcement, as it reaches xDiT's log
     announced = _ListHandler()
     logging.getLogger("xfuser.tokenring_xdit").addHandler(announced)
+    t0 = time.monotonic()
     engine_config = _set_up(rank, world_size, spec)
     calls = _Calls()
     from xfuser.core.distributed import get_runtime_state, initialize_runtime_state
@@ -516,6 +520,9 @@ def run_xdit(rank: int, world_size: int, spec: dict) -> dict:
         initialize_runtime_state(pipeline=pipe, engine_config=engine_config)
         results["backend"] = get_runtime_state().attention_backend.name
     for part in parts:
+        # progress on stderr: a launch cut by its timeout still says which part each rank was in
+        print(f"[xdit rank {rank}] part {part} starts at {time.monotonic() - t0:.1f} s",
+              file=sys.stderr, flush=True)  # fmt: skip
         try:
             if part == "usp":
                 results[part] = _usp_part(rank, spec, calls)

@@ -21,8 +21,9 @@ from .schedules import chunk_bounds
 __all__ = ["RingCall", "ring_forward", "local_forward", "held_back"]
 
 # defer_own=None ("auto"): hold back this share of the own block where a rank has at least this
-# many queries. Measured at ring 2 on H200 (docs/performance.md, "The held-back own block"):
-# 2-9 % faster from 8k local queries (16k+ tokens), up to 6 % slower below (two smaller kernels).
+# many queries. Measured at ring 2 on H200 (docs/performance.md, "Rings of 2 and 4 on 4 x H200"):
+# up to 9 % faster from 8k local queries (16k+ tokens), up to 6 % slower below (two smaller
+# kernels).
 AUTO_DEFER = 0.5
 AUTO_DEFER_MIN_QUERIES = 8192
 

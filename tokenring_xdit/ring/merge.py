@@ -110,7 +110,7 @@ class SplitMerge:
         fused: bool,
     ):
         b, a, h, dv = layout.dims(head_out)
-        self.layout, self.split, self.length, self.updates = layout, a, length, updates
+        self.layout, self.split, self.length = layout, a, length
         self.out = torch.empty(
             (b, length, h, dv) if layout.seq_dim == 1 else (b, h, length, dv),
             dtype=out_dtype, device=head_out.device,

@@ -208,9 +208,9 @@ def _make(group: dist.ProcessGroup) -> RingComms:
 
 
 def _lane_options(kind: str):
-    """NCCL lanes on high-priority streams (config.comm_high_priority): the block scheduler then
-    gives their kernels SMs as soon as the attention kernel's blocks retire, instead of after the
-    kernel queued behind it on the compute stream (measured: docs/performance.md)."""
+    """NCCL lanes on high-priority streams when config.comm_high_priority asks: the block
+    scheduler then gives their kernels SMs as the attention kernel's blocks retire. Off by
+    default: no gain measured at ring 2 over NVLink (docs/performance.md)."""
     if kind != "nccl" or not current().comm_high_priority:
         return None
     options = dist.ProcessGroupNCCL.Options()
