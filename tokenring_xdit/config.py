@@ -213,30 +213,28 @@ def _fabric(raw: str | None) -> str | None:
     return FABRIC_ALIASES.get(name, name) if name else None
 
 
-def _seconds(raw: str | None) -> float | None:
+def _number(raw: str | None, field: str, ok, allowed: str) -> float | None:
+    """None when unset; the number when ok(number); ValueError naming what is allowed."""
     if raw is None or not raw.strip():
         return None
     try:
         value = float(raw)
     except ValueError:
-        value = -1.0
-    if not 0 < value < float("inf"):
-        raise ValueError(f"{_ENV_NAME['timeout']}={raw!r}: use a positive number of seconds")
+        value = float("nan")  # fails every `ok`
+    if not ok(value):
+        raise ValueError(f"{_ENV_NAME[field]}={raw!r}: use {allowed}")
     return value
+
+
+def _seconds(raw: str | None) -> float | None:
+    return _number(raw, "timeout", lambda x: 0 < x < float("inf"), "a positive number of seconds")
 
 
 def _fraction_or_auto(raw: str | None, field: str) -> float | None:
-    if raw is None or raw.strip().lower() in ("", "auto"):
+    if raw is not None and raw.strip().lower() == "auto":
         return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < 1:
-        raise ValueError(
-            f"{_ENV_NAME[field]}={raw!r}: use `auto` or a number from 0 up to (not incl.) 1"
-        )
-    return value
+    allowed = "`auto` or a number from 0 up to (not incl.) 1"
+    return _number(raw, field, lambda x: 0 <= x < 1, allowed)
 
 
 def _positive_or_invalid(raw: str | None, default: int) -> int:
