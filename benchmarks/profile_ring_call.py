@@ -112,17 +112,13 @@ def _kernel_ms(fn, calls: int, timeline: dict | None = None) -> dict[str, float]
         for _ in range(calls):
             fn()
         torch.cuda.synchronize()
-    total: dict[str, float] = defaultdict(float)
-    for e in prof.events():
-        if e.device_type.name == "CUDA":
-            total[_kind(e.name)] += e.device_time_total / 1e3 / calls
+    by_kind: dict[str, list] = defaultdict(list)  # the trace's GPU activities, read once
+    for e in prof.profiler.kineto_results.events():
+        if e.device_type().name == "CUDA":
+            by_kind[_kind(e.name())].append((e.start_ns(), e.end_ns()))
     if timeline is not None:
-        by_kind: dict[str, list] = defaultdict(list)
-        for e in prof.profiler.kineto_results.events():
-            if e.device_type().name == "CUDA":
-                by_kind[_kind(e.name())].append((e.start_ns(), e.end_ns()))
         timeline.update(breakdown(by_kind, calls))
-    return dict(total)
+    return {kind: sum(e - s for s, e in ivs) / 1e6 / calls for kind, ivs in by_kind.items()}
 
 
 def _profile_shape(
