@@ -204,14 +204,23 @@ def _train(build, torch, causal: bool, ring: bool):
             loss = tr_hf.ring_loss(model(**batch).logits, labels_local)
         else:  # one process, the model's own loss (it shifts causal labels itself)
             loss = model(input_ids=ids, labels=ids if causal else labels).loss
-        opt.zero_grad()
-        loss.backward()
-        if ring:
-            tr_hf.sync_gradients(model)
-        losses.append(loss.item())
-        grads.append({n: p.grad.double().clone() for n, p in model.named_parameters()})
-        opt.step()
+        value, step_grads = optimizer_step(model, opt, loss, ring)
+        losses.append(value)
+        grads.append(step_grads)
     return losses, grads
+
+
+def optimizer_step(model, opt, loss, ring: bool) -> tuple[float, dict]:
+    """Backward, gradient sync across the ring (ring runs), SGD step: (loss, fp64 grads)."""
+    from tokenring_xdit.integrations import transformers as tr_hf
+
+    opt.zero_grad()
+    loss.backward()
+    if ring:
+        tr_hf.sync_gradients(model)
+    grads = {n: p.grad.double().clone() for n, p in model.named_parameters()}
+    opt.step()
+    return loss.item(), grads
 
 
 def _compare(build, torch, causal):

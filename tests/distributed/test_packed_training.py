@@ -15,6 +15,7 @@ import functools
 
 import pytest
 
+from tests.distributed.test_llm_training import optimizer_step
 from tests.harness import run_ranks, values
 
 SEQ = 24  # divides by 2N for N = 2, 3
@@ -69,13 +70,9 @@ def _train(torch, ring: bool):
                 )
                 count += b - a - 1
             loss = total / count
-        opt.zero_grad()
-        loss.backward()
-        if ring:
-            tr_hf.sync_gradients(model)
-        losses.append(loss.item())
-        grads.append({n: p.grad.double().clone() for n, p in model.named_parameters()})
-        opt.step()
+        value, step_grads = optimizer_step(model, opt, loss, ring)
+        losses.append(value)
+        grads.append(step_grads)
     return losses, grads
 
 
