@@ -240,10 +240,9 @@ def _attn(
 
 @_attn.register_fake
 def _attn_fake(q, k, v, joint_k, joint_v, positions, group, layout, *args):
-    if layout == "bhsd":
-        b, h, s = q.shape[0], q.shape[1], q.shape[2]
-    else:
-        b, s, h = q.shape[0], q.shape[1], q.shape[2]
+    from .layout import get_layout
+
+    b, s, h, _ = get_layout(layout).dims(q)
     out = q.new_empty((*q.shape[:3], v.shape[3]))
     return out, q.new_empty((b, h, s), dtype=torch.float32)
 
