@@ -339,3 +339,50 @@ def test_per_call_timeout_is_honoured():
         assert needle in message, (name, message)
         assert elapsed < 15, (name, elapsed)  # the call's 2 s bounds it, not the group's 30 s
     assert "unusable after an earlier failure" in seen["again"], seen["again"]
+
+
+# ------------------------------------------------- a choice changed under cached agreement
+
+
+def _switched_choices(rank, n):
+    """NCCL rings reuse an agreement per signature (TOKENRING_XDIT_VALIDATE=signature here, on
+    gloo). Both ranks run both rings in agreement first, so each has a cached agreement for
+    either choice; then they switch to different rings. The switch must be seen: one ValueError
+    on each rank (xDiT's GPU test hung here: both ranks hit their caches and ran different
+    protocols), and after both switch back the call agrees again."""
+    import torch
+
+    from tokenring_xdit.hosts import selection
+
+    group = torch.distributed.group.WORLD
+    q = torch.zeros(1, 8, 2, 16)
+
+    def choose():
+        return selection.choose(group, q, 8, 8, None, lambda *a: None)
+
+    seen = []
+    for impl in (selection.TOKEN_RING, selection.DEFAULT):
+        selection.set_xdit_ring_impl(impl)
+        seen.append(choose())
+    selection.set_xdit_ring_impl(selection.TOKEN_RING if rank == 0 else selection.DEFAULT)
+    try:
+        seen.append(f"no error: {choose()}")
+    except ValueError as exc:
+        seen.append(str(exc))
+    selection.set_xdit_ring_impl(selection.DEFAULT)
+    seen.append(choose())
+    return seen
+
+
+@pytest.mark.timeout(90)
+def test_switching_rings_is_seen_under_cached_agreement():
+    results = run_ranks(
+        _switched_choices, 2, timeout=LAUNCH_TIMEOUT_S, env={"TOKENRING_XDIT_VALIDATE": "signature"}
+    )
+    for r in results:
+        assert r.ok, (r.rank, r.error_type, r.error, r.trace)
+        (tokenring, default), mismatch, after = r.value[:2], r.value[2], r.value[3]
+        assert (tokenring, default) == ("token_ring", "default"), r.value
+        assert "chose different ring attentions" in mismatch, (r.rank, mismatch)
+        assert "rank 0: TokenRing" in mismatch and "rank 1: the host's own ring" in mismatch
+        assert after == "default", (r.rank, after)

@@ -28,6 +28,11 @@ DEFAULT, TOKEN_RING, AUTO = config.RING_IMPLS
 XDIT_RING_IMPLS = config.RING_IMPLS
 
 _chosen: dict[str, str | None] = {"python": None, "flag": None}
+# Bumped whenever this process changes its choice: the agreement caches key on it, so the next
+# call after a change exchanges again (NCCL rings otherwise reuse the last agreement for the
+# same signature, and two ranks that each switched to a ring they had used before would both
+# hit their caches and run different protocols).
+_generation = [0]
 
 
 def validate_ring_impl(name: str, source: str) -> str:
@@ -43,10 +48,12 @@ def set_xdit_ring_impl(name: str | None) -> None:
     """Choose xDiT's ring for this process ("token_ring", "default" or "auto"); None clears
     the choice."""
     _chosen["python"] = None if name is None else validate_ring_impl(name, "set_xdit_ring_impl")
+    _generation[0] += 1
 
 
 def set_from_flag(name: str | None) -> None:
     _chosen["flag"] = None if name is None else validate_ring_impl(name, "--ring_impl_type")
+    _generation[0] += 1
 
 
 def xdit_ring_impl() -> tuple[str, str]:
@@ -63,6 +70,7 @@ def xdit_ring_impl() -> tuple[str, str]:
 
 def reset() -> None:
     _chosen.update(python=None, flag=None)
+    _generation[0] += 1
 
 
 # --- auto ------------------------------------------------------------------------------------
@@ -207,8 +215,9 @@ def choose(group, query, q_len: int, kv_len: int, signature, announce) -> str:
         inputs = (cfg.auto_fabric(), cfg.cuda_graphs, grad, query.dtype, query.device.type)
     validate = cfg.validate
     lengths = agree_ring_choice(
-        group, Choice.of(impl), source, inputs, (q_len, kv_len), query.device, validate
-    )
+        group, Choice.of(impl), source, inputs, (q_len, kv_len), query.device, validate,
+        epoch=_generation[0],
+    )  # fmt: skip
     if impl != AUTO:
         announce(impl, source, None, None)
         return impl

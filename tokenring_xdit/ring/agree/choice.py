@@ -67,12 +67,14 @@ def agree_ring_choice(
     lengths: tuple[int, int],
     device: torch.device,
     validate: str,
+    epoch: Hashable = 0,
 ) -> tuple[int, int]:
     """A host's ring choice for one call, agreed on every ring rank before either ring runs.
 
     choice: a Choice or its name in config.RING_IMPLS; source: a ChoiceSource or its text;
     auto_inputs: what `auto` decides from besides the shapes (fabric, graphs, gradients: equal
-    on every rank or an error). Returns the longest (q, kv) local lengths over the ring, so
+    on every rank or an error); epoch: changes whenever this rank's choice was changed (the
+    cache keys on it, so a rank that switched rings exchanges again). Returns the longest (q, kv) local lengths over the ring, so
     `auto` decides the same on every rank.
     """
     choice = Choice.of(choice) if isinstance(choice, str) else Choice(choice)
@@ -88,7 +90,7 @@ def agree_ring_choice(
     meta[INPUTS] = digest(auto_inputs) if choice == Choice.AUTO else 0
     meta[SQ], meta[SKV] = lengths
     device_type = "cpu" if comms.backend == "gloo" else "cuda"
-    key = ("choice", pos.group, tuple(meta), device)
+    key = ("choice", pos.group, tuple(meta), device, epoch)
     if not always(validate, device_type):
         hit = cached(key)
         if hit is not None:
