@@ -11,12 +11,15 @@ the NCCL kernels running beside the attention kernel slow it down (they share SM
 attention (transfers in the open, or waiting for the peer), merges/copies outside both, and
 time with no GPU work at all (host gaps, launches, waits between streams).
 `--defer 0 0.5` profiles each shape once per `defer_own` (0: the own block whole at step 0).
+`--events` adds `events`: every GPU activity of one call on its own (kind, stream, start and
+duration in us from the call's first activity), to read the order a timeline sum hides.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections import defaultdict
 
@@ -103,8 +106,11 @@ def breakdown(by_kind: dict[str, list[Interval]], calls: int) -> dict[str, float
     )
 
 
-def _kernel_ms(fn, calls: int, timeline: dict | None = None) -> dict[str, float]:
-    """ms per call by kind; `timeline` (if given) receives breakdown() of the same window."""
+def _kernel_ms(
+    fn, calls: int, timeline: dict | None = None, events: list | None = None
+) -> dict[str, float]:
+    """ms per call by kind; `timeline` (if given) receives breakdown() of the same window,
+    `events` (if given) every activity as [kind, stream, start_us, duration_us, name]."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -113,17 +119,27 @@ def _kernel_ms(fn, calls: int, timeline: dict | None = None) -> dict[str, float]
             fn()
         torch.cuda.synchronize()
     by_kind: dict[str, list] = defaultdict(list)  # the trace's GPU activities, read once
+    found = []
     for e in prof.profiler.kineto_results.events():
         if e.device_type().name == "CUDA":
-            by_kind[_kind(e.name())].append((e.start_ns(), e.end_ns()))
+            kind, span = _kind(e.name()), (e.start_ns(), e.end_ns())
+            by_kind[kind].append(span)
+            found.append((*span, kind, e.device_resource_id(), e.name()))
+    if events is not None and found:
+        t0 = min(f[0] for f in found)
+        events += [
+            [kind, stream, round((s - t0) / 1e3, 2), round((e - s) / 1e3, 2), name[:48]]
+            for s, e, kind, stream, name in sorted(found)
+        ]
     if timeline is not None:
         timeline.update(breakdown(by_kind, calls))
     return {kind: sum(e - s for s, e in ivs) / 1e6 / calls for kind, ivs in by_kind.items()}
 
 
 def _profile_shape(
-    group, rank: int, n: int, model: str, heads: int, dim: int, tokens: int, defer: float | None
-):
+    group, rank: int, n: int, model: str, heads: int, dim: int, tokens: int, defer: float | None,
+    events: bool = False,
+):  # fmt: skip
     from tokenring_xdit.config import current
     from tokenring_xdit.ring import token_ring_attn
     from tokenring_xdit.ring.kernels import KERNELS
@@ -161,6 +177,9 @@ def _profile_shape(
         attention_alone_ms=alone.get("attention"),
         timeline=timeline,
     )
+    if events:
+        row["events"] = []
+        _kernel_ms(ring, 1, events=row["events"])
     row["attention_inflation"] = in_ring.get("attention", 0) / alone["attention"]
     row["exposed_ms"] = call_ms - in_ring.get("attention", 0)
     return row
@@ -171,6 +190,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--shapes", nargs="+", default=["flux:16896", "pixart:16384", "pixart:4096"])
     ap.add_argument("--defer", nargs="+", type=float, default=[None], help="defer_own values")
+    ap.add_argument("--events", action="store_true", help="every GPU activity of one call")
     args = ap.parse_args()
     from tokenring_xdit.ring import setup_token_ring_group
 
@@ -184,13 +204,17 @@ def main() -> None:
         if f"{model}:{tokens}" not in args.shapes and "all" not in args.shapes:
             continue
         for defer in args.defer:
-            rows.append(_profile_shape(group, rank, n, model, heads, dim, tokens, defer))
+            rows.append(
+                _profile_shape(group, rank, n, model, heads, dim, tokens, defer, args.events)
+            )
             if rank == 0:
-                print(json.dumps(rows[-1]), flush=True)
+                print(json.dumps({k: v for k, v in rows[-1].items() if k != "events"}), flush=True)
     if rank == 0:
         meta = dict(
             gpu=torch.cuda.get_device_name(),
             torch=torch.__version__,
+            nccl=".".join(map(str, torch.cuda.nccl.version())),
+            nccl_env={k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")},
             command=f"torchrun --nproc_per_node={n} benchmarks/profile_ring_call.py "
             + " ".join(sys.argv[1:]),
         )

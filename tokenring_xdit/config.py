@@ -108,6 +108,15 @@ class RingConfig:
         "ring 2 and cost up to 6 % below)",
         parse="fraction_or_auto",
     )
+    # Local to each rank (a pause on its own stream; nothing travels differently).
+    comm_head_start_us: float = _setting(
+        "COMM_HEAD_START_US",
+        0.0,
+        "microseconds the compute stream pauses after posting a partial that the kernel just "
+        "made, so NCCL's transfer kernel gets its SMs before the next attention kernel fills "
+        "them (0: no pause)",
+        parse="microseconds",
+    )
     validate: ValidateMode = _setting(
         "VALIDATE",
         "auto",
@@ -146,6 +155,10 @@ class RingConfig:
     def __post_init__(self) -> None:
         if self.defer_own is not None and not 0 <= self.defer_own < 1:  # where it is built
             raise ValueError(f"RingConfig.defer_own={self.defer_own!r}: use 0 <= defer_own < 1")
+        if not 0 <= self.comm_head_start_us <= 1000:
+            raise ValueError(
+                f"RingConfig.comm_head_start_us={self.comm_head_start_us!r}: use 0 to 1000"
+            )
 
     def replace(self, **changes) -> RingConfig:
         return dataclasses.replace(self, **changes)
@@ -172,6 +185,9 @@ def _parse(f: dataclasses.Field, raw: str | None):
         return _seconds(raw)
     if how == "positive_or_invalid":
         return _positive_or_invalid(raw, f.default)
+    if how == "microseconds":
+        value = _number(raw, f.name, lambda x: 0 <= x <= 1000, "0 to 1000 microseconds")
+        return f.default if value is None else value
     if how == "fraction_or_auto":
         return _fraction_or_auto(raw, f.name)
     if isinstance(f.default, bool):

@@ -151,6 +151,7 @@ def token_ring_attn(
         joint_strategy=joint_strategy,
         fused_merge=cfg.fused_merge,
         defer_own=cfg.defer_own,
+        head_start_us=cfg.comm_head_start_us if ring.transport == "nccl" else 0.0,
     )
     if pos.size == 1:
         return local_forward(call, q, k, v, joint_kv)

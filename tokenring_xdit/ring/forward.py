@@ -26,6 +26,8 @@ __all__ = ["RingCall", "ring_forward", "local_forward", "held_back"]
 # kernels).
 AUTO_DEFER = 0.5
 AUTO_DEFER_MIN_QUERIES = 8192
+# torch.cuda._sleep counts SM clock cycles; H100/H200 boost clocks are ~1.7-2.0 GHz.
+_CYCLES_PER_US = 1800
 
 
 def held_back(length: int, defer_own: float | None) -> int:
@@ -51,6 +53,7 @@ class RingCall:
     joint_strategy: str  # where joint K/V join the local K/V in the step-0 block
     fused_merge: bool
     defer_own: float | None = 0.0  # share of our queries whose own block runs last (None: auto)
+    head_start_us: float = 0.0  # pause before a kernel that follows a partial's post (CUDA)
 
     def graph_key(self) -> tuple:
         """Everything a captured graph bakes in besides the tensors' signature."""
@@ -63,6 +66,7 @@ class RingCall:
             self.joint_strategy,
             self.fused_merge,
             self.defer_own,
+            self.head_start_us,
         )
 
     def block(self, q, k, v, dense: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,6 +74,14 @@ class RingCall:
         COUNTERS.kernel_calls += 1
         out, lse = run_block(self.kernel, q, k, v, self.scale, self.layout)
         return (out.contiguous() if dense else out), lse.float().contiguous()
+
+    def head_start(self, x: torch.Tensor) -> None:
+        """Let the transfer just posted start before the next kernel: a partial's send waits
+        for the kernel that made it, and the next attention kernel on this stream is ready at
+        the same moment and would take every SM first (NCCL's kernel then starts only in that
+        kernel's last wave). A short pause on this stream lets NCCL's blocks in first."""
+        if self.head_start_us > 0 and x.is_cuda:
+            torch.cuda._sleep(int(self.head_start_us * _CYCLES_PER_US))
 
     def join(self, k, v, joint_kv) -> tuple[torch.Tensor, torch.Tensor]:
         """K/V of the step-0 block: local plus joint K/V, which only our own queries meet (each
@@ -128,6 +140,8 @@ def ring_forward(
             final = _Final(call, rank, n, q_lens, q_lane, out_lane)
             tail = (tail_q, own_kv) if held else None
             return final.run(held_q, k, v, merge, pending, q.dtype, tail)
+        if st.ret_send_to is not None:
+            call.head_start(held_q)
         if st.step == 0 and held:
             block = call.block(layout.seq_slice(held_q, slice(0, split)), *own_kv, dense=False)
         else:
@@ -181,6 +195,8 @@ class _Final:
             )
             # keep the sent piece referenced until its transfer is waited for
             pieces.append((works, slice(r0, r1), recv_out, recv_lse, out_c, lse_c))
+            if s1 < sent_bounds[-1][1] or tail is not None:  # another attention kernel follows
+                self.call.head_start(held_q)
         if tail is not None:  # the returns travel behind this block
             merge.add_tail(*self.call.block(tail[0], *tail[1], dense=False))
         self.out_lane.wait()
