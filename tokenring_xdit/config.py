@@ -111,10 +111,11 @@ class RingConfig:
     # Local to each rank (a pause on its own stream; nothing travels differently).
     comm_head_start_us: float = _setting(
         "COMM_HEAD_START_US",
-        0.0,
-        "microseconds the compute stream pauses after posting a partial that the kernel just "
-        "made, so NCCL's transfer kernel gets its SMs before the next attention kernel fills "
-        "them (0: no pause)",
+        10.0,
+        "microseconds the compute stream pauses after posting a partial that its last kernel "
+        "made, so NCCL's transfer kernel gets SMs before the next attention kernel takes them "
+        "all (NCCL transport, before blocks of >= 1e10 FLOP only; 0: never). Ring 2 on H200: "
+        "3-8 % faster from 16k tokens",
         parse="microseconds",
     )
     validate: ValidateMode = _setting(

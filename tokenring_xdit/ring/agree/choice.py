@@ -74,8 +74,8 @@ def agree_ring_choice(
     choice: a Choice or its name in config.RING_IMPLS; source: a ChoiceSource or its text;
     auto_inputs: what `auto` decides from besides the shapes (fabric, graphs, gradients: equal
     on every rank or an error); epoch: changes whenever this rank's choice was changed (the
-    cache keys on it, so a rank that switched rings exchanges again). Returns the longest (q, kv) local lengths over the ring, so
-    `auto` decides the same on every rank.
+    cache keys on it, so a rank that switched rings exchanges again). Returns the longest
+    (q, kv) local lengths over the ring, so `auto` decides the same on every rank.
     """
     choice = Choice.of(choice) if isinstance(choice, str) else Choice(choice)
     source = ChoiceSource.of(source) if isinstance(source, str) else ChoiceSource(source)
