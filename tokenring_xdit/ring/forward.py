@@ -20,12 +20,12 @@ from .schedules import chunk_bounds
 
 __all__ = ["RingCall", "ring_forward", "local_forward", "held_back"]
 
-# defer_own=None ("auto"): hold back this share of the own block where a rank has at least this
-# many queries. Measured at ring 2 on H200 (docs/performance.md, "Rings of 2 and 4 on 4 x H200"):
-# up to 9 % faster from 8k local queries (16k+ tokens), up to 6 % slower below (two smaller
-# kernels).
-AUTO_DEFER = 0.5
-AUTO_DEFER_MIN_QUERIES = 8192
+# defer_own=None ("auto"): the share of the own block held back, by a rank's query count:
+# (at least this many queries, share), largest first. Measured at ring 2 on 4 x H200 with the
+# head start on (docs/performance.md, "Ring 2 after the head start"): a quarter held back was
+# 5-9 % faster at 2048-4096 local queries (half: up to 4 % slower there), half 3-8 % faster
+# from 8192; below 2048 not measured at ring 2, so nothing is held back.
+AUTO_DEFER = ((8192, 0.5), (2048, 0.25))
 # torch.cuda._sleep counts SM clock cycles; H100/H200 boost clocks are ~1.7-2.0 GHz.
 _CYCLES_PER_US = 1800
 # The head start pauses only before blocks of at least this much work (~25 us on an H200):
@@ -37,7 +37,7 @@ def held_back(length: int, defer_own: float | None) -> int:
     """How many of a rank's `length` queries run their own block last (0: none). Local: the own
     block never travels, so ranks with other lengths or settings still match."""
     if defer_own is None:
-        defer_own = AUTO_DEFER if length >= AUTO_DEFER_MIN_QUERIES else 0.0
+        defer_own = next((share for least, share in AUTO_DEFER if length >= least), 0.0)
     if defer_own <= 0 or length < 2:
         return 0
     return min(length - 1, max(1, round(length * defer_own)))
