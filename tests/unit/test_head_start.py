@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from tokenring_xdit.ring.forward import _CYCLES_PER_US, HEAD_START_MIN_FLOP, RingCall
+from tokenring_xdit.ring.forward import RingCall
+from tokenring_xdit.ring.head_start import _CYCLES_PER_US, HEAD_START_MIN_FLOP
 from tokenring_xdit.ring.layout import get_layout
 from tokenring_xdit.ring.schedules import NON_CAUSAL
 

@@ -139,8 +139,9 @@ def token_ring_attn(
         timeout=cfg.timeout, family=family,
     )  # fmt: skip
     ring = agree(spec, pos)  # raises the same error on every rank, or returns the agreed ring
+    head_start_us = cfg.comm_head_start_us if ring.transport == "nccl" else 0.0
     if train:
-        return train_attn(q, k, v, ring, layout, scale, causal, fn, ring.docs)
+        return train_attn(q, k, v, ring, layout, scale, causal, fn, ring.docs, head_start_us)
     call = RingCall(
         schedule=NON_CAUSAL,
         kernel=fn,
@@ -151,7 +152,7 @@ def token_ring_attn(
         joint_strategy=joint_strategy,
         fused_merge=cfg.fused_merge,
         defer_own=cfg.defer_own,
-        head_start_us=cfg.comm_head_start_us if ring.transport == "nccl" else 0.0,
+        head_start_us=head_start_us,
     )
     if pos.size == 1:
         return local_forward(call, q, k, v, joint_kv)

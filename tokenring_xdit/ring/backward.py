@@ -16,6 +16,7 @@ import torch
 from .backward_kernels import row_delta
 from .block_forward import BlockCall
 from .comm import COUNTERS
+from .head_start import head_start
 from .ring import Ring
 from .schedules.blocks import part_len, part_slice
 
@@ -96,6 +97,8 @@ def block_backward(
         block_dq = None
         mask = call.mask(rank, st) if st.kernel else ()
         if mask != ():
+            if st.ret_send_to is not None and prev_dq is not None:  # a dQ went out just now
+                head_start(call.head_start_us, layout, held[0], k)
             COUNTERS.kernel_calls += 1
             kv_sl = part_slice(st.kv_part, k.shape[layout.seq_dim])
             k_b, v_b = layout.seq_slice(k, kv_sl), layout.seq_slice(v, kv_sl)

@@ -21,6 +21,7 @@ import torch
 from .backward_kernels import KernelPair
 from .comm import COUNTERS
 from .documents import DocPlan
+from .head_start import head_start
 from .layout import Layout
 from .merge import PartialMerge
 from .ring import Ring
@@ -38,6 +39,7 @@ class BlockCall:
     layout: Layout
     scale: float
     docs: DocPlan | None = None  # packed documents: the per-step segments and skips
+    head_start_us: float = 0.0  # pause before a kernel that follows a partial's post (forward.py)
 
     def mask(self, rank: int, st: BlockStep):
         """The kernel's mask argument at this step: the causal flag, or the block's segments
@@ -105,6 +107,8 @@ def block_forward(
         block = None
         mask = call.mask(rank, st) if st.kernel else ()
         if mask != ():
+            if st.ret_send_to is not None and prev is not None:  # a partial went out just now
+                head_start(call.head_start_us, layout, held, k)
             COUNTERS.kernel_calls += 1
             out_b, lse_b = call.pair.run_forward(held, *call.kv(k, v, st), call.scale, layout, mask)
             block = (out_b.contiguous(), lse_b.float().contiguous())  # P2P needs dense buffers

@@ -184,7 +184,9 @@ def _block_call(q, k, v, group, layout, scale, causal, kernel, deterministic, po
     )  # fmt: skip
     ring = agree(spec, pos)
     schedule = CAUSAL_ZIGZAG if causal else NON_CAUSAL_BLOCKS
-    return BlockCall(schedule=schedule, pair=pair, layout=layout, scale=scale), ring
+    head_start_us = cfg.comm_head_start_us if ring.transport == "nccl" else 0.0
+    call = BlockCall(schedule, pair, layout, scale, head_start_us=head_start_us)
+    return call, ring
 
 
 def _dense(x: torch.Tensor) -> torch.Tensor:

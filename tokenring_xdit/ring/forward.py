@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from .comm import COUNTERS, Lane
+from .head_start import head_start, head_start_cycles
 from .kernels import BlockKernel, run_block
 from .layout import Layout
 from .merge import PartialMerge, SplitMerge
@@ -26,11 +27,6 @@ __all__ = ["RingCall", "ring_forward", "local_forward", "held_back"]
 # 5-9 % faster at 2048-4096 local queries (half: up to 4 % slower there), half 3-8 % faster
 # from 8192; below 2048 not measured at ring 2, so nothing is held back.
 AUTO_DEFER = ((8192, 0.5), (2048, 0.25))
-# torch.cuda._sleep counts SM clock cycles; H100/H200 boost clocks are ~1.7-2.0 GHz.
-_CYCLES_PER_US = 1800
-# The head start pauses only before blocks of at least this much work (~25 us on an H200):
-# before shorter kernels the pause cost more than it saved (ring 4, PixArt 4096: +20 %).
-HEAD_START_MIN_FLOP = 1e10
 
 
 def held_back(length: int, defer_own: float | None) -> int:
@@ -79,23 +75,10 @@ class RingCall:
         return (out.contiguous() if dense else out), lse.float().contiguous()
 
     def head_start(self, q: torch.Tensor, k: torch.Tensor) -> None:
-        """Let the transfer just posted start before the next block (q against k): a partial's
-        send waits for the kernel that made it, and the next attention kernel on this stream is
-        ready at the same moment and takes every SM first (NCCL's kernel then starts only in
-        that kernel's last wave). A short pause on this stream lets NCCL's blocks in first."""
-        cycles = self.head_start_cycles(q, k)
-        if cycles and q.is_cuda:
-            torch.cuda._sleep(cycles)
+        head_start(self.head_start_us, self.layout, q, k)
 
     def head_start_cycles(self, q: torch.Tensor, k: torch.Tensor) -> int:
-        """The pause before the block q x k, in SM clock cycles: 0 when off, or where that
-        kernel is too short for NCCL's late start to matter."""
-        if self.head_start_us <= 0:
-            return 0
-        b, s_q, h, d = self.layout.dims(q)
-        if 4 * b * h * d * s_q * self.layout.dims(k)[1] < HEAD_START_MIN_FLOP:
-            return 0
-        return int(self.head_start_us * _CYCLES_PER_US)
+        return head_start_cycles(self.head_start_us, self.layout, q, k)
 
     def join(self, k, v, joint_kv) -> tuple[torch.Tensor, torch.Tensor]:
         """K/V of the step-0 block: local plus joint K/V, which only our own queries meet (each

@@ -92,10 +92,14 @@ def train_attn(
     causal: bool,
     pair: KernelPair,
     docs: Documents | None = None,
+    head_start_us: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The block-schedule path, after the input check (`api.token_ring_attn` calls it).
-    `docs`: the agreed packed documents (documents.py), or None."""
+    `docs`: the agreed packed documents (documents.py), or None; `head_start_us`: head_start.py."""
     schedule = CAUSAL_ZIGZAG if causal else NON_CAUSAL_BLOCKS
     plan = doc_plan(docs, schedule, ring.q_lens) if docs is not None else None
-    call = BlockCall(schedule=schedule, pair=pair, layout=layout, scale=scale, docs=plan)
+    call = BlockCall(
+        schedule=schedule, pair=pair, layout=layout, scale=scale, docs=plan,
+        head_start_us=head_start_us,
+    )  # fmt: skip
     return TokenRingAttention.apply(q, k, v, call, ring, ring.q_lens)
