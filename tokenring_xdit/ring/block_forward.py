@@ -39,7 +39,7 @@ class BlockCall:
     layout: Layout
     scale: float
     docs: DocPlan | None = None  # packed documents: the per-step segments and skips
-    head_start_us: float = 0.0  # pause before a kernel that follows a partial's post (forward.py)
+    head_start_us: float = 0.0  # pause after a partial's post (ring/head_start.py)
 
     def mask(self, rank: int, st: BlockStep):
         """The kernel's mask argument at this step: the causal flag, or the block's segments
