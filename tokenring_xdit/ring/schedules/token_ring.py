@@ -19,7 +19,9 @@ Each partial returns to its owner one step late, so the transfer hides behind th
 The last one has no next kernel: it can leave in chunks as each is computed (`final_chunks`),
 and a share of our own queries can be held back (`defer_own`): step 0 then runs P(r, r) for
 the first queries only, and the rest of P(r, r) runs at the last step after its pieces are
-sent, so the last return travels behind it. Neither changes who sends what.
+sent, so the last return travels behind it. Neither changes who sends what; nor does the head
+start (ring/head_start.py), a pause before a kernel that follows a return so that the return's
+transfer gets its SMs first.
 Totals per forward: N kernels (+1 when holding back), N-1 Q transfers, N-1 partial returns,
 no self-sends.
 """
