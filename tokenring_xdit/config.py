@@ -41,6 +41,7 @@ FABRIC_ALIASES = {"nvlink": "nvswitch", "p2p_off": "p2p-off", "infiniband": "ib"
 RING_IMPL_SOURCES = ("default", "set_xdit_ring_impl()", "--ring_impl_type", PREFIX + "RING_IMPL")
 # Not ours, but it changes the links `auto` predicts with; read here like our own variables.
 NCCL_P2P_DISABLE = "NCCL_P2P_DISABLE"
+HEAD_START_MAX_US = 1000.0  # comm_head_start_us's bound (environment and RingConfig alike)
 
 
 def _setting(name: str, default, doc: str, parse: str = "") -> Any:
@@ -156,9 +157,10 @@ class RingConfig:
     def __post_init__(self) -> None:
         if self.defer_own is not None and not 0 <= self.defer_own < 1:  # where it is built
             raise ValueError(f"RingConfig.defer_own={self.defer_own!r}: use 0 <= defer_own < 1")
-        if not 0 <= self.comm_head_start_us <= 1000:
+        if not 0 <= self.comm_head_start_us <= HEAD_START_MAX_US:
             raise ValueError(
-                f"RingConfig.comm_head_start_us={self.comm_head_start_us!r}: use 0 to 1000"
+                f"RingConfig.comm_head_start_us={self.comm_head_start_us!r}: use 0 to "
+                f"{HEAD_START_MAX_US:.0f}"
             )
 
     def replace(self, **changes) -> RingConfig:
@@ -187,7 +189,8 @@ def _parse(f: dataclasses.Field, raw: str | None):
     if how == "positive_or_invalid":
         return _positive_or_invalid(raw, f.default)
     if how == "microseconds":
-        value = _number(raw, f.name, lambda x: 0 <= x <= 1000, "0 to 1000 microseconds")
+        allowed = f"0 to {HEAD_START_MAX_US:.0f} microseconds"
+        value = _number(raw, f.name, lambda x: 0 <= x <= HEAD_START_MAX_US, allowed)
         return f.default if value is None else value
     if how == "fraction_or_auto":
         return _fraction_or_auto(raw, f.name)

@@ -18,6 +18,7 @@ from .forward import RingCall, local_forward, ring_forward
 from .function import train_attn
 from .gqa import gqa_kernel, gqa_pair
 from .graphs import graphs_wanted, run_graphed
+from .head_start import ring_pause_us
 from .kernels import BlockKernel, KeyedKernel, select_kernel
 from .layout import Layout, get_layout
 from .schedules import NON_CAUSAL
@@ -139,7 +140,7 @@ def token_ring_attn(
         timeout=cfg.timeout, family=family,
     )  # fmt: skip
     ring = agree(spec, pos)  # raises the same error on every rank, or returns the agreed ring
-    head_start_us = cfg.comm_head_start_us if ring.transport == "nccl" else 0.0
+    head_start_us = ring_pause_us(cfg.comm_head_start_us, ring.transport)
     if train:
         return train_attn(q, k, v, ring, layout, scale, causal, fn, ring.docs, head_start_us)
     call = RingCall(

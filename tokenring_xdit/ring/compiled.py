@@ -167,6 +167,7 @@ def _block_call(q, k, v, group, layout, scale, causal, kernel, deterministic, po
     from .agree import CallSpec, Problem, agree, digest
     from .block_forward import BlockCall
     from .comm import RingPosition
+    from .head_start import ring_pause_us
     from .layout import get_layout
     from .schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
 
@@ -184,8 +185,10 @@ def _block_call(q, k, v, group, layout, scale, causal, kernel, deterministic, po
     )  # fmt: skip
     ring = agree(spec, pos)
     schedule = CAUSAL_ZIGZAG if causal else NON_CAUSAL_BLOCKS
-    head_start_us = cfg.comm_head_start_us if ring.transport == "nccl" else 0.0
-    call = BlockCall(schedule, pair, layout, scale, head_start_us=head_start_us)
+    call = BlockCall(
+        schedule, pair, layout, scale,
+        head_start_us=ring_pause_us(cfg.comm_head_start_us, ring.transport),
+    )  # fmt: skip
     return call, ring
 
 

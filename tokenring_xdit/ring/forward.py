@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from .comm import COUNTERS, Lane
-from .head_start import head_start, head_start_cycles
+from .head_start import head_start
 from .kernels import BlockKernel, run_block
 from .layout import Layout
 from .merge import PartialMerge, SplitMerge
@@ -76,9 +76,6 @@ class RingCall:
 
     def head_start(self, q: torch.Tensor, k: torch.Tensor) -> None:
         head_start(self.head_start_us, self.layout, q, k)
-
-    def head_start_cycles(self, q: torch.Tensor, k: torch.Tensor) -> int:
-        return head_start_cycles(self.head_start_us, self.layout, q, k)
 
     def join(self, k, v, joint_kv) -> tuple[torch.Tensor, torch.Tensor]:
         """K/V of the step-0 block: local plus joint K/V, which only our own queries meet (each

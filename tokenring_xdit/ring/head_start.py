@@ -15,13 +15,19 @@ import torch
 
 from .layout import Layout
 
-__all__ = ["HEAD_START_MIN_FLOP", "head_start", "head_start_cycles"]
+__all__ = ["HEAD_START_MIN_FLOP", "head_start", "head_start_cycles", "ring_pause_us"]
 
 # torch.cuda._sleep counts SM clock cycles; H100/H200 boost clocks are ~1.7-2.0 GHz.
 _CYCLES_PER_US = 1800
 # The head start pauses only before blocks of at least this much work (~25 us on an H200):
 # before shorter kernels the pause cost more than it saved (ring 4, PixArt 4096: +20 %).
 HEAD_START_MIN_FLOP = 1e10
+
+
+def ring_pause_us(configured: float, transport: str) -> float:
+    """The head start a ring's loops use: the configured one on NCCL lanes (whose transfer
+    kernels compete for SMs), none on the IPC transport's copy engines."""
+    return configured if transport == "nccl" else 0.0
 
 
 def head_start(us: float, layout: Layout, q: torch.Tensor, k: torch.Tensor) -> None:
