@@ -13,7 +13,8 @@ Methods (bf16, (b, h, s, d), non-causal, cuDNN per block where the method takes 
   token_ring    tokenring_xdit.token_ring_attn (replayed as a CUDA graph, the default)
   token_ring_eager  the same without CUDA graphs
   token_ring_whole_own  graphed, the own block whole at step 0 (defer_own=0: the last return
-                    travels in the open; the default holds back half of it to hide that return)
+                    travels in the open; the default `auto` holds back a share of it from 2048
+                    local queries to hide that return)
   torch_ag      torch's templated ring, all-gather rotation (xDiT 0.7's default ring_attn)
   torch_a2a     the same with all-to-all rotation
   yunchang_p2p  yunchang ring_flash_attn_func (P2P K/V ring, torch flash kernel; its only CUDA
