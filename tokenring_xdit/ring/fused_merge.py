@@ -5,6 +5,13 @@
 Reads both partials once and writes the result once, in whatever dtype the destination has
 (fp32 for an accumulator, the caller's dtype for the final result), where the torch form takes
 five kernels and two fp32 temporaries. Any (b, h, s, d) strides: both layouts are views of it.
+
+Memory-bound, so what matters is the width of each load. Triton proves alignment from what it
+sees: a head size like 72 or a row stride like 72 passed as a plain integer proves nothing, and
+every access became a 2-byte one (76 us for a 57 MB merge on H200, about 0.75 TB/s; issue 34's
+PixArt profile). So the head size is a compile-time constant and the b/h/s strides arrive
+divided by `VEC` (multiplied back inside), which proves `VEC`-element alignment: 16-byte
+accesses wherever the tensors allow them.
 """
 
 from __future__ import annotations
@@ -29,7 +36,6 @@ def _kernel():
         lb,
         H,
         S,
-        D,
         so_b,
         so_h,
         so_s,
@@ -48,9 +54,12 @@ def _kernel():
         sla_h,
         slb_b,
         slb_h,
+        D: tl.constexpr,
+        VEC: tl.constexpr,
         BLOCK_S: tl.constexpr,
         BLOCK_D: tl.constexpr,
     ):
+        # b/h/s strides are in units of VEC elements; d strides in elements (1 when VEC > 1)
         pid_bh, pid_s = tl.program_id(0), tl.program_id(1)
         ib, ih = pid_bh // H, pid_bh % H
         rows = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
@@ -65,27 +74,18 @@ def _kernel():
         total = wa + wb
         lse = top + tl.log(total)
         total = tl.where(total == 0.0, 1.0, total)
-        xa = tl.load(
-            a + ib * sa_b + ih * sa_h + rows[:, None] * sa_s + cols[None, :] * sa_d,
-            mask=mask,
-            other=0.0,
-        ).to(tl.float32)
-        xb = tl.load(
-            b + ib * sb_b + ih * sb_h + rows[:, None] * sb_s + cols[None, :] * sb_d,
-            mask=mask,
-            other=0.0,
-        ).to(tl.float32)
+        a_at = (ib * sa_b + ih * sa_h) * VEC + (rows * sa_s * VEC)[:, None] + cols[None, :] * sa_d
+        b_at = (ib * sb_b + ih * sb_h) * VEC + (rows * sb_s * VEC)[:, None] + cols[None, :] * sb_d
+        o_at = (ib * so_b + ih * so_h) * VEC + (rows * so_s * VEC)[:, None] + cols[None, :] * so_d
+        xa = tl.load(a + a_at, mask=mask, other=0.0).to(tl.float32)
+        xb = tl.load(b + b_at, mask=mask, other=0.0).to(tl.float32)
         res = xa * (wa / total)[:, None] + xb * (wb / total)[:, None]
         # lse_out aliases lse_a in every in-place merge (out aliases a too). When a row of the
         # tile spans several warps (e.g. d=72: warpsPerCTA [1, 4] in the TTGIR), each warp loads
         # lse_a itself, so without this barrier one warp can store lse_out[i] before another
         # has loaded lse_a[i], and weigh its columns with the new lse (seen on 4xH200).
         tl.debug_barrier()
-        tl.store(
-            out + ib * so_b + ih * so_h + rows[:, None] * so_s + cols[None, :] * so_d,
-            res.to(out.dtype.element_ty),
-            mask=mask,
-        )
+        tl.store(out + o_at, res.to(out.dtype.element_ty), mask=mask)
         tl.store(lse_out + ib * slo_b + ih * slo_h + rows, lse, mask=row_ok)
 
     return merge2
@@ -102,6 +102,24 @@ def available() -> bool:
 
 # The kernel's math is fp32 whatever the storage; fp64 partials keep the torch ops.
 SERVED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+_ACCESS_BYTES = 16  # the widest load/store a thread issues
+
+
+def vector_width(d: int, *xs: torch.Tensor) -> int:
+    """The widest access (in elements) every (b, h, s, d) view in `xs` allows: unit stride
+    along d, every other stride, the head size and each start a multiple of it, at most 16
+    bytes in the widest dtype."""
+    if any(x.stride(3) != 1 and d > 1 for x in xs):
+        return 1
+    vec = _ACCESS_BYTES // max(x.element_size() for x in xs)
+    while vec > 1:
+        if d % vec == 0 and all(
+            x.stride(i) % vec == 0 for x in xs for i in range(3)
+        ) and all(x.data_ptr() % (vec * x.element_size()) == 0 for x in xs):
+            return vec
+        vec //= 2
+    return 1
 
 
 def serves(partial: torch.Tensor) -> bool:
@@ -125,9 +143,14 @@ def merge2_bhsd(
         return
     for lse in (lse_out, lse_a, lse_b):
         assert lse.stride(2) == 1
+    vec = vector_width(d, out, a, b)
     block_d = max(16, 1 << (d - 1).bit_length())
     block_s = max(1, min(128, 8192 // block_d))
     grid = (bsz * heads, (seq + block_s - 1) // block_s)
+
+    def strides(x: torch.Tensor) -> tuple[int, ...]:
+        return (*(x.stride(i) // vec for i in range(3)), x.stride(3))
+
     _kernel()[grid](
         out,
         lse_out,
@@ -137,16 +160,17 @@ def merge2_bhsd(
         lse_b,
         heads,
         seq,
-        d,
-        *out.stride(),
-        *a.stride(),
-        *b.stride(),
+        *strides(out),
+        *strides(a),
+        *strides(b),
         lse_out.stride(0),
         lse_out.stride(1),
         lse_a.stride(0),
         lse_a.stride(1),
         lse_b.stride(0),
         lse_b.stride(1),
+        D=d,
+        VEC=vec,
         BLOCK_S=block_s,
         BLOCK_D=block_d,
     )
