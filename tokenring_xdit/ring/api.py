@@ -19,7 +19,7 @@ from .function import train_attn
 from .gqa import gqa_kernel, gqa_pair
 from .graphs import graphs_wanted, run_graphed
 from .head_start import ring_pause_us
-from .kernels import BlockKernel, KeyedKernel, select_kernel
+from .kernels import BlockKernel, KeyedKernel, SwappedKernel, select_kernel
 from .layout import Layout, get_layout
 from .schedules import NON_CAUSAL
 
@@ -93,7 +93,9 @@ def token_ring_attn(
             batches); every rank learns the same documents from them in the input check.
 
     Returns:
-        out: same shape and dtype as q, with headdim_v as its last dim.
+        out: same shape and dtype as q, with headdim_v as its last dim; stored like q where q
+            was stored with seq and heads swapped and Q travelled that way (ring/layout.storage),
+            as SDPA's output follows q; else contiguous.
         lse: (batch_size, nheads, seqlen_q) float32, the log-sum-exp of each query's scores.
 
     causal=True and inputs that require grad run the differentiable block-schedule path
@@ -143,11 +145,15 @@ def token_ring_attn(
     head_start_us = ring_pause_us(cfg.comm_head_start_us, ring.transport)
     if train:
         return train_attn(q, k, v, ring, layout, scale, causal, fn, ring.docs, head_start_us)
+    # Q and partials travel in the agreed wire layout: the other one where q is stored with
+    # seq and heads swapped (xDiT's (b, h, s, d) views of (b, s, h, d) projections), so neither
+    # q nor the output is copied; the output then keeps q's storage order, as SDPA's does.
+    wire = layout.other if ring.swapped else layout
     call = RingCall(
         schedule=NON_CAUSAL,
-        kernel=fn,
+        kernel=fn if wire is layout else SwappedKernel(fn, layout),
         kernel_key=key,
-        layout=layout,
+        layout=wire,
         scale=scale,
         chunks=min(chunks, min(ring.q_lens)),  # equal piece count on every rank
         joint_strategy=joint_strategy,
@@ -158,6 +164,8 @@ def token_ring_attn(
     if pos.size == 1:
         return local_forward(call, q, k, v, joint_kv)
     inputs = (q, k, v) + (tuple(joint_kv) if joint_kv is not None else ())
+    if wire is not layout:
+        inputs = tuple(x.transpose(1, 2) for x in inputs)
 
     def run(xs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         return ring_forward(call, ring, ring.q_lens, *xs[:3], xs[3:] or None)
@@ -169,6 +177,8 @@ def token_ring_attn(
         graph_key = (pos.group, ring.key, call.graph_key(), signature)  # agreed + local shapes
         result = run_graphed(graph_key, inputs, run, pos.group)
     ring.finished("forward")
+    if wire is not layout:
+        return result[0].transpose(1, 2), result[1]
     return result
 
 

@@ -36,6 +36,19 @@ class KeyedKernel:
         return self.fn(q, k, v, scale, layout)
 
 
+@dataclass(frozen=True)
+class SwappedKernel:
+    """A kernel for `declared`-layout tensors run on tensors of the other layout (the ring's
+    wire layout when q is stored swapped, ring/layout.storage): views both ways, no copy."""
+
+    fn: BlockKernel
+    declared: Layout
+
+    def __call__(self, q, k, v, scale: float, layout: Layout):
+        out, lse = self.fn(*(x.transpose(1, 2) for x in (q, k, v)), scale, self.declared)
+        return out.transpose(1, 2), lse
+
+
 def lse_bhs(lse: torch.Tensor, batch: int, heads: int, seq: int) -> torch.Tensor:
     """A kernel's lse as (b, h, s) fp32: efficient pads it to a multiple of 32 queries, cuDNN
     may add a trailing 1, flash-style kernels give (b, h, s) already."""

@@ -44,6 +44,7 @@ class Ring:
     settings: tuple[int, ...]  # the agreed header slots (every rank's are equal)
     transport: str = "nccl"  # how the lanes move data: a name in TRANSPORTS
     docs: Documents | None = None  # the agreed packed documents of the global sequence
+    swapped: bool = False  # Q and partials travel with seq and heads swapped (layout.storage)
 
     @property
     def rank(self) -> int:
@@ -56,7 +57,7 @@ class Ring:
     @property
     def key(self) -> tuple:
         """The agreed value, for caches (no rank-local fact in it)."""
-        return (self.q_lens, self.settings)
+        return (self.q_lens, self.settings, self.swapped)
 
     def lanes(self):
         """(Q lane, return lane) for one call."""

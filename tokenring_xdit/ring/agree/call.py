@@ -15,6 +15,7 @@ import torch.distributed as dist
 from ..comm import RingComms, RingPosition, TokenRingCommError, comms_of
 from ..comm.groups import describe_peer
 from ..documents import Documents, claim_count, documents_from_claims, local_claims
+from ..layout import wire_swapped
 from ..ring import Ring
 from ..sharding import BAD_POSITIONS, NO_PROOF, proof_of
 from .choice import raise_choice
@@ -33,6 +34,7 @@ from .header import (
     TOTAL,
     TRANSPORT,
     TRANSPORT_CODES,
+    WIRE,
     agreed,
     device_name,
     in_words,
@@ -95,8 +97,10 @@ def agree(spec: CallSpec, pos: RingPosition) -> Ring:
         docs = _documents(None, 0, [meta], spec, pos)
         return Ring(pos, None, (meta[SQ],), agreed(meta), docs=docs)
     # Our K/V length is nobody else's business (K/V never move), so a KV cache growing on one
-    # rank must not send that rank alone into the exchange: leave it out of the key.
-    key = (pos.group, tuple(meta[:SKV] + meta[SKV + 1 :]), spec.q.device, spec.timeout)
+    # rank must not send that rank alone into the exchange: leave it out of the key. So is how
+    # our q is stored: each rank views or copies its q into the agreed wire layout, whatever
+    # the vote was, so a cached ring stays right when only strides change.
+    key = (pos.group, tuple(meta[:SKV] + meta[SKV + 1 : WIRE]), spec.q.device, spec.timeout)
     use_cache = use_cache and spec.doc_positions is None  # their documents are new per call
     if use_cache and not problem:
         hit = cached(key)
@@ -108,7 +112,10 @@ def agree(spec: CallSpec, pos: RingPosition) -> Ring:
     _raise_for(metas, spec, device_type, comms)
     transport = _resolve_transport(metas, comms.backend)
     docs = _documents(comms, pos.rank, metas, spec, pos)
-    ring = Ring(pos, comms, tuple(m[SQ] for m in metas), agreed(metas[0]), transport, docs)
+    ring = Ring(
+        pos, comms, tuple(m[SQ] for m in metas), agreed(metas[0]), transport, docs,
+        wire_swapped([m[WIRE] for m in metas]),
+    )  # fmt: skip
     remember(key, ring)
     if fast is not None:
         remember(fast, ring)

@@ -16,6 +16,7 @@ import torch
 
 from ... import config
 from ..documents import Documents
+from ..layout import storage
 from .problems import CallSpec, Problem, needs_grad
 
 # header slots (int64 each)
@@ -24,7 +25,8 @@ DTYPE, LAYOUT, MODE, CHUNKS, DEVICE, SCALE, KERNEL, GRAPHS = range(9, 17)
 VALIDATE, TRANSPORT, PROOF, TOTAL, CHOICE, SOURCE, INPUTS, GROUP = range(17, 25)
 GPU = 25  # digest of this rank's GPU (0: not CUDA): `auto` picks ipc where ranks share one
 DOCS, NDOCS = 26, 27  # packed documents: digest of cu_seqlens (-1: position ids); claims
-META_LEN = 28
+WIRE = 28  # how q is stored (layout.storage): the vote on the layout Q and partials travel in
+META_LEN = 29
 DOCS_BY_POSITIONS = -1
 KIND_CALL, KIND_CHOICE = 1, 2
 AGREED = (slice(B, SQ), slice(DTYPE, GPU))  # the slots a Ring's settings are made of
@@ -99,6 +101,7 @@ def pack_call(spec: CallSpec, problem: Problem, proof: tuple[int, int]) -> list[
     meta[VALIDATE] = VALIDATE_CODES.get(spec.validate, -1)
     meta[TRANSPORT] = TRANSPORT_CODES.get(spec.transport, -1)
     meta[GPU] = _gpu_digest(q.device)
+    meta[WIRE] = storage(q)
     meta[PROOF], meta[TOTAL] = proof
     if spec.documents is not None:
         meta[DOCS], meta[NDOCS] = _docs_digest(spec.documents), spec.documents.count
