@@ -140,6 +140,8 @@ def main() -> None:
         "(tokenring_xdit.hosts.transformer_graphs; default on)",
     )
     args = ap.parse_args()
+    if args.profile:
+        os.makedirs(args.profile, exist_ok=True)
     if args.warmup_steps < 2 or args.steps < 2:
         # diffusers' PixArt pipeline indexes the scheduler's output differently for one step
         ap.error("--steps and --warmup-steps must be at least 2")

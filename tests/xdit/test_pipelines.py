@@ -83,6 +83,11 @@ def test_token_ring_ran_on_every_rank(layout: str, model: str) -> None:
         assert got["backend"] == "SDPA_FLASH"
         tr = {k: v for k, v in got[workers.TOKEN_RING].items() if k != "latents"}
         assert tr.pop("graph") is None  # no TOKENRING_XDIT_CUDA_GRAPH_TRANSFORMER here
+        # USP's K/V cache step only copies without PipeFusion: skipped for TokenRing (its K/V
+        # never move) wherever a ring runs; xDiT's ring keeps it (both models pass their layer)
+        kv_steps = got[workers.DEFAULT]["kv_cache_steps"]
+        assert tr.pop("kv_cache_steps") == (0 if ring > 1 else kv_steps), (result["rank"], tr)
+        assert kv_steps == calls, (result["rank"], kv_steps)
         assert tr == dict(
             kernel_calls=ring * calls,
             q_messages=(ring - 1) * calls,

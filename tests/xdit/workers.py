@@ -225,8 +225,9 @@ def _device(spec: dict, rank: int) -> str:
 
 
 class _Calls:
-    """Counts calls into TokenRing's xDiT entry point and into xDiT's own torch ring, and what
-    TokenRing's entry point received (local query lengths, joint K/V or not)."""
+    """Counts calls into TokenRing's xDiT entry point, into xDiT's own torch ring and into xDiT's
+    K/V cache update, and what TokenRing's entry point received (local query lengths, joint
+    K/V or not)."""
 
     def __init__(self) -> None:
         import xfuser.model_executor.layers.usp as usp
@@ -238,6 +239,12 @@ class _Calls:
         xdit_ring.usp_ring_attn = self._counting(xdit_ring.usp_ring_attn, "usp_ring_attn")
         usp._templated_ring_attention = self._counting(
             usp._templated_ring_attention, "templated_ring"
+        )
+        # USP's K/V cache step (a cat and two copies without PipeFusion), which TokenRing skips
+        from xfuser.core.cache_manager.cache_manager import CacheManager
+
+        CacheManager.update_and_get_kv_cache = self._counting(
+            CacheManager.update_and_get_kv_cache, "kv_cache_steps"
         )
 
     def _counting(self, fn, key: str):
@@ -254,7 +261,9 @@ class _Calls:
         return counted
 
     def reset(self) -> None:
-        self.counts = {"usp_ring_attn": 0, "usp_ring_attn_joint": 0, "templated_ring": 0}
+        self.counts = {
+            "usp_ring_attn": 0, "usp_ring_attn_joint": 0, "templated_ring": 0, "kv_cache_steps": 0
+        }  # fmt: skip
         self.q_lens: set[int] = set()
 
     def report(self) -> dict:

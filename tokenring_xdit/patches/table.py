@@ -264,6 +264,16 @@ PATCH_TABLE: tuple[PatchPoint, ...] = (
         "own ring otherwise; says once on rank 0 which ring runs",
     ),
     _auto(
+        "xfuser.usp_kv_passthrough",
+        "xfuser.model_executor.layers.usp:_update_and_get_kv_cache",
+        "wrapper",
+        "USP's K/V cache step, which without PipeFusion (num_pipeline_patch == 1) only "
+        "concatenates K and V and copies them back contiguous for a ring that moves K/V: when "
+        "TokenRing is selected (not `auto`) and the ring degree is > 1, K/V are handed on as "
+        "they are (TokenRing's K/V never move); with PipeFusion, another ring or ring degree 1, "
+        "xDiT's own step runs",
+    ),
+    _auto(
         "xfuser.ring_impl_flag",
         "xfuser.config.args:xFuserArgs.add_cli_args and xFuserArgs.add_runner_args",
         "wrapper",

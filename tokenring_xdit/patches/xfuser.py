@@ -85,6 +85,39 @@ def _ring_attn_dispatch(wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
 
 
+def _kv_cache_passthrough(wrapped, instance, args, kwargs):
+    """USP's `_update_and_get_kv_cache(key, value, attn_layer)`: K/V as they are where that
+    step would only copy them (see _kv_cache_only_copies), xDiT's step otherwise."""
+    attn_layer = args[2] if len(args) > 2 else kwargs["attn_layer"]
+    if _kv_cache_only_copies(attn_layer):
+        key, value = args[:2] if len(args) > 1 else (kwargs["key"], kwargs["value"])
+        return key, value
+    return wrapped(*args, **kwargs)
+
+
+def _kv_cache_only_copies(attn_layer) -> bool:
+    """TokenRing is the selected ring (explicitly: `auto` may still run xDiT's ring, which sends
+    K/V and wants them contiguous), the ring degree is > 1, and the layer's cache is one of
+    xDiT's two kinds with one pipeline patch (no PipeFusion), where the update returns the new
+    K/V unchanged and nothing ever reads what it keeps (xfuser 0.7 CacheManager): the step is
+    a cat and two copies. Every input is the same on every rank: the ranks take one branch."""
+    if selection.xdit_ring_impl()[0] != selection.TOKEN_RING:
+        return False
+    from xfuser.core.cache_manager.cache_manager import get_cache_manager
+    from xfuser.core.distributed import get_ring_parallel_world_size
+    from xfuser.core.distributed.runtime_state import (
+        get_runtime_state,
+        runtime_state_is_initialized,
+    )
+
+    entry = get_cache_manager().cache.get(("attn", attn_layer))
+    if entry is None or entry.cache_type not in ("sequence_parallel_attn_cache", "naive_cache"):
+        return False
+    if get_ring_parallel_world_size() < 2:
+        return False
+    return not runtime_state_is_initialized() or get_runtime_state().num_pipeline_patch == 1
+
+
 def _add_flag(wrapped, instance, args, kwargs):
     parser = wrapped(*args, **kwargs)
     target = parser if parser is not None else (args[0] if args else kwargs["parser"])
@@ -240,6 +273,9 @@ def _build(patches: PatchSet) -> None:
 
     # runs inside compiled transformers (--use_torch_compile): a wrapper Dynamo can see
     patches.traced_wrapper("xfuser.usp_ring_attn", usp, "ring_attn", _ring_attn_dispatch)
+    patches.traced_wrapper(
+        "xfuser.usp_kv_passthrough", usp, "_update_and_get_kv_cache", _kv_cache_passthrough
+    )
     for name in ("add_cli_args", "add_runner_args"):
         patches.wrapper("xfuser.ring_impl_flag", args_module, f"xFuserArgs.{name}", _add_flag)
     patches.wrapper(
