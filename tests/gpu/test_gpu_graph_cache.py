@@ -46,3 +46,27 @@ def test_replays_equal_eager(nested: bool) -> None:
                 assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
     stats = graph_stats(block)
     assert (stats.captures, stats.replays) == (1, 3), stats
+
+
+def test_a_failed_capture_leaves_random_numbers_working() -> None:
+    """A capture that fails (here a host sync inside it) is refused and the call stays eager;
+    torch then still believes its default CUDA generator is capturing (the failed capture never
+    ran the generator's epilogue) and the next torch.randn raised "Offset increment outside graph
+    capture encountered unexpectedly" (a diffusers scheduler step, on 2 x H200). The cache puts
+    the generator back."""
+    from tokenring_xdit.ring.graphs import GraphCache
+
+    cache = GraphCache()
+
+    def syncs(leaves):
+        (x,) = leaves
+        return (x * float((x.sum() > 0).item()),)  # .item(): not capturable
+
+    x = torch.ones(4, device="cuda")
+    for _ in range(3):
+        (out,) = cache("syncs", [x], syncs, None)
+        assert torch.equal(out, x)
+    assert cache.stats.captures == 0 and len(cache.stats.refused) == 1, cache.stats
+    assert "syncs" in cache.stats.refused[0], cache.stats.refused  # names the offending frame
+    noise = torch.randn(3, device="cuda")
+    assert noise.isfinite().all()

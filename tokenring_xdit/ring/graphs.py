@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import traceback
 import weakref
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
@@ -137,7 +138,8 @@ class GraphCache:
                 with torch.cuda.graph(graph, pool=self._pool):
                     outputs = run(static)
             except Exception as exc:  # a host sync or an uncapturable op: stay eager
-                error = f"{type(exc).__name__}: {exc}"
+                error = f"{type(exc).__name__}: {exc} ({_where(exc)})"
+                _reset_rng_capture(device)
         if not all_ranks_ok(same_key and error is None, device, group):
             reason = error or ("ranks called with different arguments" if not same_key else None)
             self.stats.refused.append(reason or "capture failed on another rank")
@@ -147,6 +149,32 @@ class GraphCache:
             return _Graph(graph, static, list(outputs), None)
         out_leaves, out_spec = tree_flatten(outputs)
         return _Graph(graph, static, out_leaves, out_spec)
+
+
+def _where(exc: BaseException) -> str:
+    """The innermost frame of `exc` outside torch itself: the op that broke a capture."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    outside = [f for f in frames if "/torch/" not in f.filename] or frames
+    return f"in {outside[-1].name}, {outside[-1].filename}:{outside[-1].lineno}"
+
+
+def _reset_rng_capture(device: torch.device) -> None:
+    """After a capture that failed: a capture that ends in an error (cudaStreamEndCapture
+    raises) never runs the epilogue of the CUDA generators it registered, so the default
+    generator stays "capturing" and the next torch.randn outside a capture raises "Offset
+    increment outside graph capture encountered unexpectedly" (seen in a diffusers scheduler
+    step). A capture that succeeds runs the prologue and the epilogue of the default generator
+    again; one tiny graph, dropped at once, puts it back."""
+    try:
+        with torch.cuda.device(device):
+            torch.cuda.synchronize()
+            scratch = torch.zeros(1, device=device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                scratch.add_(1)
+            del graph
+    except RuntimeError:  # the device itself is broken: the caller's next step will say so
+        pass
 
 
 def _run_guards() -> None:

@@ -8,10 +8,16 @@ not done by the ring's deadline aborts the ring's own communicators (the stuck t
 end, so the GPU moves on), marks the ring unusable, and logs the named error; the next TokenRing
 call on that ring raises it as TokenRingCommError. Our communicators' NCCL timeout is twice the
 deadline (comm/groups.py), so this fires first.
+
+The polling thread runs in the thread-local stream-capture mode: in CUDA's default (global) mode
+an event query from any thread while another thread captures a graph invalidates that capture,
+so a whole-transformer capture right after ring calls failed now and then (issue 34; torch's
+own NCCL watchdog does the same, pytorch#148594).
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import threading
 import time
@@ -44,7 +50,24 @@ def watch(comms: RingComms, what: str) -> None:
         _cv.notify()
 
 
+# CUstreamCaptureMode: CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+_THREAD_LOCAL = 1
+
+
+def thread_local_capture_mode() -> bool:
+    """Put the calling thread in the thread-local capture mode (CUDA driver API, which every
+    CUDA machine has; no context is made). False where the driver cannot be reached."""
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+        mode = ctypes.c_int(_THREAD_LOCAL)
+        return driver.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 def _run() -> None:
+    if not thread_local_capture_mode():
+        log.debug("TokenRing watchdog: could not set the thread-local capture mode")
     while True:
         with _cv:
             while not _items:
