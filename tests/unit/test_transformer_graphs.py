@@ -76,3 +76,22 @@ def test_reset_all_graphs_reaches_every_graphed_module() -> None:
         vars(b)["forward"].graphs._graphs["k"] = None  # as if a key had been refused
     tg.reset_all_graphs()
     assert all(len(vars(b)["forward"].graphs) == 0 for b in blocks)
+
+
+def test_a_refused_capture_names_the_op_that_broke_it():
+    """torch's capture_end raises its own "previous error during capture" on top of the error of
+    the op that broke the capture; the refusal reason reports the first one, with its frame."""
+    from tokenring_xdit.ring.graphs import _first_error
+
+    def host_sync():
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nhint")
+
+    try:
+        try:
+            host_sync()
+        finally:
+            raise RuntimeError("operation failed due to a previous error during capture")
+    except RuntimeError as exc:
+        reason = _first_error(exc)
+    assert reason.startswith("RuntimeError: CUDA error: operation not permitted"), reason
+    assert "in host_sync" in reason and "hint" not in reason, reason

@@ -138,7 +138,7 @@ class GraphCache:
                 with torch.cuda.graph(graph, pool=self._pool):
                     outputs = run(static)
             except Exception as exc:  # a host sync or an uncapturable op: stay eager
-                error = f"{type(exc).__name__}: {exc} ({_where(exc)})"
+                error = _first_error(exc)
                 _reset_rng_capture(device)
         if not all_ranks_ok(same_key and error is None, device, group):
             reason = error or ("ranks called with different arguments" if not same_key else None)
@@ -151,11 +151,16 @@ class GraphCache:
         return _Graph(graph, static, out_leaves, out_spec)
 
 
-def _where(exc: BaseException) -> str:
-    """The innermost frame of `exc` outside torch itself: the op that broke a capture."""
+def _first_error(exc: BaseException) -> str:
+    """What broke a capture, and where: the first exception of the chain (the op that made the
+    capture invalid; torch's capture_end then raises its own "previous error during capture"),
+    with its innermost frame outside torch."""
+    while exc.__context__ is not None and exc.__context__ is not exc:
+        exc = exc.__context__
     frames = traceback.extract_tb(exc.__traceback__)
     outside = [f for f in frames if "/torch/" not in f.filename] or frames
-    return f"in {outside[-1].name}, {outside[-1].filename}:{outside[-1].lineno}"
+    where = f" (in {outside[-1].name}, {outside[-1].filename}:{outside[-1].lineno})" if outside else ""
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}{where}"
 
 
 def _reset_rng_capture(device: torch.device) -> None:

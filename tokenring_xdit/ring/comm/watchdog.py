@@ -9,10 +9,10 @@ end, so the GPU moves on), marks the ring unusable, and logs the named error; th
 call on that ring raises it as TokenRingCommError. Our communicators' NCCL timeout is twice the
 deadline (comm/groups.py), so this fires first.
 
-The polling thread runs in the thread-local stream-capture mode: in CUDA's default (global) mode
-an event query from any thread while another thread captures a graph invalidates that capture,
-so a whole-transformer capture right after ring calls failed now and then (issue 34; torch's
-own NCCL watchdog does the same, pytorch#148594).
+The polling thread runs in the thread-local stream-capture mode, as torch's own NCCL watchdog
+does (pytorch#148594): in CUDA's default (global) mode an event query from another thread during
+a capture can invalidate that capture. (Not reproduced on CUDA 13 / H200, issue 34: a pending
+event polled all through a capture left it intact either way; kept as torch keeps it.)
 """
 
 from __future__ import annotations
