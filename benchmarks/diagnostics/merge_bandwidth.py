@@ -63,6 +63,36 @@ def _load(path: str):
     return module
 
 
+def _row(name: str, dims: tuple, storage: str, kernels: dict, gen) -> dict:
+    """One shape in one storage order: every kernel, the tuning grid, torch ops and the copy."""
+    b, h, s, d = dims
+    shape = dims if storage == "bhsd" else (b, s, h, d)
+
+    def make():
+        x = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen)
+        return x if storage == "bhsd" else x.transpose(1, 2)  # (b, h, s, d) views
+
+    a, other, dst = make(), make(), make()
+    la, lb = (torch.randn(b, h, s, device="cuda", generator=gen) for _ in "ab")
+    lo = torch.empty_like(la)
+    args = (dst, lo, a, la, other, lb)
+    moved = 3 * a.numel() * a.element_size() + 3 * la.numel() * 4  # read 2, write 1
+    row = {"shape": name, "storage": storage, "b": b, "h": h, "s": s, "d": d,
+           "mbytes": round(moved / 1e6, 2)}  # fmt: skip
+    for label, module in kernels.items():
+        row[f"{label}_us"] = round(_time_us(lambda m=module: m.merge2_bhsd(*args)), 2)
+    for block_s, warps in TUNING:
+        us = _time_us(
+            lambda bs=block_s, w=warps: fused_merge.merge2_bhsd(*args, block_s=bs, num_warps=w)
+        )
+        row[f"triton_s{block_s}_w{warps}_us"] = round(us, 2)
+    merge = PartialMerge(a, la, BHSD, torch.bfloat16, updates=1, fused=False)
+    row["torch_ops_us"] = round(_time_us(lambda: merge._merge(*args)), 2)
+    row["copy_us"] = round(_time_us(lambda: (dst.copy_(a), dst.copy_(other))) * 0.75, 2)
+    row["triton_tb_s"] = round(moved / row["triton_us"] / 1e6, 2)
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -75,34 +105,7 @@ def main() -> None:
     rows = []
     for name, b, h, s, d in SHAPES:
         for storage in ("bhsd", "bshd"):
-            shape = (b, h, s, d) if storage == "bhsd" else (b, s, h, d)
-
-            def make():
-                x = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen)
-                return x if storage == "bhsd" else x.transpose(1, 2)  # (b, h, s, d) views
-
-            a, other, dst = make(), make(), make()
-            la, lb = (torch.randn(b, h, s, device="cuda", generator=gen) for _ in "ab")
-            lo = torch.empty_like(la)
-            moved = 3 * a.numel() * a.element_size() + 3 * la.numel() * 4  # read 2, write 1
-            row = {"shape": name, "storage": storage, "b": b, "h": h, "s": s, "d": d,
-                   "mbytes": round(moved / 1e6, 2)}  # fmt: skip
-            for label, module in kernels.items():
-                us = _time_us(lambda m=module: m.merge2_bhsd(dst, lo, a, la, other, lb))
-                row[f"{label}_us"] = round(us, 2)
-            for block_s, warps in TUNING:
-                us = _time_us(
-                    lambda: fused_merge.merge2_bhsd(
-                        dst, lo, a, la, other, lb, block_s=block_s, num_warps=warps
-                    )
-                )
-                row[f"triton_s{block_s}_w{warps}_us"] = round(us, 2)
-            merge = PartialMerge(a, la, BHSD, torch.bfloat16, updates=1, fused=False)
-            row["torch_ops_us"] = round(
-                _time_us(lambda: merge._merge(dst, lo, a, la, other, lb)), 2
-            )
-            row["copy_us"] = round(_time_us(lambda: (dst.copy_(a), dst.copy_(other))) * 0.75, 2)
-            row["triton_tb_s"] = round(moved / row["triton_us"] / 1e6, 2)
+            row = _row(name, (b, h, s, d), storage, kernels, gen)
             rows.append(row)
             print(row, flush=True)
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,

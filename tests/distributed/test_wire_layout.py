@@ -76,8 +76,10 @@ def _worker(rank, n):
             )
         want_out, want_lse = ref[with_joint]
         return dict(
-            err=max((out.double() - want_out).abs().max().item(),
-                    (lse.double() - want_lse).abs().max().item()),  # fmt: skip
+            err=max(
+                (out.double() - want_out).abs().max().item(),
+                (lse.double() - want_lse).abs().max().item(),
+            ),  # fmt: skip
             out_swapped=out.transpose(1, 2).is_contiguous() and not out.is_contiguous(),
             q_intact=torch.equal(q_in, q),
         )

@@ -53,5 +53,3 @@ def test_watch_host_cost_is_microseconds():
     torch.cuda.synchronize()
     print(f"watch(): {per_call_us:.2f} us host time per call")
     assert comms.failed is None
-
-

@@ -86,12 +86,26 @@ def test_a_refused_capture_names_the_op_that_broke_it():
     def host_sync():
         raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nhint")
 
+    # torch's capture_end, as the frame it raises from (torch/cuda/graphs.py) names it
+    capture_end = compile(
+        "raise RuntimeError('operation failed due to a previous error during capture')",
+        "/site-packages/torch/cuda/graphs.py",
+        "exec",
+    )
     try:
         try:
             host_sync()
         finally:
-            raise RuntimeError("operation failed due to a previous error during capture")
+            exec(capture_end)
     except RuntimeError as exc:
         reason = _first_error(exc)
     assert reason.startswith("RuntimeError: CUDA error: operation not permitted"), reason
     assert "in host_sync" in reason and "hint" not in reason, reason
+    # an exception that did not leave a capture is reported as it is, whatever its context
+    try:
+        try:
+            host_sync()
+        except RuntimeError:
+            raise ValueError("a capturable op's own error") from None
+    except ValueError as exc:
+        assert _first_error(exc).startswith("ValueError: a capturable op's own error")

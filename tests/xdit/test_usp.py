@@ -72,6 +72,7 @@ def test_token_ring_ran_and_default_did_not(layout: str) -> None:
                 q_messages=ring - 1,
                 partial_messages=2 * (ring - 1),
                 ring_q_lens=[q_lens[case]],
+                kv_cache_steps=0,  # USP called without attn_layer: no K/V cache step
             )
             assert counts == expected, (result["rank"], case, counts)
             got = usp[f"{workers.DEFAULT}/{case}"]
