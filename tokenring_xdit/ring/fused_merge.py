@@ -105,9 +105,10 @@ def available() -> bool:
 SERVED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 _ACCESS_BYTES = 16  # the widest load/store a thread issues
-# Queries per program (4 warps): 16 was fastest or within 2 % of the fastest of 12 settings at
-# d=72 and d=128, both storage orders, 29-153 MB merges (H200, merge_bandwidth.py); 64 rows, the
-# old setting, up to 17 % slower. Flux's merges run at 0.96-1.03x a copy of as many bytes.
+# Queries per program (4 warps), from 12 settings timed on H200 (merge_bandwidth.py, both storage
+# orders): 16 is within 1 % of the best for Flux's d=128 merges (79-153 MB; 64, the old setting,
+# 10-15 % slower) and within 6 % at PixArt 2048's d=72 one (58 MB). The smaller d=72 merge
+# (29 MB) was fastest with 128 (6.3 vs 8.4 us): 0.2 % of its ring call, not worth a rule.
 _ROWS_PER_PROGRAM = 16
 
 
@@ -119,8 +120,8 @@ def vector_width(d: int, *xs: torch.Tensor) -> int:
     for x in xs:
         if x.stride(3) != 1 and d > 1:
             return 1
-        sizes = x.element_size()
-        common = math.gcd(common, x.stride(0), x.stride(1), x.stride(2), x.data_ptr() // sizes)
+        start = x.data_ptr() // x.element_size()
+        common = math.gcd(common, x.stride(0), x.stride(1), x.stride(2), start)
     vec = _ACCESS_BYTES // max(x.element_size() for x in xs)
     while common % vec:
         vec //= 2
