@@ -14,12 +14,9 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
 import torch
 
 from tokenring_xdit.ring.fused_merge import vector_width
-
-pytest.importorskip("triton")
 
 _CHILD = textwrap.dedent(
     """

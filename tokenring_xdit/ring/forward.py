@@ -74,9 +74,6 @@ class RingCall:
         out, lse = run_block(self.kernel, q, k, v, self.scale, self.layout)
         return (out.contiguous() if dense else out), lse.float().contiguous()
 
-    def head_start(self, q: torch.Tensor, k: torch.Tensor) -> None:
-        head_start(self.head_start_us, self.layout, q, k)
-
     def join(self, k, v, joint_kv) -> tuple[torch.Tensor, torch.Tensor]:
         """K/V of the step-0 block: local plus joint K/V, which only our own queries meet (each
         query's owner runs step 0 on it once, so every query sees the joint K/V once)."""
@@ -135,7 +132,7 @@ def ring_forward(
             tail = (tail_q, own_kv) if held else None
             return final.run(held_q, k, v, merge, pending, q.dtype, tail)
         if st.ret_send_to is not None:
-            call.head_start(held_q, k)
+            head_start(call.head_start_us, layout, held_q, k)
         if st.step == 0 and held:
             block = call.block(layout.seq_slice(held_q, slice(0, split)), *own_kv, dense=False)
         else:
@@ -190,7 +187,7 @@ class _Final:
             # keep the sent piece referenced until its transfer is waited for
             pieces.append((works, slice(r0, r1), recv_out, recv_lse, out_c, lse_c))
             if s1 < sent_bounds[-1][1] or tail is not None:  # another attention kernel follows
-                self.call.head_start(held_q, k)
+                head_start(self.call.head_start_us, layout, held_q, k)
         if tail is not None:  # the returns travel behind this block
             merge.add_tail(*self.call.block(tail[0], *tail[1], dense=False))
         self.out_lane.wait()

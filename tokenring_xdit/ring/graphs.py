@@ -155,19 +155,16 @@ def _first_error(exc: BaseException) -> str:
     """What broke a capture, and where. When the op that broke it raised, torch's capture_end
     (leaving the `with torch.cuda.graph`) raises its own "previous error during capture" on top:
     report the op's error instead, with its innermost frame outside torch."""
-    while exc.__context__ is not None and _frames(exc)[-1:] and _in_graph_exit(_frames(exc)[-1]):
+    frames = traceback.extract_tb(exc.__traceback__)
+    while exc.__context__ is not None and frames and _in_graph_exit(frames[-1]):
         exc = exc.__context__
-    frames = _frames(exc)
+        frames = traceback.extract_tb(exc.__traceback__)
     outside = [f for f in frames if "/torch/" not in f.filename] or frames
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     if not outside:
         return f"{type(exc).__name__}: {text}"
     frame = outside[-1]
     return f"{type(exc).__name__}: {text} (in {frame.name}, {frame.filename}:{frame.lineno})"
-
-
-def _frames(exc: BaseException) -> list[traceback.FrameSummary]:
-    return traceback.extract_tb(exc.__traceback__)
 
 
 def _in_graph_exit(frame: traceback.FrameSummary) -> bool:
