@@ -87,7 +87,7 @@ def attend(
     `tokenring_xdit.calls_by_host()` counts the call under; `validate` overrides the config's
     check mode. Eager and compiled alike."""
     if torch.compiler.is_compiling():  # Dynamo is tracing: the ring becomes one graph node
-        return compiled_attn(q, k, v, options, host=host, validate=validate)
+        return compiled_attn((q, k, v), options, host, validate)
     prepared = prepare(q, k, v, options, validate=validate)
     if prepared.train:
         out, lse = train_attn(q, k, v, prepared)

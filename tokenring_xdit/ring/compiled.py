@@ -2,16 +2,17 @@
 
 Dynamo cannot trace the ring (kernel probes, digests, the input check's all-gather, P2P ops,
 bounded waits) and must not: every piece of it decides or moves data across ranks. So while
-Dynamo traces (`torch.compiler.is_compiling()`), `token_ring_attn` hands its call here and the
+Dynamo traces (`torch.compiler.is_compiling()`), `api.attend` hands its call here and the
 graph gets one node, `tokenring::attn`, a `torch.library.custom_op`:
 
 - its fake (meta) implementation gives out (q's layout, v's head size) and lse (b, h, s) fp32
   without communicating, so Dynamo/AOTAutograd/Inductor trace around it without graph breaks;
-- its real implementation, run by the compiled program, is the eager ring call itself (input
-  check agreed across the ring, caches, the ring's own CUDA graphs and communicators), so
-  compiled and eager calls compute the same thing;
+- its real implementation, run by the compiled program, prepares the call as the eager API
+  does (`call.prepare`: input check agreed across the ring, caches) and runs the same loops
+  (the ring's own CUDA graphs and communicators included), so compiled and eager calls
+  compute the same thing;
 - training: `register_autograd` pairs it with `tokenring::attn_backward`, the block-schedule
-  backward loop. The backward re-runs the input check (the compiled program keeps no Python
+  backward loop. The backward re-runs `prepare` (the compiled program keeps no Python
   object between forward and backward; the check's cache makes that cheap on NCCL rings).
 - both carry the `cudagraph_unsafe` tag where torch has it: `mode="reduce-overhead"` then keeps
   CUDA graphs around the ring (Inductor's graph partitions) and runs the ring outside them. A
@@ -19,7 +20,7 @@ graph gets one node, `tokenring::attn`, a `torch.library.custom_op`:
   (`_refuse_capture`), before anything is sent.
 
 The eager path never comes here: outside compilation the only cost is the one
-`is_compiling()` test at the top of `token_ring_attn` (a flag read).
+`is_compiling()` test in `api.attend` (a flag read).
 
 Arguments: the operator's schema is derived from `call.CallOptions` (each field's `OpArg`:
 schema type, encode in traced code, decode in the op), followed by what the adapter adds
@@ -69,18 +70,10 @@ def count_host(host: str) -> None:
         counter(host)
 
 
-def compiled_attn(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    options: CallOptions,
-    *,
-    host: str = "",
-    validate: str = "",
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`token_ring_attn` while Dynamo traces (same options and results; runs in traced code,
-    so it only turns them into the operator's arguments). `validate` overrides the config's;
-    `host`: the adapter the call is counted for (`tokenring_xdit.calls_by_host()`)."""
+def compiled_attn(qkv: tuple[torch.Tensor, ...], options: CallOptions, host: str, validate: str):
+    """`api.attend(q, k, v, ...)` while Dynamo traces: (out, lse) as eager; runs in traced
+    code, so it only turns the options into the operator's arguments."""
+    q, k, v = qkv
     train = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     args = [op.encode(getattr(options, name)) for name, op in _OPTIONS]
     out, lse = torch.ops.tokenring.attn(q, k, v, *args, train, host, validate)
