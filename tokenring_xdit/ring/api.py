@@ -93,7 +93,8 @@ def attend(
         out, lse = train_attn(q, k, v, prepared)
     else:
         out, lse = infer(prepared, q, k, v)
-    count_host(host)
+    if host:
+        count_host(host)
     return out, lse
 
 
