@@ -299,10 +299,11 @@ def prepare(
     scale = options.softmax_scale if options.softmax_scale is not None else q.shape[-1] ** -0.5
     docs, problem, text = _documents(options)
     grad = needs_grad(q, k, v) if grad is None else grad
-    train = options.causal or grad or options.packed
+    packed = options.packed
+    train = options.causal or grad or packed
     kernel = _resolve_kernel(
         options.kernel, options.kernel_key, q, k, v, layout,
-        train=train, deterministic=options.deterministic, packed=options.packed,
+        train=train, deterministic=options.deterministic, packed=packed,
     )  # fmt: skip
     if kernel.problem or not problem:
         problem, text = kernel.problem, kernel.problem_text
