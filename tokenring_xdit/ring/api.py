@@ -62,7 +62,7 @@ def token_ring_attn(
     Returns:
         out: same shape and dtype as q, with headdim_v as its last dim; stored like q where q
             was stored with seq and heads swapped and Q travelled that way (ring/layout.storage),
-            as SDPA's output follows q; else contiguous.
+            as SDPA's output follows q; else (and under torch.compile) contiguous.
         lse: (batch_size, nheads, seqlen_q) float32, the log-sum-exp of each query's scores.
     """
     options = CallOptions(
