@@ -116,7 +116,9 @@ def _opt(default, schema: str | None, encode=None, decode=None):
 # --- the options ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)  # slots: built on every call, 1.6x faster
+# Not frozen, read-only by convention: built on every call, and a frozen dataclass's __init__
+# (object.__setattr__ per field) cost ~3 us more per call, measured on the eager path.
+@dataclass(kw_only=True, slots=True)
 class CallOptions:
     """What one `token_ring_attn` call asks (its keyword arguments), with q, k, v:
 
