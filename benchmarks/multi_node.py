@@ -49,7 +49,7 @@ def node_env(node: int, args: argparse.Namespace, base: dict[str, str]) -> dict[
     """The environment of node `node`'s launcher (and so of its ranks)."""
     env = dict(base)
     env["NCCL_HOSTID"] = f"node{node}"
-    env["TOKENRING_XDIT_STANDIN_NODE"] = str(node)
+    env["STANDIN_NODE"] = str(node)  # not TOKENRING_XDIT_*: the config warns on unknown names
     if not args.cpu:
         first = node * args.gpus_per_node
         gpus = range(first, first + args.gpus_per_node)
