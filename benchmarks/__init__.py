@@ -66,6 +66,10 @@ SWEEPS: dict[str, tuple[str, str]] = {
     "plot_e2e": ("python", "plots e2e_pipeline results: seconds per image per setting"),
     "plot_train_speed": ("python", "plots train_ring1 and replay_rank results side by side"),
     "plot_train_sweep": ("python", "plots train_sweep results: ms per call per method and shape"),
+    "plot_multi_node": (
+        "python",
+        "plots a multi-node stand-in folder: training and forward ms per method per link setting",
+    ),
 }
 
 

@@ -148,7 +148,7 @@ LINK_KEYS = ("gbps", "latency_us", "both_ways_gbps")
 
 
 def parse_link(text: str) -> Fabric:
-    """"gbps=G[,latency_us=L][,both_ways_gbps=B]" -> link_fabric(...)."""
+    """ "gbps=G[,latency_us=L][,both_ways_gbps=B]" -> link_fabric(...)."""
     values: dict[str, float] = {}
     for item in text.split(","):
         key, sep, value = item.partition("=")

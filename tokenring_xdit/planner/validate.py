@@ -174,9 +174,7 @@ def validate(
                     m, method, row["heads"], row["head_size"], row["tokens"], uu, rr,
                     final_pieces=pieces,
                 )  # fmt: skip
-                c = Check(
-                    _label(path), row["model"], row["tokens"], uu, rr, column, measured, p.ms
-                )
+                c = Check(_label(path), row["model"], row["tokens"], uu, rr, column, measured, p.ms)
                 checks.append(c)
                 row_checks[method] = c
             cands = {k: c for k, c in row_checks.items() if k in PICK_METHODS}
