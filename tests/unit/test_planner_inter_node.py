@@ -70,12 +70,14 @@ def test_same_fabric_inside_and_between_nodes_stays_two_links():
 def test_validate_on_the_stand_in_meets_the_error_target():
     checks, picks = validate(STANDIN)
     assert {c.file for c in checks} == {
-        "multi_node_standin/sweep_socket_default.json",
-        "multi_node_standin/sweep_socket_wide.json",
+        f"multi_node_standin/sweep_socket_{s}.json"
+        for s in ("default", "default_run2", "wide", "wide_run2")
     }
-    assert len(checks) == 80 and len(picks) == 16
+    assert len(checks) == 160 and len(picks) == 32
     assert statistics.median(abs(c.error) for c in checks) <= MAX_MEDIAN_ERROR
-    # where the link is slow the all-gather ring leads by 20-40 % and the model picks it
+    # where the link is slow the all-gather ring leads by 20-40 % and the model picks it; on
+    # the wider link the measured best flips between two runs of the same sweep (see the folder's
+    # README), so the picks there are scored but not asserted
     assert all(p[3] for p in picks if "default" in p[0])
     text, _ = report(STANDIN)
     assert "median abs error" in text
