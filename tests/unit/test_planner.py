@@ -20,6 +20,7 @@ from tokenring_xdit.planner.schedules import (
     RingOptions,
     _kernel,
     old_final_pieces,
+    sweep_options,
     token_ring,
 )
 from tokenring_xdit.planner.validate import MAX_MEDIAN_ERROR, MIN_PICK_RATE, validate
@@ -149,6 +150,12 @@ def test_final_pieces_rule_and_schedule():
     one = token_ring(m, b, [0, 1], options=whole)
     four = token_ring(m, b, [0, 1], final_pieces=4, options=whole)
     assert four.breakdown["exposed_tail"] < one.breakdown["exposed_tail"]
+
+
+def test_sweeps_before_the_held_back_block_are_predicted_without_it():
+    assert sweep_options("2026-11-22 06:44:37") == RingOptions(defer_own=0.0, head_start_us=0.0)
+    now = sweep_options("2026-11-26 05:23:49")
+    assert (now.defer_own, now.head_start_us) == (None, 10.0)  # RingConfig's defaults
 
 
 def test_planner_and_ring_schedules_import_without_torch():

@@ -30,6 +30,7 @@ __all__ = [
     "DEFAULTS",
     "SimResult",
     "old_final_pieces",
+    "sweep_options",
     "token_ring",
     "kv_ring",
     "allgather_ring",
@@ -157,6 +158,17 @@ def _host(m: Machine, attention=0, comm=0, elementwise=0, graph=0) -> float:
 def single(m: Machine, b: Block, kernel: str = "cudnn") -> SimResult:
     k = _kernel(m, b, kernel)
     return SimResult(k, _host(m, attention=1), {"kernel": k})
+
+
+# The held-back own block came with 378a7f6 and the head start with f399d16 (2026-11-26);
+# sweeps timed before the first ran with neither (plan --validate predicts each sweep's code).
+HELD_BACK_SINCE = "2026-11-26 01:07"
+
+
+def sweep_options(time: str) -> RingOptions:
+    """The TokenRing options the code had when a sweep of this `time` (its meta) ran: none of
+    the two before HELD_BACK_SINCE, else today's defaults."""
+    return DEFAULTS if time >= HELD_BACK_SINCE else RingOptions(defer_own=0.0, head_start_us=0.0)
 
 
 def old_final_pieces(q_len: int) -> int:

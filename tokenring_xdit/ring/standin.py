@@ -23,7 +23,7 @@ __all__ = ["row_delta_bhsd", "out_standin_bhsd"]
 
 
 @functools.cache
-def _rowdot():
+def _kernels():
     import triton
     import triton.language as tl
 
@@ -48,14 +48,6 @@ def _rowdot():
             mask=mask, other=0.0,
         ).to(tl.float32)  # fmt: skip
         tl.store(out + ib * so_b + ih * so_h + rows * so_s, tl.sum(xa * xb, axis=1), mask=row_ok)
-
-    return rowdot
-
-
-@functools.cache
-def _standin():
-    import triton
-    import triton.language as tl
 
     @triton.jit
     def standin(
@@ -82,12 +74,12 @@ def _standin():
             mask=mask,
         )
 
-    return standin
+    return rowdot, standin
 
 
 @functools.cache
 def _triton_ok() -> bool:
-    return builds(_rowdot) and builds(_standin)
+    return builds(_kernels)
 
 
 def _use_triton(x: torch.Tensor) -> bool:
@@ -109,7 +101,7 @@ def row_delta_bhsd(dout: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         return (dout.to(acc) * out.to(acc)).sum(-1).float()
     res = torch.empty(b, h, s, dtype=torch.float32, device=dout.device)
     grid, block_s, block_d = _grid(dout.shape)
-    _rowdot()[grid](
+    _kernels()[0][grid](
         dout, out, res, h, s, d, *dout.stride(), *out.stride(), *res.stride(),
         BLOCK_S=block_s, BLOCK_D=block_d,
     )  # fmt: skip
@@ -139,7 +131,7 @@ def out_standin_bhsd(
         c = torch.where(norm2 > 0, delta.to(acc).unsqueeze(-1) / norm2, torch.zeros_like(norm2))
         return x.copy_(do * c)
     grid, block_s, block_d = _grid(dout.shape)
-    _standin()[grid](
+    _kernels()[1][grid](
         dout, delta, x, h, s, d, *dout.stride(), *delta.stride(), *x.stride(),
         BLOCK_S=block_s, BLOCK_D=block_d,
     )  # fmt: skip
