@@ -29,7 +29,7 @@ from pathlib import Path
 from .cost import predict
 from .fabric import Fabric, fit_nccl_peers
 from .machine import make_machine
-from .schedules import old_final_pieces
+from .schedules import old_final_pieces, sweep_options
 
 __all__ = [
     "Check",
@@ -172,7 +172,7 @@ def validate(
                 pieces = _final_pieces(meta, row["tokens"] // (uu * rr))
                 p = predict(
                     m, method, row["heads"], row["head_size"], row["tokens"], uu, rr,
-                    final_pieces=pieces,
+                    final_pieces=pieces, options=sweep_options(str(meta.get("time", ""))),
                 )  # fmt: skip
                 c = Check(_label(path), row["model"], row["tokens"], uu, rr, column, measured, p.ms)
                 checks.append(c)
