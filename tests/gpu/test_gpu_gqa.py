@@ -48,7 +48,7 @@ def _inputs(dtype, d, s=512):
 @pytest.mark.parametrize("name", ["cudnn", "torch_flash", "torch_efficient", "math", *FLASH])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_gqa_block_kernels_match_exact_attention(name, dtype):
-    from tokenring_xdit.ring.gqa import gqa_kernel
+    from tokenring_xdit.ring.kernels import gqa_kernel
     from tokenring_xdit.ring.kernels import KERNELS
     from tokenring_xdit.ring.layout import BHSD
 
@@ -76,7 +76,7 @@ PAIR_CASES = [("torch_flash", False), ("math", False), ("cudnn", True)] + [
 @pytest.mark.parametrize("d", [64, 128])
 def test_gqa_backward_pairs_sum_to_exact_gradients(name, with_out, dtype, d):
     from tokenring_xdit.ring.backward_kernels import PAIRS, row_delta
-    from tokenring_xdit.ring.gqa import gqa_pair
+    from tokenring_xdit.ring.kernels import gqa_pair
     from tokenring_xdit.ring.layout import BHSD
 
     pair = gqa_pair(PAIRS[name], torch.device("cuda"), dtype, d, d)

@@ -41,7 +41,7 @@ def _ref(q, k, v, do, mask, scale):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_auto_picks_flash_varlen(dtype):
     from tokenring_xdit.ring.backward_kernels import select_pair
-    from tokenring_xdit.ring.doc_kernels import doc_pair
+    from tokenring_xdit.ring.kernels import doc_pair
 
     dev = torch.device("cuda")
     pair = doc_pair(
@@ -54,7 +54,7 @@ def test_cudnn_per_segment_is_refused():
     """cuDNN per document segment failed the exactness check below on 2 x H200 (4 of 4 pair
     cases; 2 of the first 3 ring cases), so packed documents refuse it with one clear error."""
     from tokenring_xdit.ring.backward_kernels import select_pair
-    from tokenring_xdit.ring.doc_kernels import doc_pair
+    from tokenring_xdit.ring.kernels import doc_pair
 
     dev, dtype = torch.device("cuda"), torch.bfloat16
     with pytest.raises(NotImplementedError, match="cudnn"):
@@ -68,9 +68,9 @@ def test_cudnn_per_segment_is_refused():
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
 def test_document_pairs_match_exact(name, kv_heads, layout):
     from tokenring_xdit.ring.backward_kernels import row_delta, select_pair
-    from tokenring_xdit.ring.doc_kernels import doc_pair, segments_mask
+    from tokenring_xdit.ring.kernels import doc_pair, segments_mask
     from tokenring_xdit.ring.documents import Segment
-    from tokenring_xdit.ring.gqa import gqa_pair
+    from tokenring_xdit.ring.kernels import gqa_pair
     from tokenring_xdit.ring.layout import get_layout
 
     lay, dev, dtype, d = get_layout(layout), torch.device("cuda"), torch.bfloat16, 128
@@ -111,7 +111,7 @@ def test_thread_ring_with_documents_matches_exact(n, causal, name):
     from tokenring_xdit.ring.backward import block_backward
     from tokenring_xdit.ring.backward_kernels import select_pair
     from tokenring_xdit.ring.block_forward import BlockCall, block_forward
-    from tokenring_xdit.ring.doc_kernels import doc_pair
+    from tokenring_xdit.ring.kernels import doc_pair
     from tokenring_xdit.ring.documents import Documents, doc_plan
     from tokenring_xdit.ring.layout import BSHD
     from tokenring_xdit.ring.schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .backward_kernels import row_delta
+from .kernels import row_delta
 from .block_forward import BlockCall
 from .comm import COUNTERS
 from .head_start import head_start

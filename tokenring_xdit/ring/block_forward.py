@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .backward_kernels import KernelPair
+from .kernels import KernelPair
 from .comm import COUNTERS
 from .documents import DocPlan
 from .head_start import head_start

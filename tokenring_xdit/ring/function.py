@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from .backward import block_backward
-from .backward_kernels import KernelPair
+from .kernels import KernelPair
 from .block_forward import BlockCall, block_forward
 from .comm.groups import RELEASE_HOOKS
 from .documents import Documents, doc_plan
