@@ -8,7 +8,6 @@ import random
 import pytest
 import torch
 
-from tokenring_xdit.ring.backward_kernels import PAIRS
 from tokenring_xdit.ring.documents import (
     Documents,
     Segment,
@@ -18,7 +17,7 @@ from tokenring_xdit.ring.documents import (
     documents_from_position_ids,
     local_claims,
 )
-from tokenring_xdit.ring.kernels import MASKED, segment_runs, segments_mask, segments_pair
+from tokenring_xdit.ring.kernels import MASKED, PAIRS, segment_runs, segments_mask, segments_pair
 from tokenring_xdit.ring.layout import BHSD, BSHD
 from tokenring_xdit.ring.schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
 from tokenring_xdit.ring.sharding import zigzag_positions

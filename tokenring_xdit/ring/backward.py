@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import torch
 
-from .kernels import row_delta
 from .block_forward import BlockCall
 from .comm import COUNTERS
 from .head_start import head_start
+from .kernels import row_delta
 from .ring import Ring
 from .schedules.blocks import part_len, part_slice
 

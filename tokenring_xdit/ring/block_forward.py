@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .kernels import KernelPair
 from .comm import COUNTERS
 from .documents import DocPlan
 from .head_start import head_start
+from .kernels import KernelPair
 from .layout import Layout
 from .merge import PartialMerge
 from .ring import Ring

@@ -60,6 +60,13 @@ def auto_order(device: torch.device, dtype: torch.dtype, train: bool) -> tuple[s
     )
 
 
+def check_layout(record: Kernel, layout) -> None:
+    """Refuse a layout the record does not take (every built-in one takes both)."""
+    if layout not in record.layouts:
+        names = [x.name for x in record.layouts]
+        raise ValueError(f"kernel {record.name!r} takes layouts {names}, not {layout.name!r}")
+
+
 def _unknown(name) -> ValueError:
     return ValueError(f"unknown kernel {name!r}; use 'auto' or one of {sorted(REGISTRY)}")
 
@@ -134,8 +141,9 @@ def _trained(record: Kernel, dtype: torch.dtype) -> Kernel:
 
 @functools.cache
 def _say_trained_as(name: str, stand_in: str) -> None:
-    log.info(
-        "TokenRing: kernel %r has no ring backward; training runs %r (same attention, exact)",
+    log.warning(
+        "TokenRing: kernel %r has no usable ring backward; training runs %r in its place (same "
+        "attention, exact; docs/training.md, Kernels)",
         name,
         stand_in,
     )

@@ -15,7 +15,15 @@ import torch
 from ..agree import Problem
 from ..layout import Layout
 from .base import Kernel, KeyedKernel
-from .registry import doc_pair, gqa_kernel, gqa_pair, select_kernel, select_pair
+from .registry import (
+    REGISTRY,
+    check_layout,
+    doc_pair,
+    gqa_kernel,
+    gqa_pair,
+    select_kernel,
+    select_pair,
+)
 
 
 class KernelChoice(NamedTuple):
@@ -41,6 +49,7 @@ def resolve_kernel(
         args = (q.device, q.dtype, q.shape[3], v.shape[3])
         if train:
             record = _training_record(kernel, args, deterministic, packed)
+            check_layout(record, layout)
             fn = gqa_pair(record, *args) if gqa else record
             return KernelChoice(fn, None, ("pair", record.name, deterministic), Problem.NONE, "")
         if isinstance(kernel, KeyedKernel):
@@ -51,6 +60,7 @@ def resolve_kernel(
             fn, key, family = kernel, kernel_key, kernel_key if kernel_key is not None else name
         else:
             family, fn = select_kernel(kernel, *args)
+            check_layout(REGISTRY[family], layout)
             key = kernel
         if gqa:
             fn, key = gqa_kernel(fn, key, *args)
