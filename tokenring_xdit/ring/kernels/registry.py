@@ -55,7 +55,7 @@ def auto_order(device: torch.device, dtype: torch.dtype, train: bool) -> tuple[s
         name
         for name in _AUTO[mode]
         if kind in REGISTRY[name].devices
-        and (dtype in HALF or kind == "cpu" or not REGISTRY[name].half_only)
+        and (dtype in HALF or not REGISTRY[name].half_only)
         and (name != "flash_attn" or has_flash_attn())
     )
 
