@@ -9,11 +9,12 @@
 - registry.py: every record by name, the `auto` order, selection for inference, training,
   packed documents and GQA. resolve.py: `resolve_kernel`, what a call's `kernel` becomes.
 
-Adding a kernel: write its forward (and backward) in a module here and append one `Kernel(...)`
-record to `REGISTRY` in registry.py (and its name to `_AUTO` if `auto` may pick it). Inference
-(`KERNELS[name]`, the record's forward without causality), training (`PAIRS[name]`), GQA
-(probed), packed documents (per segment unless the record says otherwise) and the swapped
-layout then follow from the record.
+Adding a kernel: define its forward (and backward, or None) and its `Kernel(...)` record in a
+module here (its family's, or a new one), then list the record in registry.py's `REGISTRY` (and
+its name in `_AUTO` where `auto` may pick it). Inference (`KERNELS[name]`: the record's forward
+without causality), training (`PAIRS[name]`), GQA (probed: native or expanded), packed
+documents (per segment unless the record says otherwise), the swapped layout, the names in
+error messages and `resolve_kernel` then follow from the record.
 """
 
 from .base import (

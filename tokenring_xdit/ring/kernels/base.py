@@ -28,6 +28,11 @@ import torch
 from ..layout import BHSD, BSHD, Layout
 from ..standin import row_delta_bhsd
 
+__all__ = [
+    "BlockKernel", "HALF", "Kernel", "KernelPair", "KeyedKernel", "empty_partial", "empty_block",
+    "run_block", "lse_bhs", "row_delta", "from_bhsd",
+]  # fmt: skip
+
 BlockKernel = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, float, Layout], tuple[torch.Tensor, torch.Tensor]
 ]
@@ -137,9 +142,3 @@ def row_delta(dout: torch.Tensor, out: torch.Tensor, layout: Layout) -> torch.Te
 def from_bhsd(layout: Layout, grads) -> tuple[torch.Tensor, ...]:
     """(b, h, s, d) results back in `layout`."""
     return tuple(layout.from_bhsd(g) for g in grads)
-
-
-__all__ = [
-    "BlockKernel", "HALF", "Kernel", "KernelPair", "KeyedKernel", "empty_partial", "empty_block",
-    "run_block", "lse_bhs", "row_delta", "from_bhsd",
-]  # fmt: skip
