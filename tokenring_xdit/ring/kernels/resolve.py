@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..agree import Problem
+from ..agree.problems import Problem
 from ..layout import Layout
 from .base import Kernel, KeyedKernel
 from .registry import (
