@@ -26,7 +26,7 @@ import torch
 from .. import config
 from ..ring import token_ring_attn
 from ..ring.compiled import count_host_calls_with
-from ..ring.kernels import BlockKernel
+from ..ring.kernels import BlockKernel, runs_once
 from ..ring.layout import BSHD
 from .calls import count_call
 
@@ -39,9 +39,6 @@ count_host_calls_with(count_call)  # compiled calls count where they run (ring/c
 # Forward ops of diffusers' CP-capable backends that cannot return an lse -> backend name.
 _NO_LSE_OPS = {"_native_attention_forward_op": "native", "_npu_attention_forward_op": "_native_npu"}
 _USE_DIFFUSERS_RING = "or keep diffusers' own ring: TOKENRING_XDIT_RING_IMPL=default"
-
-# (forward op, device type, dtype, head sizes) -> True once a probe returned a usable lse
-_PROBED: dict[Hashable, bool] = {}
 
 
 def context_parallel_attention(
@@ -221,21 +218,13 @@ def _require_lse(forward_op, parallel_config, query, key, value, scale) -> None:
         query.shape[3],
         value.shape[3],
     )
-    if _PROBED.get(cache_key) or query.shape[1] == 0 or key.shape[1] == 0:
-        return
+    kernel = block_kernel(forward_op, parallel_config)
     try:
-        with torch.no_grad():
-            _call_forward_op(
-                forward_op,
-                parallel_config,
-                *(x[:, :1].contiguous() for x in (query, key, value)),
-                scale,
-            )
+        runs_once(kernel, cache_key, query, key, value, scale, BSHD)
     except (ValueError, NotImplementedError) as exc:
         if "lse" in str(exc).lower():
             raise _no_lse_error(forward_op) from exc
         raise
-    _PROBED[cache_key] = True
 
 
 def _no_lse_error(forward_op) -> NotImplementedError:

@@ -173,7 +173,7 @@ def register(
     Then `from_pretrained(..., attn_implementation=name)`, `from_config(..., attn_implementation=
     name)` or `model.set_attn_implementation(name)`. group=None is the default process group
     (the whole world); register one name per ring group to use several. `kernel`: "auto" or a
-    name from `tokenring_xdit.ring.backward_kernels.PAIRS`. Returns `name`.
+    name from `tokenring_xdit.ring.kernels.PAIRS`. Returns `name`.
     """
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface

@@ -9,17 +9,14 @@ import torch.distributed as dist
 
 from ..config import RingConfig, current
 from .agree import CallSpec, Problem, agree, digest, needs_grad
-from .backward_kernels import select_pair
 from .comm import RingPosition
 from .compiled import compiled_attn, use_eager
-from .doc_kernels import doc_pair
 from .documents import Documents
 from .forward import RingCall, local_forward, ring_forward
 from .function import train_attn
-from .gqa import gqa_kernel, gqa_pair
 from .graphs import graphs_wanted, run_graphed
 from .head_start import ring_pause_us
-from .kernels import BlockKernel, KeyedKernel, SwappedKernel, select_kernel
+from .kernels import BlockKernel, SwappedKernel, resolve_kernel
 from .layout import Layout, get_layout
 from .schedules import NON_CAUSAL
 
@@ -197,49 +194,11 @@ def _documents(cu_seqlens, position_ids) -> tuple[Documents | None, tuple[Proble
 def _resolve_kernel(
     kernel, kernel_key, q, k, v, layout, train: bool, deterministic: bool, packed: bool = False
 ):
-    """(kernel or training pair, graph key, family name agreed across ranks, (problem, text)).
-
-    A kernel that cannot be used here is reported through the check (Problem.KERNEL_UNUSABLE),
-    so every rank raises instead of this one alone."""
-    try:
-        gqa = q.shape[layout.head_dim] != k.shape[layout.head_dim]  # K/V keep their head count
-        args = (q.device, q.dtype, q.shape[3], v.shape[3])
-        if train:
-            if packed:
-                pair = doc_pair(kernel, *args, lambda name: select_pair(name, *args, deterministic))
-                if deterministic and not pair.deterministic:
-                    raise NotImplementedError(
-                        f"deterministic=True: the {pair.name!r} backward is not deterministic; "
-                        "use kernel='masked' (exact) or deterministic=False"
-                    )
-            else:
-                pair = select_pair(kernel, *args, deterministic)
-            return (
-                gqa_pair(pair, *args) if gqa else pair,
-                None,
-                ("pair", pair.name, deterministic),
-                (Problem.NONE, ""),
-            )
-        if isinstance(kernel, KeyedKernel):
-            fn, key, family = kernel, kernel.key, kernel.key
-        elif callable(kernel):
-            # by name, not the object: a closure made per call must not be kept by the digest cache
-            name = f"{getattr(kernel, '__module__', '')}.{getattr(kernel, '__qualname__', '')}"
-            fn, key, family = kernel, kernel_key, kernel_key if kernel_key is not None else name
-        else:
-            family, fn = select_kernel(kernel, *args)
-            key = kernel
-        if gqa:
-            fn, key = gqa_kernel(fn, key, *args)
-        return fn, key, family, (Problem.NONE, "")
-    except (ValueError, NotImplementedError, RuntimeError, IndexError) as exc:
-        # (IndexError: q is not 4-d, which the check reports as such)
-        code = (
-            Problem.KERNEL_UNSUPPORTED
-            if isinstance(exc, NotImplementedError)
-            else Problem.KERNEL_UNUSABLE
-        )
-        return None, None, "unusable", (code, str(exc).splitlines()[0][:300])
+    """(kernel or record, graph key, agreed family, (problem, text)): kernels.resolve_kernel."""
+    *head, problem, text = resolve_kernel(
+        kernel, kernel_key, q, k, v, layout, train=train, deterministic=deterministic, packed=packed
+    )
+    return (*head, (problem, text))
 
 
 # --- flash-attn style functional API (ring-flash-attention's keyword names) ---------------

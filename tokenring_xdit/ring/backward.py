@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from .backward_kernels import row_delta
 from .block_loop import BlockCall, run_blocks
 from .comm import COUNTERS
+from .kernels import row_delta
 from .ring import Ring
 from .schedules.blocks import BlockStep, part_slice
 

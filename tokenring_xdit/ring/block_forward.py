@@ -14,7 +14,7 @@ import torch
 
 from .block_loop import BlockCall, run_blocks
 from .comm import COUNTERS
-from .layout import Layout
+from .kernels import empty_partial
 from .merge import PartialMerge
 from .ring import Ring
 from .schedules.blocks import BlockStep
@@ -33,7 +33,7 @@ def block_forward(
         return run_blocks(call, ring, q_lens, k, _Forward(call, q, k, v))
     mask = call.mask(ring.rank, call.schedule.block_steps(ring.rank, 1)[0])
     if mask == ():
-        return _empty_partial(q, v, call.layout)
+        return empty_partial(q, v, call.layout)
     COUNTERS.kernel_calls += 1
     out, lse = call.pair.run_forward(q, k, v, call.scale, call.layout, mask)
     return out.to(q.dtype), lse.float()
@@ -75,7 +75,7 @@ class _Forward:
     def start(self, block) -> None:
         # step 0: our own Q against our own K/V. The accumulator stays fp32 throughout: a
         # causal rank merges partials of different parts, so no merge is "last" for all rows.
-        block = block if block is not None else _empty_partial(self.q, self.v, self.call.layout)
+        block = block if block is not None else empty_partial(self.q, self.v, self.call.layout)
         self.merge = PartialMerge(*block, self.call.layout, self.q.dtype, eager_fused=True)
 
     def add(self, ret, seq: slice) -> None:
@@ -84,9 +84,3 @@ class _Forward:
     def result(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.merge.result(self.q.dtype)
 
-
-def _empty_partial(q, v, layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
-    """The partial of queries that see no key here: out 0, lse -inf."""
-    b, s, h, _ = layout.dims(q)
-    out = layout.empty(b, s, h, v.shape[3], like=q).zero_()
-    return out, torch.full((b, h, s), float("-inf"), dtype=torch.float32, device=q.device)

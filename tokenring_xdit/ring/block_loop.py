@@ -20,10 +20,10 @@ from typing import Protocol
 
 import torch
 
-from .backward_kernels import KernelPair
 from .comm import COUNTERS
 from .documents import DocPlan
 from .head_start import head_start
+from .kernels import KernelPair
 from .layout import Layout
 from .ring import Ring
 from .schedules.blocks import BlockStep, part_len, part_slice, sub_slice

@@ -15,10 +15,10 @@ import torch
 import torch.distributed as dist
 
 from .backward import block_backward
-from .backward_kernels import KernelPair
 from .block_forward import BlockCall, block_forward
 from .comm.groups import RELEASE_HOOKS
 from .documents import Documents, doc_plan
+from .kernels import KernelPair
 from .layout import Layout
 from .ring import Ring
 from .schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
