@@ -83,4 +83,3 @@ class _Forward:
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.merge.result(self.q.dtype)
-
