@@ -7,6 +7,7 @@ argparse only at import time (the CLI builds its parser on every start); rich lo
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
@@ -46,6 +47,26 @@ def _last_frames(trace: str, n: int) -> str:
         [lines[0], f"  ... {len(starts) - n} outer frames left out (--verbose shows them)"]
         + lines[cut:]
     )
+
+
+def print_usage_error(err, command: str, exc: Exception) -> None:
+    """A usage error found after parsing (e.g. a bad combination), in argparse's form: one
+    line, `tokenring-xdit COMMAND: error: ... (see tokenring-xdit COMMAND --help)`."""
+    prog = f"tokenring-xdit {command}"
+    err.print(
+        f"{prog}: error: {exc} (see {prog} --help)", markup=False, highlight=False, soft_wrap=True
+    )
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds > 0 (a timeout)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text}")
+    return value
 
 
 def int_at_least(low: int) -> Callable[[str], int]:

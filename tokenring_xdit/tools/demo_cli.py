@@ -17,7 +17,9 @@ from .cli_args import (
     add_device_and_dtype,
     non_negative_int,
     positive_int,
+    positive_seconds,
     print_failure,
+    print_usage_error,
     rank_progress,
 )
 
@@ -98,7 +100,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random q/k/v (0)")
     p.add_argument(
         "--timeout",
-        type=float,
+        type=positive_seconds,
         default=600.0,
         help="seconds before all workers are killed (default 600)",
     )
@@ -160,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg, nproc, note = resolve(args)
     except ValueError as exc:
-        err.print(f"[bold red]error:[/] {exc}")
+        print_usage_error(err, "demo", exc)
         return EXIT_USAGE
     if note:
         console.print(f"[yellow]note:[/] {note}")

@@ -7,7 +7,7 @@ import os
 import time
 from collections.abc import Callable
 
-from ..cli_args import EXIT_FAILED, EXIT_OK, EXIT_USAGE, EXIT_WORKER
+from ..cli_args import EXIT_FAILED, EXIT_OK, EXIT_USAGE, EXIT_WORKER, print_usage_error
 from .config import (
     HOST_NAMES,
     MODEL_NAMES,
@@ -126,12 +126,7 @@ def run_cli(args: argparse.Namespace) -> int:
         cfg = resolve(args)
         thresholds = thresholds_for(args, cfg.dtype)
     except ValueError as exc:  # the form argparse's own errors take (docs/compare.md)
-        err.print(
-            f"tokenring-xdit compare: error: {exc} (see tokenring-xdit compare --help)",
-            markup=False,
-            highlight=False,
-            soft_wrap=True,
-        )
+        print_usage_error(err, "compare", exc)
         return EXIT_USAGE
     console.print(
         f"[bold]tokenring-xdit compare[/]: {MODEL_NAMES[cfg.model]} ({cfg.size}, random "
