@@ -13,7 +13,9 @@ import contextlib
 import multiprocessing as mp
 import os
 import queue
+import signal
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -153,6 +155,26 @@ def _environ(env: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
+@contextlib.contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """SIGTERM ends this process as Ctrl-C does: through the `finally` blocks that stop the ranks,
+    close the queue and remove the temporary directory (its default action skips them all and
+    leaves the directory and the queue's semaphores behind). Someone else's handler is kept."""
+    main = threading.current_thread() is threading.main_thread()
+    if not main or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)  # the shell's code for "killed by this signal"
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def launch(
     fn: Callable[..., Any],
     nproc: int,
@@ -204,7 +226,7 @@ def _launch(fn, nproc, args, device, timeout, env, on_progress, fail_fast):
     child_env.update(env or {})
     ctx = mp.get_context("spawn")
     events = ctx.Queue()
-    with tempfile.TemporaryDirectory(prefix="tokenring-xdit-") as tmp:
+    with _sigterm_unwinds(), tempfile.TemporaryDirectory(prefix="tokenring-xdit-") as tmp:
         init_file = os.path.join(tmp, "rendezvous")
         procs = [
             ctx.Process(

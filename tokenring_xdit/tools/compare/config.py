@@ -233,6 +233,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=900.0,
         help="seconds per run before it is killed (900)",
     )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="run on CPU even when the estimate says the weights do not fit in memory",
+    )
     p.add_argument("--no-progress", action="store_true", help="no live progress display")
     p.add_argument(
         "--verbose",
