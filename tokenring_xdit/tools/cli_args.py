@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Callable
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
@@ -26,14 +27,29 @@ def print_failure(err, exc, verbose: bool = False) -> None:
     of them with `verbose`), then one line per failing rank. Lines are never re-wrapped (a
     terminal or a log file wraps them itself)."""
     traced = [f for f in exc.failures if f.trace]
+    hint = ""
+    if traced and not verbose and _raised_by_us(traced[0].trace):
+        traced = []  # our message names the cause and the fix: the frames only with --verbose
+        hint = " (--verbose shows the traceback)"
     if traced:
         trace = traced[0].trace.rstrip()
         if not verbose:
             trace = _last_frames(trace, TRACE_FRAMES)
         err.print(f"rank {traced[0].rank}: {trace}", markup=False, highlight=False, soft_wrap=True)
-    err.print(f"[bold red]worker failure:[/] {len(exc.failures)} rank(s) failed", soft_wrap=True)
+    err.print(
+        f"[bold red]worker failure:[/] {len(exc.failures)} rank(s) failed{hint}", soft_wrap=True
+    )
     for failure in exc.failures:
         err.print(f"  {failure}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _raised_by_us(trace: str) -> bool:
+    """Whether a formatted traceback's innermost frame is a file of tokenring_xdit."""
+    from pathlib import Path
+
+    files = re.findall(r'^  File "([^"]+)"', trace, flags=re.MULTILINE)
+    package = Path(__file__).resolve().parents[1]
+    return bool(files) and Path(files[-1]).resolve().is_relative_to(package)
 
 
 def _last_frames(trace: str, n: int) -> str:

@@ -106,6 +106,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--json", metavar="PATH", default=None, help="also write the results as JSON")
     p.add_argument("--no-progress", action="store_true", help="no live progress display")
+    p.add_argument(
+        "--verbose", action="store_true", help="every frame of a failing rank's traceback"
+    )
 
 
 def _ranks(n: int) -> str:
@@ -177,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         summary = _launch_with_progress(cfg, nproc, args.timeout, console, args.no_progress)
     except LaunchError as exc:
-        print_failure(err, exc)
+        print_failure(err, exc, verbose=args.verbose)
         return EXIT_WORKER
     failed = _print_table(console, summary)
     if args.json:
