@@ -72,3 +72,28 @@ def test_usage_errors_are_one_line(capsys, monkeypatch):
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("rank 1: ex.py: error: argument --ring"), err
+
+
+def test_a_quick_exit_runs_the_exit_handlers_and_skips_the_teardown(tmp_path):
+    """exit_without_teardown: threads joined, exit handlers run, output flushed, exit code kept;
+    the interpreter's finalisation (here: a module global's __del__) is skipped."""
+    import subprocess
+    import sys
+
+    code = f"""
+import atexit, sys, threading, time
+from tokenring_xdit.tools.rank_exit import exit_without_teardown
+class Torn:
+    def __del__(self):
+        open({str(tmp_path / "torn")!r}, "w").close()
+kept = Torn()
+atexit.register(lambda: open({str(tmp_path / "handler")!r}, "w").close())
+threading.Thread(target=lambda: (time.sleep(0.3), print("thread done", file=sys.stderr))).start()
+sys.stdout.write("no newline, buffered")  # printed before the thread ends
+exit_without_teardown(3)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3, done.stderr
+    assert done.stdout == "no newline, buffered" and "thread done" in done.stderr, done
+    assert (tmp_path / "handler").exists()
+    assert not (tmp_path / "torn").exists()
