@@ -16,20 +16,19 @@ SCRIPT = """
 import json, sys
 from tokenring_xdit.patches import xfuser_cpu
 xfuser_cpu.enable()
-from xfuser.config.config import (DataParallelConfig, FullyShardConfig, ParallelConfig,
-    PipeFusionParallelConfig, RuntimeConfig, SequenceParallelConfig, TensorParallelConfig,
-    VaeParallelConfig)
+from xfuser.config import config as c
 from xfuser.core.distributed.runtime_state import RuntimeState
-pp = PipeFusionParallelConfig(pp_degree=1, attn_layer_num_for_pp=None, dit_parallel_size=1)
-parallel = ParallelConfig(DataParallelConfig(), SequenceParallelConfig(), pp,
-    TensorParallelConfig(), FullyShardConfig(), VaeParallelConfig(), world_size=1,
-    dit_parallel_size=1)
+parts = dict(dp_config=c.DataParallelConfig(), sp_config=c.SequenceParallelConfig(),
+             tp_config=c.TensorParallelConfig(), fs_config=c.FullyShardConfig(),
+             vae_config=c.VaeParallelConfig())
+pp = c.PipeFusionParallelConfig(pp_degree=1, attn_layer_num_for_pp=None, dit_parallel_size=1)
 out = {}
 for name in sys.argv[1:]:
-    class Engine:  # the two fields RuntimeState._select_attention_backend reads
-        parallel_config, runtime_config = parallel, RuntimeConfig(attention_backend=name)
+    engine = type("Engine", (), {})()  # the two fields _select_attention_backend reads
+    engine.parallel_config = c.ParallelConfig(pp_config=pp, **parts)
+    engine.runtime_config = c.RuntimeConfig(attention_backend=name)
     try:
-        out[name] = RuntimeState.__new__(RuntimeState)._select_attention_backend(Engine()).name
+        out[name] = RuntimeState.__new__(RuntimeState)._select_attention_backend(engine).name
     except ValueError as exc:
         out[name] = "refused: " + str(exc)
 print(json.dumps(out))

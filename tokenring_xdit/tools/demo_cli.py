@@ -70,21 +70,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="total sequence length, a multiple of --nproc (default "
         f"{DEFAULT_TOKENS['cuda']} on GPU, {DEFAULT_TOKENS['cpu']} on CPU)",
     )
-    p.add_argument("--heads", type=positive_int, default=16, help="attention heads (default 16)")
-    p.add_argument(
-        "--head-size",
-        type=positive_int,
-        default=72,
-        help="head size (default 72: PixArt-alpha's 16x72)",
-    )
-    p.add_argument("--batch", type=positive_int, default=1, help="batch size (default 1)")
-    p.add_argument("--iters", type=positive_int, default=20, help="timed calls per method (20)")
-    p.add_argument(
-        "--warmup",
-        type=non_negative_int,
-        default=5,
-        help="untimed calls per method before timing (5)",
-    )
+    # (flag, type, default, help): the plain counts
+    for flag, kind, default, text in (
+        ("--heads", positive_int, 16, "attention heads (default 16)"),
+        ("--head-size", positive_int, 72, "head size (default 72: PixArt-alpha's 16x72)"),
+        ("--batch", positive_int, 1, "batch size (default 1)"),
+        ("--iters", positive_int, 20, "timed calls per method (20)"),
+        ("--warmup", non_negative_int, 5, "untimed calls per method before timing (5)"),
+    ):
+        p.add_argument(flag, type=kind, default=default, help=text)
     p.add_argument(
         "--kernel",
         choices=KERNEL_CHOICES,
