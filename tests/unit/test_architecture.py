@@ -15,8 +15,9 @@ from tokenring_xdit import config
 ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "tokenring_xdit"
 # Modules that may touch os.environ: the config (reads ours), the bootstrap (must not import
-# the config at interpreter start-up), and the launchers (set the children's environment).
-ENV_MODULES = {"config", "_bootstrap", "tools.launch", "tools.compare.run"}
+# the config at interpreter start-up), the launchers (set the children's environment) and the
+# rank exit of the examples (reads torchrun's RANK and xDiT's LOG_LEVEL, none of ours).
+ENV_MODULES = {"config", "_bootstrap", "tools.launch", "tools.compare.run", "tools.rank_exit"}
 
 
 def _modules() -> dict[str, Path]:
