@@ -22,7 +22,7 @@ import logging
 from types import ModuleType
 
 from ..hosts import selection, traced_choice
-from .base import PatchSet, UnsupportedHostVersion
+from .base import PatchSet, UnsupportedHostVersion, apply_from_hook
 from .table import DIFFUSERS_VERSIONS
 
 PATCHES = PatchSet("diffusers", DIFFUSERS_VERSIONS)
@@ -195,6 +195,4 @@ def on_import(module: ModuleType) -> None:
 
 
 def _on_attention_dispatch(module: ModuleType) -> None:
-    from . import apply_from_hook
-
-    apply_from_hook("diffusers", module)
+    apply_from_hook("diffusers", apply)

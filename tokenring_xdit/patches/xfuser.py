@@ -316,4 +316,4 @@ def revert() -> None:
     _announced.clear()
 
 
-on_import = post_import_hook("xfuser")
+on_import = post_import_hook("xfuser", apply)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ...config import CommSettings
 from ..comm import RingComms, RingPosition, TokenRingCommError, comms_of
 from ..comm.groups import describe_peer
 from ..documents import Documents, claim_count, documents_from_claims, local_claims
@@ -58,9 +59,10 @@ def _fast_key(spec: CallSpec, pos: RingPosition) -> tuple | None:
             q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, spec.timeout)  # fmt: skip
 
 
-def agree(spec: CallSpec, pos: RingPosition) -> Ring:
-    """Validate this call on every ring rank at once and return the agreed ring."""
-    comms = comms_of(pos.group) if pos.size > 1 else None
+def agree(spec: CallSpec, pos: RingPosition, *, comm: CommSettings | None = None) -> Ring:
+    """Validate this call on every ring rank at once and return the agreed ring. `comm`: how
+    the ring's communicators are made if this call makes them (a RingConfig's `.comm`)."""
+    comms = comms_of(pos.group, comm) if pos.size > 1 else None
     if comms is not None:
         comms.ensure_usable()
         if spec.timeout is not None:  # this call's deadline: its lanes, watchdog and check

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ... import config
+from ...config import CommSettings
 from ..comm import RingPosition, comms_of
 from .exchange import always, cached, exchange, remember
 from .header import CHOICE, INPUTS, KIND, KIND_CALL, KIND_CHOICE, META_LEN, SKV, SOURCE, SQ, digest
@@ -68,13 +69,15 @@ def agree_ring_choice(
     device: torch.device,
     validate: str,
     epoch: Hashable = 0,
+    comm: CommSettings | None = None,
 ) -> tuple[int, int]:
     """A host's ring choice for one call, agreed on every ring rank before either ring runs.
 
     choice: a Choice or its name in config.RING_IMPLS; source: a ChoiceSource or its text;
     auto_inputs: what `auto` decides from besides the shapes (fabric, graphs, gradients: equal
     on every rank or an error); epoch: changes whenever this rank's choice was changed (the
-    cache keys on it, so a rank that switched rings exchanges again). Returns the longest
+    cache keys on it, so a rank that switched rings exchanges again); comm: how the ring's
+    communicators are made if this call makes them. Returns the longest
     (q, kv) local lengths over the ring, so `auto` decides the same on every rank.
     """
     choice = Choice.of(choice) if isinstance(choice, str) else Choice(choice)
@@ -82,7 +85,7 @@ def agree_ring_choice(
     pos = RingPosition.of(group)
     if pos.size == 1:
         return lengths
-    comms = comms_of(pos.group)
+    comms = comms_of(pos.group, comm)
     comms.ensure_usable()
     meta = [0] * META_LEN
     meta[KIND], meta[CHOICE] = KIND_CHOICE, int(choice)

@@ -12,7 +12,8 @@ import torch
 import torch.distributed as dist
 
 from ..comm import COUNTERS, RingComms, TokenRingCommError
-from ..comm.groups import RELEASE_HOOKS, describe_peer
+from ..comm.groups import describe_peer
+from ..comm.teardown import RELEASE_HOOKS
 from .header import GROUP
 
 _CACHE: OrderedDict = OrderedDict()
