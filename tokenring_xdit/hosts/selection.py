@@ -74,6 +74,27 @@ def reset() -> None:
     _generation[0] += 1
 
 
+# --- what TokenRing refuses under a host ------------------------------------------------------
+
+# (what `auto` calls it, whether this call has it, the error the host adapter raises for it, ""
+# where another layer raises): each host lists its refusals once (hosts/xdit.py,
+# hosts/diffusers.py); the patch passes their names to `auto` (which then keeps the host's
+# ring), the adapter raises the first one's error.
+Refusal = tuple[str, bool, str]
+
+
+def refused_names(refusals: list[Refusal]) -> str:
+    """The refused features of one call, for `auto` ("" when TokenRing can run it)."""
+    return ", ".join(name for name, present, _ in refusals if present)
+
+
+def raise_refused(refusals: list[Refusal]) -> None:
+    """NotImplementedError for the first refused feature of the call (the same on every rank)."""
+    for _, present, message in refusals:
+        if present and message:
+            raise NotImplementedError(message)
+
+
 # --- auto ------------------------------------------------------------------------------------
 
 
