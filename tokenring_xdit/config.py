@@ -8,10 +8,17 @@ output, a test's). The `.pth` bootstrap reads TOKENRING_XDIT_AUTOPATCH (and STRI
 runs in every interpreter and must not import even this module, so those two are declared in
 _envflags.py, which both read.
 
-A value outside a variable's allowed set is a ValueError naming the allowed ones (booleans take
-1/0, true/false, yes/no, on/off). Settings that decide what a call does (final pieces, CUDA graphs,
-validate mode, the ring choice and what `auto` decides from) are agreed across the ring before
-any transfer (ring/agree/); ranks that differ fail together with one clear error.
+Each setting has a scope, the code it is passed to (nothing below an entry point reads the
+environment): CALL (one ring call), COMM (how a ring's communicators are made: `CommSettings`,
+`RingConfig.comm`, passed through the agreement to communicator creation), HOST (a host's ring
+choice) and PATCHING (the patch hooks). Entry points (token_ring_attn, the host adapters, the
+patch hooks, setup_token_ring_group) call `current()` when they are given no config.
+
+Each field names its parser (a typed function per kind of value); a value outside the allowed
+set is a ValueError naming the allowed ones (booleans take 1/0, true/false, yes/no, on/off).
+Settings that decide what a call does (final pieces, CUDA graphs, validate mode, the ring choice
+and what `auto` decides from) are agreed across the ring before any transfer (ring/agree/);
+ranks that differ fail together with one clear error.
 """
 
 from __future__ import annotations
@@ -27,7 +34,6 @@ from ._envflags import AUTOPATCH, ENV_PREFIX, STRICT, misspelled, parse_flag
 
 __all__ = ["RingConfig", "CommSettings", "ENV", "SCOPES", "current", "scope_of"]
 
-PREFIX = ENV_PREFIX
 
 RingImpl = Literal["default", "token_ring", "auto"]
 Fabric = Literal["nvswitch", "nvlink-pair", "pcie", "p2p-off", "ib"]  # planner/fabric.py's links
@@ -39,7 +45,12 @@ VALIDATE_MODES: tuple[str, ...] = get_args(ValidateMode)
 TRANSPORTS: tuple[str, ...] = get_args(Transport)
 FABRIC_ALIASES = {"nvlink": "nvswitch", "p2p_off": "p2p-off", "infiniband": "ib"}
 # where a host's ring choice came from, weakest first (hosts/selection.py; the agreement's codes)
-RING_IMPL_SOURCES = ("default", "set_xdit_ring_impl()", "--ring_impl_type", PREFIX + "RING_IMPL")
+RING_IMPL_SOURCES = (
+    "default",
+    "set_xdit_ring_impl()",
+    "--ring_impl_type",
+    ENV_PREFIX + "RING_IMPL",
+)
 # Not ours, but it changes the links `auto` predicts with; read here like our own variables.
 NCCL_P2P_DISABLE = "NCCL_P2P_DISABLE"
 HEAD_START_MAX_US = 1000.0  # comm_head_start_us's bound (environment and RingConfig alike)
@@ -58,7 +69,7 @@ Parser = Callable[[str | None, str, Any], Any]  # (raw text, variable, default) 
 def _setting(name: str, default, doc: str, parse: Parser, scope: str = CALL) -> Any:
     """A field read from TOKENRING_XDIT_<name>: its default, its meaning (README's table), how
     its text is parsed (a parser per field, below) and the scope that uses it."""
-    meta = {"env": PREFIX + name, "doc": doc, "parse": parse, "scope": scope}
+    meta = {"env": ENV_PREFIX + name, "doc": doc, "parse": parse, "scope": scope}
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -209,7 +220,7 @@ class RingConfig:
         "signatures only), `auto` (always on gloo, signature on NCCL)",
         _choice(VALIDATE_MODES),
     )
-    strict: bool = _setting(STRICT[0].removeprefix(PREFIX), *STRICT[1:], _flag, PATCHING)
+    strict: bool = _setting(STRICT[0].removeprefix(ENV_PREFIX), *STRICT[1:], _flag, PATCHING)
     timeout: float | None = _setting(
         "TIMEOUT",
         None,
@@ -290,7 +301,7 @@ _WARNED: set[str] = set()
 
 def _warn_misspelled(environ) -> None:
     """A TOKENRING_XDIT_* variable we don't know is a typo: say so once, with the closest name."""
-    for name, close in misspelled(list(environ), PREFIX, _VARS):
+    for name, close in misspelled(list(environ), ENV_PREFIX, _VARS):
         if name in _WARNED:
             continue
         _WARNED.add(name)

@@ -25,7 +25,6 @@ RING_IMPL_ENV = config.ENV["ring_impl"][0]
 # where a choice came from (the ring agreement sends their index: ring/agree/choice.py)
 FROM_DEFAULT, FROM_PYTHON, FROM_FLAG, FROM_ENV = config.RING_IMPL_SOURCES
 DEFAULT, TOKEN_RING, AUTO = config.RING_IMPLS
-XDIT_RING_IMPLS = config.RING_IMPLS
 
 _chosen: dict[str, str | None] = {"python": None, "flag": None}
 # Bumped whenever this process changes its choice: the agreement caches key on it, so the next
@@ -36,10 +35,10 @@ _generation = [0]
 
 
 def validate_ring_impl(name: str, source: str) -> str:
-    if name not in XDIT_RING_IMPLS:
+    if name not in config.RING_IMPLS:
         raise ValueError(
             f"unknown ring implementation {name!r} (from {source}); valid values: "
-            f"{', '.join(XDIT_RING_IMPLS)}"
+            f"{', '.join(config.RING_IMPLS)}"
         )
     return name
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import weakref
 
+from .. import config
 from ..hosts import selection, traced_choice
 from .base import PatchSet, post_import_hook
 from .table import XFUSER_VERSIONS
@@ -116,7 +117,7 @@ def _add_flag(wrapped, instance, args, kwargs):
         "--ring_impl_type",
         type=str,
         default=None,
-        choices=list(selection.XDIT_RING_IMPLS),
+        choices=list(config.RING_IMPLS),
         help="Ring attention of the ring dimension: 'default' (xDiT's own), 'token_ring' "
         "(TokenRing, from tokenring_xdit) or 'auto' (per call shape, the faster of the two by "
         f"tokenring_xdit's cost model). Overrides ${selection.RING_IMPL_ENV}.",
