@@ -196,6 +196,22 @@ def test_no_string_imports_across_layers():
         assert not crossing, f"{name} names modules of another layer in strings: {crossing}"
 
 
+def test_no_module_calls_back_into_its_own_package():
+    """`from . import name` / `from .. import name` take submodules only: a package's __init__
+    sits above its modules (patches/base.py once called `from . import apply_from_hook`); the
+    package root's __version__ is the one exception (the CLI prints it)."""
+    mods = _modules()
+    for name, path in mods.items():
+        parts = path.relative_to(PKG).with_suffix("").parts
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.level and node.module is None):
+                continue
+            base = parts[: len(parts) - node.level]
+            taken = {".".join([*base, a.name]) for a in node.names} - {"__version__"}
+            upward = {t for t in taken if t not in mods}
+            assert not upward, f"{name} takes {upward} from a package above it"
+
+
 def test_the_string_import_scan_finds_them():
     """The scan sees every form (so the tests above can fail)."""
     code = (
