@@ -14,6 +14,7 @@ import hashlib
 import struct
 from collections.abc import Hashable
 from dataclasses import dataclass
+from operator import attrgetter
 
 import torch
 
@@ -74,7 +75,7 @@ class Header:
     wire: int = 0  # how q is stored (layout.storage): the vote on the layout Q travels in
 
     def row(self) -> list[int]:
-        return [int(getattr(self, name)) for name in FIELDS]
+        return list(map(int, _ROW(self)))
 
     @classmethod
     def of_row(cls, row: list[int]) -> Header:
@@ -83,11 +84,11 @@ class Header:
 
     def cache_key(self) -> tuple[int, ...]:
         """What a cached agreement keys on (CACHE_KEY)."""
-        return tuple(int(getattr(self, name)) for name in CACHE_KEY)
+        return _CACHE_KEY(self)  # enum fields compare and hash as their ints
 
     def ring_settings(self) -> tuple[int, ...]:
         """The agreed fields a Ring's settings are made of (RING_SETTINGS)."""
-        return tuple(int(getattr(self, name)) for name in RING_SETTINGS)
+        return tuple(map(int, _RING_SETTINGS(self)))
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(Header))
@@ -102,6 +103,9 @@ RING_SETTINGS = (
     FIELDS[FIELDS.index("batch") : FIELDS.index("q_len")]
     + FIELDS[FIELDS.index("dtype") : FIELDS.index("gpu")]
 )
+
+_ROW, _CACHE_KEY, _RING_SETTINGS = (attrgetter(*names) for names in (FIELDS, CACHE_KEY,
+                                                                     RING_SETTINGS))  # fmt: skip
 
 # field -> what must be equal on every ring rank (for a TokenRing call)
 MUST_AGREE = {
