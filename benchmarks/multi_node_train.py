@@ -87,7 +87,7 @@ def _gqa_yunchang_kernels() -> None:
     dK/dV back over each group (what flash-attn does inside its kernel)."""
     import yunchang.kernels as yk
 
-    from tokenring_xdit.ring.gqa import expand_kv, fold_kv_grad
+    from tokenring_xdit.ring.kernels.wrappers import expand_kv, fold_kv_grad
     from tokenring_xdit.ring.layout import BSHD
 
     fwd, bwd = yk.flash_attn_forward, yk.flash_attn_backward

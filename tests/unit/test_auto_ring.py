@@ -94,7 +94,7 @@ def test_fabric_comes_from_the_environment() -> None:
 
 
 def test_auto_is_a_valid_choice(monkeypatch) -> None:
-    assert "auto" in selection.XDIT_RING_IMPLS
+    assert "auto" in config.RING_IMPLS
     monkeypatch.setenv(selection.RING_IMPL_ENV, "auto")
     try:
         selection.reset()

@@ -29,6 +29,7 @@ from ..ring.compiled import count_host_calls_with
 from ..ring.kernels import BlockKernel, runs_once
 from ..ring.layout import BSHD
 from .calls import count_call
+from .selection import Refusal, raise_refused
 
 __all__ = ["context_parallel_attention", "block_kernel", "HOST"]
 
@@ -57,7 +58,7 @@ def context_parallel_attention(
     query/key/value: this rank's (b, s, h, d) shards (lengths may differ across ring ranks).
     Returns out (b, s, h, d) in query's dtype, plus lse (b, s, h) fp32 when `return_lse`.
     """
-    _refuse_unsupported(query, key, value, attn_mask, dropout_p)
+    raise_refused(cp_refusals(query, key, value, attn_mask, dropout_p))
     if torch.compiler.is_compiling():  # the kernel travels by name (_compiled_kernel)
         if _op_name(forward_op) in _NO_LSE_OPS:
             raise _no_lse_error(forward_op)
@@ -193,17 +194,24 @@ def _unified(query, key, value, scale, return_lse, kernel, forward_op, cp):
     return out, lse.squeeze(-1)
 
 
-def _refuse_unsupported(query, key, value, attn_mask, dropout_p) -> None:
-    """Local checks, before any collective; every rank of a CP model sees the same answer."""
-    if attn_mask is not None:
-        raise NotImplementedError(
-            "TokenRing does not take an attention mask yet (diffusers passed one to the "
-            f"context-parallel attention); call the model without one, {_USE_DIFFUSERS_RING}"
-        )
-    if dropout_p:
-        raise NotImplementedError(
-            f"TokenRing is for inference: dropout_p must be 0, got {dropout_p}"
-        )
+def cp_refusals(
+    query, key, value, attn_mask, dropout_p, is_causal: bool = False, enable_gqa: bool = False
+) -> list[Refusal]:
+    """What TokenRing does not run under diffusers (the patch's `auto` keeps diffusers' ring for
+    these); the adapter raises for masks and dropout, local checks before any collective that
+    every rank of a CP model answers alike. (Causal, GQA: diffusers' own ring refuses them;
+    training: the backward raises.)"""
+    grad = torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value))
+    return [
+        ("causal calls", bool(is_causal), ""),
+        ("GQA", bool(enable_gqa), ""),
+        ("attention masks", attn_mask is not None,
+         "TokenRing does not take an attention mask yet (diffusers passed one to the "
+         f"context-parallel attention); call the model without one, {_USE_DIFFUSERS_RING}"),
+        ("dropout", bool(dropout_p),
+         f"TokenRing is for inference: dropout_p must be 0, got {dropout_p}"),
+        ("training (gradients)", grad, ""),
+    ]  # fmt: skip
 
 
 def _require_lse(forward_op, parallel_config, query, key, value, scale) -> None:

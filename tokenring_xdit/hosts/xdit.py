@@ -20,6 +20,7 @@ from ..ring import token_ring_attn
 from ..ring.compiled import compiled_attn
 from ..ring.kernels import BlockKernel, KeyedKernel, lse_bhs
 from .calls import count_call
+from .selection import Refusal, raise_refused
 from .yunchang import reject_unsupported, run_bshd
 
 # xDiT attention backend -> the TokenRing kernel of its family, for compiled calls on CUDA
@@ -67,16 +68,46 @@ def _xdit_kernel(attention_function, attention_kwargs) -> BlockKernel:
     return kernel
 
 
-def _reject_causal(causal: bool) -> None:
-    # xDiT shards the sequence contiguously; TokenRing's causal schedule needs zigzag shards
-    # (a contiguous shard would be silently wrong), so causal calls stop here on every rank.
-    if causal:
-        raise NotImplementedError(
-            "TokenRing through xDiT is non-causal only: xDiT shards the sequence contiguously "
-            "and causal TokenRing needs zigzag shards. For causal attention use yunchang's "
-            "LongContextAttention(ring_impl_type='token_ring') with EXTRACT_FUNC_DICT"
-            "['token_ring'] shards, or xDiT's own ring"
-        )
+# xDiT shards the sequence contiguously; TokenRing's causal schedule needs zigzag shards (a
+# contiguous shard would be silently wrong), so causal calls stop here on every rank.
+_CAUSAL = (
+    "causal calls under xDiT",
+    "TokenRing through xDiT is non-causal only: xDiT shards the sequence contiguously and causal "
+    "TokenRing needs zigzag shards. For causal attention use yunchang's "
+    "LongContextAttention(ring_impl_type='token_ring') with EXTRACT_FUNC_DICT['token_ring'] "
+    "shards, or xDiT's own ring",
+)
+
+
+def usp_refusals(dropout_p, is_causal, attention_kwargs) -> list[Refusal]:
+    """What usp_ring_attn refuses (the xfuser patch's `auto` keeps xDiT's ring for these)."""
+    # per-query extra tensors would follow our queries around the ring; not supported yet
+    extra = attention_kwargs.get("ulysses_extra_inputs") if attention_kwargs else None
+    return [
+        ("dropout", bool(dropout_p), "TokenRing is for inference: dropout_p must be 0"),
+        (_CAUSAL[0], bool(is_causal), _CAUSAL[1]),
+        ("per-query extra inputs", bool(extra), "TokenRing does not carry a backend's "
+         f"per-query extra inputs ({extra}); use xDiT's own ring for it"),
+    ]  # fmt: skip
+
+
+def ring_fn_refusals(
+    dropout_p, causal, window_size, alibi_slopes, q_descale, k_descale, v_descale
+) -> list[Refusal]:
+    """What long_ctx_ring_attn refuses (the xfuser patch's `auto` keeps xDiT's ring for these)."""
+    flash = ""
+    try:  # the flash-attn options TokenRing lacks: one message naming all of them
+        reject_unsupported(dropout_p, window_size, 0.0, alibi_slopes)
+    except NotImplementedError as exc:
+        flash = str(exc)
+    descale = any(x is not None for x in (q_descale, k_descale, v_descale))
+    return [
+        ("dropout", bool(dropout_p), flash),
+        ("a sliding window", tuple(window_size) != (-1, -1), flash),
+        ("ALiBi", alibi_slopes is not None, flash),
+        (_CAUSAL[0], bool(causal), _CAUSAL[1]),
+        ("FP8 descale factors", descale, "TokenRing does not take FP8 descale factors"),
+    ]
 
 
 def usp_ring_attn(
@@ -92,15 +123,7 @@ def usp_ring_attn(
     """xfuser 0.7 `usp.ring_attn` contract: (b, h, s, d) in, out (b, h, s, d)."""
     from yunchang.globals import PROCESS_GROUP  # the singleton xDiT's USP uses
 
-    if dropout_p:
-        raise NotImplementedError("TokenRing is for inference: dropout_p must be 0")
-    _reject_causal(is_causal)
-    if attention_kwargs and attention_kwargs.get("ulysses_extra_inputs"):
-        # per-query extra tensors would follow our queries around the ring; not supported yet
-        raise NotImplementedError(
-            "TokenRing does not carry a backend's per-query extra inputs "
-            f"({attention_kwargs['ulysses_extra_inputs']}); use xDiT's own ring for it"
-        )
+    raise_refused(usp_refusals(dropout_p, is_causal, attention_kwargs))
     joint_kv, strategy = None, "rear"
     if joint_attn_kwargs is not None:
         strategy = joint_attn_kwargs.get("joint_strategy") or "rear"
@@ -155,10 +178,9 @@ def long_ctx_ring_attn(
     v_descale=None,
 ):
     """`xdit_ring_flash_attn_func` contract: (b, s, h, d); KV cache, joint tensors."""
-    reject_unsupported(dropout_p, window_size, 0.0, alibi_slopes)
-    _reject_causal(causal)
-    if any(x is not None for x in (q_descale, k_descale, v_descale)):
-        raise NotImplementedError("TokenRing does not take FP8 descale factors")
+    raise_refused(ring_fn_refusals(
+        dropout_p, causal, window_size, alibi_slopes, q_descale, k_descale, v_descale
+    ))  # fmt: skip
     if attn_layer is not None:  # PipeFusion: K/V grow to the cached sequence, Q stays small
         from xfuser.core.cache_manager.cache_manager import get_cache_manager
 

@@ -138,7 +138,7 @@ def token_ring_attn(
         documents=docs, doc_positions=position_ids if cu_seqlens is None else None,
         timeout=cfg.timeout, family=family,
     )  # fmt: skip
-    ring = agree(spec, pos)  # raises the same error on every rank, or returns the agreed ring
+    ring = agree(spec, pos, comm=cfg.comm)  # the same error on every rank, or the agreed ring
     head_start_us = ring_pause_us(cfg.comm_head_start_us, ring.transport)
     if train:
         return train_attn(q, k, v, ring, layout, scale, causal, fn, ring.docs, head_start_us)

@@ -181,9 +181,9 @@ def _block_call(q, k, v, group, layout, scale, causal, kernel, deterministic, po
         problem = (Problem.JOINT_GRAD, "")
     spec = CallSpec(
         q, k, v, layout, causal, cfg.final_chunks, scale, digest(family), False, cfg.validate,
-        joint_kv, positions, *problem, transport=cfg.transport,
+        joint_kv, positions, *problem, transport=cfg.transport, timeout=cfg.timeout,
     )  # fmt: skip
-    ring = agree(spec, pos)
+    ring = agree(spec, pos, comm=cfg.comm)
     schedule = CAUSAL_ZIGZAG if causal else NON_CAUSAL_BLOCKS
     call = BlockCall(
         schedule, pair, layout, scale,

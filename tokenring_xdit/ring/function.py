@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from .backward import block_backward
 from .block_forward import BlockCall, block_forward
-from .comm.groups import RELEASE_HOOKS
+from .comm.teardown import RELEASE_HOOKS
 from .documents import Documents, doc_plan
 from .kernels import KernelPair
 from .layout import Layout
