@@ -329,22 +329,28 @@ ENV: dict[str, tuple[str, str, str]] = {
 }
 ENV["autopatch"] = (AUTOPATCH[0], _default_text(AUTOPATCH[1]), AUTOPATCH[2])  # the bootstrap's
 _VARS = (*(var for var, _, _ in ENV.values()), NCCL_P2P_DISABLE)
-_cache: list = [None, None]  # [environment snapshot, RingConfig]
-
-
-def _snapshot() -> tuple:
-    """Our variables' raw values: the one place that reads os.environ (besides from_env)."""
-    environ = os.environ
-    return tuple([environ.get(var) for var in _VARS])
+# [len(os.environ), ((variable, value) of ours that are set), RingConfig] of the last parse
+_cache: list = [-1, (), None]
 
 
 def current() -> RingConfig:
-    """The configuration the environment gives now (re-parsed only when it changed)."""
-    snapshot = _snapshot()
-    if snapshot != _cache[0]:
-        _cache[1] = RingConfig.from_env()
-        _cache[0] = snapshot
-    return _cache[1]
+    """The configuration the environment gives now, re-parsed only when it changed.
+
+    Every TokenRing call asks, so the check is cheap (about 0.1 us plus one read per variable
+    of ours that is set; reading all of ours cost 15 us, measurable on small graphed calls):
+    the environment's size, then the values of ours that were set. Setting, changing or
+    removing one of ours is seen; setting one of ours while removing another variable between
+    two calls (the size unchanged) is not: set the environment before the calls, or pass
+    `config=`.
+    """
+    environ = os.environ
+    size, known, cfg = _cache
+    if len(environ) == size and all(environ.get(var) == value for var, value in known):
+        return cfg
+    values = [(var, environ.get(var)) for var in _VARS]
+    cfg = RingConfig.from_env()
+    _cache[:] = [len(environ), tuple((v, x) for v, x in values if x is not None), cfg]
+    return cfg
 
 
 def env_table_markdown() -> str:
