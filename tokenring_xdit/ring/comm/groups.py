@@ -327,7 +327,7 @@ def _tear_down(comms: RingComms) -> None:
         except (RuntimeError, ValueError):
             pass  # already destroyed with the world group
     if nccl:
-        _abort_together(nccl)
+        abort_together(nccl)
 
 
 def _drain(deadline: timedelta) -> None:
@@ -341,7 +341,7 @@ def _drain(deadline: timedelta) -> None:
         time.sleep(0.001)
 
 
-def _abort_together(groups: list[dist.ProcessGroup]) -> None:
+def abort_together(groups: list[dist.ProcessGroup]) -> None:
     """Abort NCCL communicators inside one NCCL group call, as torch does for the world: aborts
     made one by one can wait on each other (pytorch/pytorch#119797)."""
     c10d = dist.distributed_c10d
