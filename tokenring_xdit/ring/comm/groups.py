@@ -355,8 +355,10 @@ def abort_together(groups: list[dist.ProcessGroup]) -> None:
         for g in groups:
             try:
                 c10d._abort_process_group(g)
-            except (RuntimeError, ValueError):
-                pass  # already destroyed with the world group
+            except (RuntimeError, ValueError, KeyError):
+                # already destroyed with the world group, or aborted by the ring's deadline
+                # (comm/watchdog.py): torch then no longer lists it (KeyError at exit, issue 44)
+                pass
     finally:
         end()
 
