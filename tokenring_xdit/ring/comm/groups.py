@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -179,6 +180,7 @@ def _make(group: dist.ProcessGroup, settings: CommSettings) -> RingComms:
         )  # fmt: skip
 
     try:
+        _members_arrive(ranks, deadline)  # Ctrl-C works while a member is missing
         check = new("gloo", deadline)
         q = group if backend == "gloo" else new(backend, lane_timeout)
         out = new(backend, lane_timeout)
@@ -192,6 +194,45 @@ def _make(group: dist.ProcessGroup, settings: CommSettings) -> RingComms:
         ) from exc
     name = int.from_bytes(hashlib.sha256(group.group_name.encode()).digest()[:7], "little")
     return RingComms(group, ranks, q, out, check, deadline, backend, name, settings)
+
+
+# ring ranks -> how many times this process made communicators for those ranks. Keyed like the
+# communicators torch then makes (by member ranks, in order of creation), not by the group's
+# name: ranks that passed different groups of the same ranks must still meet, so the input
+# check can name the mismatch; a ring made again must not meet its predecessor's keys.
+_ARRIVALS: dict[tuple[int, ...], int] = {}
+_ARRIVAL_POLL_S = 0.05
+
+
+def _members_arrive(ranks: tuple[int, ...], deadline: timedelta) -> None:
+    """Wait, in Python, until every member of the ring has started making its communicators.
+
+    Making a communicator blocks inside torch's C++ until every member joins, where neither
+    Ctrl-C nor SIGTERM's Python handlers run; a missing member then held the process for the
+    whole deadline (30 minutes by default on gloo). Each member posts a key in the default
+    store and polls the others' (non-blocking checks, short sleeps, so signals are handled
+    within a poll), so once the communicators are made every member is already there. The
+    wait is bounded by the ring's deadline and names who is missing.
+    """
+    try:
+        store = dist.distributed_c10d._get_default_store()
+    except (RuntimeError, ValueError, AttributeError):
+        return  # no store to meet on (a custom init): torch's own wait stays the only one
+    generation = _ARRIVALS.get(ranks, 0)
+    _ARRIVALS[ranks] = generation + 1
+    prefix = f"tokenring/arrive/{'-'.join(map(str, ranks))}/{generation}"
+    store.set(f"{prefix}/{dist.get_rank()}", b"1")
+    keys = {r: f"{prefix}/{r}" for r in ranks}
+    end = time.monotonic() + deadline.total_seconds()
+    while True:
+        missing = [r for r, key in keys.items() if not store.check([key])]
+        if not missing:
+            return
+        if time.monotonic() > end:
+            raise RuntimeError(
+                f"global ranks {missing} of the ring did not start TokenRing within the deadline"
+            )
+        time.sleep(_ARRIVAL_POLL_S)
 
 
 def lane_options(kind: str, high_priority: bool):

@@ -169,7 +169,7 @@ def _tear_down(comms) -> None:  # a groups.RingComms
         except (RuntimeError, ValueError):
             pass  # already destroyed with the world group
     if nccl:
-        _abort_together(nccl)
+        abort_together(nccl)
 
 
 def _drain(deadline: timedelta) -> None:
@@ -183,7 +183,7 @@ def _drain(deadline: timedelta) -> None:
         time.sleep(0.001)
 
 
-def _abort_together(groups: list[dist.ProcessGroup]) -> None:
+def abort_together(groups: list[dist.ProcessGroup]) -> None:
     """Abort NCCL communicators inside one NCCL group call, as torch does for the world: aborts
     made one by one can wait on each other (pytorch/pytorch#119797)."""
     c10d = dist.distributed_c10d
@@ -197,8 +197,10 @@ def _abort_together(groups: list[dist.ProcessGroup]) -> None:
         for g in groups:
             try:
                 c10d._abort_process_group(g)
-            except (RuntimeError, ValueError):
-                pass  # already destroyed with the world group
+            except (RuntimeError, ValueError, KeyError):
+                # already destroyed with the world group, or aborted by the ring's deadline
+                # (comm/watchdog.py): torch then no longer lists it (KeyError at exit, issue 44)
+                pass
     finally:
         end()
 
