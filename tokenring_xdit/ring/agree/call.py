@@ -164,12 +164,21 @@ def _device_hint(got: str, transport: int) -> str:
 def _words(comms: RingComms | None, spec: CallSpec) -> list[dict]:
     """Every rank's own words for an error that the headers only hold as codes (a kernel's
     reason, its family's name). Only on the error path, which every ring rank takes together."""
-    mine = {"detail": spec.detail, "kernel": spec.kernel_name}
+    mine = {"detail": spec.detail, "kernel": spec.kernel_name, "docs": _docs_words(spec)}
     if comms is None:
         return [mine]
     everyone: list = [None] * len(comms.ranks)
     dist.all_gather_object(everyone, mine, group=comms.check)
     return everyone
+
+
+def _docs_words(spec: CallSpec) -> str:
+    """A rank's packed documents as a user passed them (the header holds a digest)."""
+    if spec.documents is None:
+        return "position ids" if spec.doc_positions is not None else "no documents"
+    bounds = spec.documents.bounds
+    shown = ", ".join(map(str, bounds[:12])) + (", ..." if len(bounds) > 12 else "")
+    return f"cu_seqlens [{shown}] ({len(bounds) - 1} documents)"
 
 
 def _check_zigzag(headers: list[Header]) -> None:

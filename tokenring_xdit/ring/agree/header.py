@@ -205,6 +205,8 @@ def in_words(field: str, value: int, words: dict) -> str:
         return repr(struct.unpack("<d", struct.pack("<q", value))[0])
     if field == "kernel":
         return repr(words["kernel"]) if words.get("kernel") else f"kernel #{value % 10007}"
+    if field == "docs" and words.get("docs"):
+        return words["docs"]
     if field == "graphs":
         return "on" if value else "off"
     if field in ("validate", "transport"):
