@@ -32,6 +32,16 @@ SWEEPS: dict[str, tuple[str, str]] = {
         "torchrun",
         "where one TokenRing call's time goes: kernel time by kind vs the kernels alone",
     ),
+    "multi_node_train": (
+        "torchrun",
+        "training across nodes: forward + backward, causal GQA and non-causal MHA, TokenRing vs "
+        "ulysses vs yunchang's K/V rings, every method checked against exact attention",
+    ),
+    "multi_node": (
+        "python",
+        "multi-node stand-in on one host: K torchrun launchers with their own NCCL_HOSTID run a "
+        "benchmark across the network transport; logs which pairs use P2P and which NET",
+    ),
     "packed_varlen": (
         "python",
         "packed documents on one GPU: which block kernel, and what one ring rank costs",
@@ -56,6 +66,10 @@ SWEEPS: dict[str, tuple[str, str]] = {
     "plot_e2e": ("python", "plots e2e_pipeline results: seconds per image per setting"),
     "plot_train_speed": ("python", "plots train_ring1 and replay_rank results side by side"),
     "plot_train_sweep": ("python", "plots train_sweep results: ms per call per method and shape"),
+    "plot_multi_node": (
+        "python",
+        "plots a multi-node stand-in folder: training and forward ms per method per link setting",
+    ),
 }
 
 

@@ -130,11 +130,9 @@ def _single_gpu(cu, q, k, v, do, args) -> dict:
 
 def _replays(cu, q, k, v, do, rings, args) -> dict:
     from tokenring_xdit.ring.backward import block_backward
-    from tokenring_xdit.ring.backward_kernels import select_pair
     from tokenring_xdit.ring.block_forward import BlockCall, block_forward
-    from tokenring_xdit.ring.doc_kernels import doc_pair
     from tokenring_xdit.ring.documents import Documents, doc_plan, document_work
-    from tokenring_xdit.ring.gqa import gqa_pair
+    from tokenring_xdit.ring.kernels import doc_pair, gqa_pair, select_pair
     from tokenring_xdit.ring.layout import BSHD
     from tokenring_xdit.ring.schedules import CAUSAL_ZIGZAG
 

@@ -97,7 +97,7 @@ def _replay_fn(call, rank, n, q, k, v, do):
 
 def _kernels_fn(call, rank, n, q, k, v, do):
     """The schedule's block kernels alone, forward then backward, on preallocated blocks."""
-    from tokenring_xdit.ring.backward_kernels import row_delta
+    from tokenring_xdit.ring.kernels import row_delta
     from tokenring_xdit.ring.schedules.blocks import part_slice
 
     lay, t = call.layout, q.shape[1]
@@ -152,8 +152,8 @@ def main() -> None:
     parser.add_argument("--out", default="replay_rank.json")
     args = parser.parse_args()
 
-    from tokenring_xdit.ring.backward_kernels import select_pair
     from tokenring_xdit.ring.block_forward import BlockCall
+    from tokenring_xdit.ring.kernels import select_pair
     from tokenring_xdit.ring.layout import BSHD
     from tokenring_xdit.ring.schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
     from tokenring_xdit.ring.standin import out_standin_bhsd

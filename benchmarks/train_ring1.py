@@ -117,7 +117,7 @@ def main() -> None:
     parser.add_argument("--out", default="train_ring1.json")
     args = parser.parse_args()
 
-    from tokenring_xdit.ring.backward_kernels import select_pair
+    from tokenring_xdit.ring.kernels import select_pair
 
     shapes = SHAPES
     if args.shapes:

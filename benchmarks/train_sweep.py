@@ -197,7 +197,7 @@ def _yunchang_kernel(device: str = "cuda") -> None:
         return
     import yunchang.kernels as yk
 
-    from tokenring_xdit.ring.backward_kernels import PAIRS
+    from tokenring_xdit.ring.kernels import PAIRS
     from tokenring_xdit.ring.layout import BSHD
 
     pair = PAIRS["cudnn" if device == "cuda" else "cpu_flash"]

@@ -61,9 +61,10 @@ def parse_args(description: str, device: str, full_pixels: int = 1024):
     from xfuser.config import FlexibleArgumentParser
 
     from tokenring_xdit.hosts.selection import RING_IMPL_ENV, TOKEN_RING
+    from tokenring_xdit.tools.rank_exit import one_line_usage_errors
 
     parser = FlexibleArgumentParser(description=description)
-    parser = xFuserArgs.add_cli_args(parser)
+    parser = one_line_usage_errors(xFuserArgs.add_cli_args(parser))
     for action in parser._actions:
         if "--model" in action.option_strings:  # optional here: no model = random weights
             action.required = False
@@ -179,6 +180,11 @@ def parallel_info(engine_args, engine_config) -> str:
     )
 
 
+def run_settings(args) -> str:
+    """What else changes the image, for its file name: runs do not overwrite each other."""
+    return f"{args.width}x{args.height}_{args.num_inference_steps}steps_seed{args.seed}"
+
+
 def report(name: str, pipe, output, timer: StepTimer, total_s: float, args, info: str) -> None:
     """On the last rank (where xDiT puts the images): save them, print the times."""
     from xfuser.core.distributed import get_world_group
@@ -189,7 +195,7 @@ def report(name: str, pipe, output, timer: StepTimer, total_s: float, args, info
     if output is not None and pipe.is_dp_last_group() and args.output_type == "pil":
         os.makedirs(args.output_dir, exist_ok=True)
         for i, image in enumerate(output.images):
-            path = os.path.join(args.output_dir, f"{name}_{info}_{i}.png")
+            path = os.path.join(args.output_dir, f"{name}_{info}_{run_settings(args)}_{i}.png")
             image.save(path)
             print(f"image saved to {path}")
     if world.rank == world.world_size - 1:

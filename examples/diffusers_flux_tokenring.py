@@ -27,10 +27,19 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
 import torch
 import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _shared  # noqa: E402
+
+from tokenring_xdit.tools.rank_exit import one_line_usage_errors  # noqa: E402
+
+TINY_PIXELS = 128  # the tiny VAE's own default would be 16 x 16 px
 
 
 def parse_args() -> argparse.Namespace:
@@ -42,15 +51,15 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--model", help="a local diffusers Flux checkpoint folder (default: random)")
     p.add_argument("--tiny", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--prompt", default="a red fox in the snow", help="used with --model only")
-    p.add_argument("--height", type=int)
-    p.add_argument("--width", type=int)
+    p.add_argument("--height", type=int, help=f"default: 1024, or {TINY_PIXELS} with --tiny")
+    p.add_argument("--width", type=int, help="default: as --height")
     p.add_argument("--steps", type=int, help="default: 28, or 4 with --tiny")
     p.add_argument("--text_len", type=int, help="random weights: default 512, or 16 with --tiny")
     p.add_argument("--guidance_scale", type=float, default=3.5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--attention_backend", help="default: _native_cudnn (GPU), _native_flash (CPU)")
     p.add_argument("--output_dir", default="results")
-    return p.parse_args()
+    return one_line_usage_errors(p).parse_args()
 
 
 def build(args, device: torch.device, dtype: torch.dtype):
@@ -76,6 +85,7 @@ def build(args, device: torch.device, dtype: torch.dtype):
 
 def main() -> None:
     args = parse_args()
+    _shared.quiet_hosts()  # before diffusers and transformers are imported
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a --model that is not local fails instead
     cuda = torch.cuda.is_available()
     if not cuda:  # diffusers' context parallelism on gloo: see docs/diffusers.md
@@ -97,6 +107,9 @@ def main() -> None:
     else:
         device = torch.device("cpu")
     args.tiny = (not cuda) if args.tiny is None else args.tiny
+    if not args.model:  # random weights: the real resolution, or a small one for --tiny
+        args.height = args.height or args.width or (TINY_PIXELS if args.tiny else 1024)
+        args.width = args.width or args.height
     pipe, prompt_kwargs = build(args, device, torch.bfloat16 if cuda else torch.float32)
     pipe.set_progress_bar_config(disable=rank != 0)
 
@@ -125,11 +138,16 @@ def main() -> None:
         seconds = time.perf_counter() - start
     if rank == 0:
         os.makedirs(args.output_dir, exist_ok=True)
-        name = f"diffusers_flux_{args.ring_impl}_u{args.ulysses_degree}r{ring}.png"
+        # every setting that changes the image is in its name: runs do not overwrite each other
+        name = (
+            f"diffusers_flux_{args.ring_impl}_u{args.ulysses_degree}r{ring}_"
+            f"{image.width}x{image.height}_{steps}steps_seed{args.seed}.png"
+        )
         image.save(os.path.join(args.output_dir, name))
         print(
-            f"{steps} steps in {seconds:.2f} s on {world} ranks (ulysses {args.ulysses_degree} x "
-            f"ring {ring}, {backend}); ring: {args.ring_impl}; TokenRing calls on rank 0: "
+            f"{steps} steps at {image.width}x{image.height} px in {seconds:.2f} s on {world} "
+            f"ranks (ulysses {args.ulysses_degree} x ring {ring}, {backend}); ring: "
+            f"{args.ring_impl}; TokenRing calls on rank 0: "
             f"{tokenring_xdit.calls_by_host().get('diffusers', 0)}; image: "
             f"{os.path.join(args.output_dir, name)}"
         )
@@ -137,4 +155,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from tokenring_xdit.tools.rank_exit import run_main
+
+    run_main(main, __file__)  # our errors: one line per rank (LOG_LEVEL=debug: traceback)

@@ -83,7 +83,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.5)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    args = p.parse_args()
+    from tokenring_xdit.tools.rank_exit import one_line_usage_errors
+
+    args = one_line_usage_errors(p).parse_args()
     args.torch_dtype = getattr(torch, args.dtype)
     return args
 
@@ -112,4 +114,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from tokenring_xdit.tools.rank_exit import run_main
+
+    run_main(main, __file__)  # our errors: one line per rank (LOG_LEVEL=debug: traceback)

@@ -198,7 +198,9 @@ def main() -> None:
     parser.add_argument("--ulysses", type=int, default=1)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--compare", action="store_true", help="also run 1 process and diff")
-    args = parser.parse_args()
+    from tokenring_xdit.tools.rank_exit import one_line_usage_errors
+
+    args = one_line_usage_errors(parser).parse_args()
 
     import tokenring_xdit
 
@@ -230,4 +232,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from tokenring_xdit.tools.rank_exit import run_main
+
+    run_main(main, __file__)  # our errors: one line per rank (LOG_LEVEL=debug: traceback)

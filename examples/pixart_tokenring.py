@@ -96,4 +96,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from tokenring_xdit.tools.rank_exit import run_main
+
+    run_main(main, __file__)  # our errors: one line per rank (LOG_LEVEL=debug: traceback)

@@ -6,32 +6,15 @@ its sharding (token_ring_attn*, shard/unshard, zigzag_positions, setup_token_rin
 ring a host runs (set_ring_impl: xDiT's and diffusers' ring), CPU mode (enable_cpu_mode),
 transformers' attention (register_transformers), patching (install/uninstall).
 
-Package map: config.py (RingConfig, the environment), ring/ (the algorithm, host-agnostic),
-hosts/ (yunchang / xDiT contracts -> ring API), patches/ (the one patch table and its sets),
-tools/ (CLI, compare, demo, launcher, pipelines).
+Package map: config.py (RingConfig, the only reader of the environment; _envflags.py: what the
+start-up hook _bootstrap.py shares with it), ring/ (the algorithm, host-agnostic), planner/ (the
+cost model `auto` decides with), hosts/ (yunchang / xDiT / diffusers contracts -> ring API, and
+which ring a host runs), patches/ (the one patch table and its shims), integrations/
+(transformers' attention), tools/ (CLI, compare, demo, launcher, pipelines).
 """
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "token_ring_attn",
-    "token_ring_attn_func",
-    "token_ring_attn_qkvpacked_func",
-    "setup_token_ring_group",
-    "shard",
-    "unshard",
-    "RingConfig",
-    "install",
-    "uninstall",
-    "installed_patches",
-    "calls_by_host",
-    "set_ring_impl",
-    "enable_cpu_mode",
-    "disable_cpu_mode",
-    "register_transformers",
-    "zigzag_positions",
-    "__version__",
-]
 
 _LAZY = {
     "token_ring_attn": "tokenring_xdit.ring.api",
@@ -52,6 +35,8 @@ _LAZY = {
     "register_transformers": ("tokenring_xdit.integrations.transformers", "register"),
     "zigzag_positions": "tokenring_xdit.ring.sharding",
 }
+
+__all__ = [*_LAZY, "__version__"]
 
 
 def __getattr__(name: str):

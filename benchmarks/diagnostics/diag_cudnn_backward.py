@@ -64,7 +64,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="diag_cudnn_backward.json")
     args = parser.parse_args()
-    from tokenring_xdit.ring.backward_kernels import PAIRS, row_delta
+    from tokenring_xdit.ring.kernels import PAIRS, row_delta
     from tokenring_xdit.ring.layout import BHSD
     from tokenring_xdit.ring.standin import out_standin_bhsd
 

@@ -4,7 +4,7 @@ For every call option (documents by cu_seqlens and by position ids, timeout, ker
 layouts including the swapped-storage wire layout, GQA, causal, deterministic, joint K/V, final
 pieces, scale) one ring of 2 gloo ranks runs the call eagerly and under
 torch.compile(fullgraph=True), recording what `prepare` hands to `agree`: the header every rank
-sends (header.pack_call), the call's deadline and kernel family, and the agreed ring (key,
+sends (header.call_header), the call's deadline and kernel family, and the agreed ring (key,
 documents, transport). Both must be equal, and so must the results (out and dq/dk/dv). Options
 the eager path refuses are refused compiled with the same error. Packed documents under compile
 have no graph break, with fullgraph=True and the default; a tiny Llama trained on packed batches
@@ -13,6 +13,7 @@ have no graph break, with fullgraph=True and the default; a tiny Llama trained o
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import pytest
@@ -70,16 +71,16 @@ REFUSED = [
 def _recorder():
     """Wrap call.agree: every prepared call's header and agreed ring, in call order."""
     from tokenring_xdit.ring import call as call_mod
-    from tokenring_xdit.ring.agree.header import pack_call
+    from tokenring_xdit.ring.agree.header import call_header
     from tokenring_xdit.ring.agree.problems import Problem
 
     records, agree = [], call_mod.agree
 
-    def recording(spec, pos):
-        header = pack_call(spec, Problem(spec.problem), (0, 0))
-        ring = agree(spec, pos)
+    def recording(spec, pos, **kwargs):
+        header = dataclasses.astuple(call_header(spec, Problem(spec.problem), (0, 0)))
+        ring = agree(spec, pos, **kwargs)
         docs = None if ring.docs is None else ring.docs.bounds
-        records.append((tuple(header), spec.timeout, spec.family, ring.key, docs, ring.transport))
+        records.append((header, spec.timeout, spec.family, ring.key, docs, ring.transport))
         return ring
 
     call_mod.agree = recording

@@ -7,7 +7,7 @@ exception") in about 1 run in 3: TokenRing's caches kept the default group alive
 destroy_process_group, so its gloo worker threads outlived the start of interpreter
 finalisation and one of them, dropping the last reference to the finished collective, was
 killed taking the GIL. Without destroy_process_group the same race exists in plain torch;
-TokenRing's exit hook destroys a gloo default group the program left (ring/comm/groups.py).
+TokenRing's exit hook destroys a gloo default group the program left (ring/comm/teardown.py).
 Each program is launched several times (the race is timing-dependent);
 benchmarks/diagnostics/exit_launches.py runs the 100-launch version of PROGRAM.
 tests/gpu/test_gpu_exit.py launches the same programs on 2 GPUs over NCCL.
@@ -130,7 +130,7 @@ def _world_outlives_teardown(rank: int, world_size: int, init_file: str) -> list
     import torch.distributed as dist
 
     import tokenring_xdit as tr
-    from tokenring_xdit.ring.comm import groups
+    from tokenring_xdit.ring.comm import teardown
 
     def calls() -> tuple[weakref.ref, torch.Tensor]:
         q = torch.randn(1, 16, 2, 8)
@@ -150,7 +150,7 @@ def _world_outlives_teardown(rank: int, world_size: int, init_file: str) -> list
     alive.append(world() is not None)
     dist.init_process_group("gloo", f"file://{init_file}", rank=rank, world_size=world_size)
     world, kept = calls()
-    groups._at_exit()  # what interpreter exit runs first
+    teardown._at_exit()  # what interpreter exit runs first
     gc.collect()
     alive.append(world() is not None or dist.is_initialized())
     del kept

@@ -205,3 +205,8 @@ def test_document_errors_on_every_rank(ring_results):
         assert len({m.split(":")[0] for m in msgs}) == 1, (name, msgs)
         for msg in msgs:
             assert text in msg, (name, msg)
+    # differing documents are shown as the offsets each rank passed, not as digests
+    for res in results:
+        msg = res["errors"]["cu_differs"]
+        assert "rank 0 has cu_seqlens [0, 3, " in msg, msg
+        assert "rank 1 has cu_seqlens [0, 4, " in msg, msg

@@ -2,8 +2,8 @@
 
 python -m pytest -m gpu tests/gpu/test_gpu_gqa.py -q -s
 
-- each CUDA block kernel, wrapped for 8 query / 2 K/V heads (`ring/gqa.py`: native or K/V
-  expanded per block), against fp64 attention;
+- each CUDA block kernel, wrapped for 8 query / 2 K/V heads (`ring/kernels/wrappers.py`: native
+  or K/V expanded per block), against fp64 attention;
 - each CUDA training pair, wrapped the same way and fed split key blocks with the GLOBAL lse and
   delta (or the real O for cuDNN), sums to autograd's gradients of exact attention, dK/dV in
   the K/V head count;
@@ -48,8 +48,7 @@ def _inputs(dtype, d, s=512):
 @pytest.mark.parametrize("name", ["cudnn", "torch_flash", "torch_efficient", "math", *FLASH])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_gqa_block_kernels_match_exact_attention(name, dtype):
-    from tokenring_xdit.ring.gqa import gqa_kernel
-    from tokenring_xdit.ring.kernels import KERNELS
+    from tokenring_xdit.ring.kernels import KERNELS, gqa_kernel
     from tokenring_xdit.ring.layout import BHSD
 
     d = 128
@@ -75,8 +74,7 @@ PAIR_CASES = [("torch_flash", False), ("math", False), ("cudnn", True)] + [
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("d", [64, 128])
 def test_gqa_backward_pairs_sum_to_exact_gradients(name, with_out, dtype, d):
-    from tokenring_xdit.ring.backward_kernels import PAIRS, row_delta
-    from tokenring_xdit.ring.gqa import gqa_pair
+    from tokenring_xdit.ring.kernels import PAIRS, gqa_pair, row_delta
     from tokenring_xdit.ring.layout import BHSD
 
     pair = gqa_pair(PAIRS[name], torch.device("cuda"), dtype, d, d)

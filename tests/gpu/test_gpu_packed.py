@@ -40,8 +40,7 @@ def _ref(q, k, v, do, mask, scale):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_auto_picks_flash_varlen(dtype):
-    from tokenring_xdit.ring.backward_kernels import select_pair
-    from tokenring_xdit.ring.doc_kernels import doc_pair
+    from tokenring_xdit.ring.kernels import doc_pair, select_pair
 
     dev = torch.device("cuda")
     pair = doc_pair(
@@ -53,8 +52,7 @@ def test_auto_picks_flash_varlen(dtype):
 def test_cudnn_per_segment_is_refused():
     """cuDNN per document segment failed the exactness check below on 2 x H200 (4 of 4 pair
     cases; 2 of the first 3 ring cases), so packed documents refuse it with one clear error."""
-    from tokenring_xdit.ring.backward_kernels import select_pair
-    from tokenring_xdit.ring.doc_kernels import doc_pair
+    from tokenring_xdit.ring.kernels import doc_pair, select_pair
 
     dev, dtype = torch.device("cuda"), torch.bfloat16
     with pytest.raises(NotImplementedError, match="cudnn"):
@@ -67,10 +65,14 @@ def test_cudnn_per_segment_is_refused():
 @pytest.mark.parametrize("kv_heads", [8, 2])
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
 def test_document_pairs_match_exact(name, kv_heads, layout):
-    from tokenring_xdit.ring.backward_kernels import row_delta, select_pair
-    from tokenring_xdit.ring.doc_kernels import doc_pair, segments_mask
     from tokenring_xdit.ring.documents import Segment
-    from tokenring_xdit.ring.gqa import gqa_pair
+    from tokenring_xdit.ring.kernels import (
+        doc_pair,
+        gqa_pair,
+        row_delta,
+        segments_mask,
+        select_pair,
+    )
     from tokenring_xdit.ring.layout import get_layout
 
     lay, dev, dtype, d = get_layout(layout), torch.device("cuda"), torch.bfloat16, 128
@@ -109,10 +111,9 @@ def test_document_pairs_match_exact(name, kv_heads, layout):
 def test_thread_ring_with_documents_matches_exact(n, causal, name):
     from tests.thread_ring import run_ring
     from tokenring_xdit.ring.backward import block_backward
-    from tokenring_xdit.ring.backward_kernels import select_pair
     from tokenring_xdit.ring.block_forward import BlockCall, block_forward
-    from tokenring_xdit.ring.doc_kernels import doc_pair
     from tokenring_xdit.ring.documents import Documents, doc_plan
+    from tokenring_xdit.ring.kernels import doc_pair, select_pair
     from tokenring_xdit.ring.layout import BSHD
     from tokenring_xdit.ring.schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
     from tokenring_xdit.ring.sharding import zigzag_positions

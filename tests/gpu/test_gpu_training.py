@@ -62,7 +62,7 @@ def _split_grads(pair, q, k, v, do, o, lse, delta, split, with_out):
 
 
 def _causal_case(dtype, d, seed, b=2, h=4, s=512):
-    from tokenring_xdit.ring.backward_kernels import row_delta
+    from tokenring_xdit.ring.kernels import row_delta
     from tokenring_xdit.ring.layout import BHSD
 
     gen = torch.Generator(device="cuda").manual_seed(seed)
@@ -91,7 +91,7 @@ def _rel_errs(got, refs):
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("split", [256, 200], ids=["even", "uneven"])
 def test_cuda_backward_pairs_sum_to_exact_gradients(name, with_out, dtype, d, split):
-    from tokenring_xdit.ring.backward_kernels import PAIRS
+    from tokenring_xdit.ring.kernels import PAIRS
 
     q, k, v, do, o, lse, delta, refs = _causal_case(dtype, d, seed=d + split)
     got = _split_grads(PAIRS[name], q, k, v, do, o, lse, delta, split, with_out)
@@ -103,7 +103,7 @@ def test_cuda_backward_pairs_sum_to_exact_gradients(name, with_out, dtype, d, sp
 def test_cudnn_standin_after_other_o_strides_on_the_same_shapes(dtype):
     """The ring calls cuDNN's backward on the same q/k/v shapes with the real O (its own
     queries) and with the stand-in (travelling ones); a caller may pass O in any strides."""
-    from tokenring_xdit.ring.backward_kernels import PAIRS
+    from tokenring_xdit.ring.kernels import PAIRS
 
     q, k, v, do, o, lse, delta, refs = _causal_case(dtype, 128, seed=11, s=384)
     wide = torch.zeros(*o.shape[:2], 2 * o.shape[2], o.shape[3], dtype=dtype, device="cuda")
@@ -137,7 +137,7 @@ def test_triton_delta_and_standin_equal_the_torch_ops(dtype):
 
 
 def test_auto_pair_is_cudnn_on_hopper():
-    from tokenring_xdit.ring.backward_kernels import select_pair
+    from tokenring_xdit.ring.kernels import select_pair
 
     cuda = torch.device("cuda")
     if torch.cuda.get_device_capability()[0] < 9:
@@ -163,7 +163,7 @@ RING_CASES = [
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
 def test_thread_ring_on_one_gpu_matches_exact(n, causal, lens, name, layout):
     from tests.thread_ring import ring_case
-    from tokenring_xdit.ring.backward_kernels import PAIRS
+    from tokenring_xdit.ring.kernels import PAIRS
     from tokenring_xdit.ring.layout import get_layout
 
     errs = ring_case(

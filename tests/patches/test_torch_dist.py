@@ -64,21 +64,43 @@ def test_destroy_process_group_frees_graphs_and_uninstall_restores_it() -> None:
 
 GUARD_CODE = textwrap.dedent(
     """
+    import json, os, sys, tempfile
+    import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
     original = c10d.destroy_process_group
-    from tokenring_xdit.ring import graphs  # the ring alone: nothing of the patch layer yet
-    graphs._run_guards()  # what the first capture runs
-    print(c10d.destroy_process_group is not original)
+    from tokenring_xdit.ring import graphs  # the ring alone: nothing of the patch layer
+    from tokenring_xdit.ring.comm import groups, teardown
+    init = os.path.join(tempfile.mkdtemp(), "rdv")
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=0, world_size=1)
+    before = c10d.destroy_process_group is original
+    groups.comms_of(dist.group.WORLD)  # what a ring's first call does
+    guarded = original not in (c10d.destroy_process_group, dist.destroy_process_group)
+    graphs.RING_GRAPHS._graphs["sentinel"] = None  # stands for a captured graph
+    dist.destroy_process_group()
+    print(json.dumps(dict(
+        before=before, guarded=guarded, graphs_freed=len(graphs.RING_GRAPHS) == 0,
+        comms_released=len(teardown._COMMS) == 0, destroyed=not dist.is_initialized(),
+        patch_layer="tokenring_xdit.patches" in sys.modules,
+    )))
     """
 )
 
 
-def test_the_destroy_guard_comes_with_the_ring_whatever_is_imported_first():
-    """`from tokenring_xdit.ring import ...` never imports the patch layer, but the first graph
-    capture still installs the guard: the ring names it and imports it then, so a checkout on
-    PYTHONPATH without install metadata gets it too (issue 34: ring_sweep.py hung in destroy)."""
+def test_the_destroy_guard_is_the_rings_own():
+    """The ring puts its teardown guard in place itself before it makes a ring's communicators
+    (ring/comm/teardown.py), without the patch layer: a checkout on PYTHONPATH without install
+    metadata gets it too (issue 34: ring_sweep.py hung in destroy), and a destroy frees our
+    graphs and communicators first."""
     done = subprocess.run(
         [sys.executable, "-c", GUARD_CODE], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "True", (done.stdout, done.stderr)
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report == dict(
+        before=True,
+        guarded=True,
+        graphs_freed=True,
+        comms_released=True,
+        destroyed=True,
+        patch_layer=False,
+    ), report

@@ -249,3 +249,82 @@ def test_diffusers_path_check_uses_its_own_ring_counter():
     fell_back = runs({"token_ring": 0, "diffusers_ring": 6}, {"token_ring": 0, "diffusers_ring": 6})
     problems = path_checks(fell_back, "diffusers")
     assert len(problems) == 2 and problems[0].startswith("diffusers CP + TokenRing rank 0")
+
+
+# ------------------------------------------------ issue 43: long CPU runs, SIGTERM
+
+
+def test_sigterm_cleans_up_as_ctrl_c_does(tmp_path):
+    """SIGTERM while the ranks run: the ranks stop, the launcher's temporary directory is
+    removed and no semaphore of the result queue leaks (the default SIGTERM action left the
+    directory, the semaphores and a running rank behind)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = dict(os.environ, TMPDIR=str(temp), OMP_NUM_THREADS="1")
+    argv = [sys.executable, "-m", "tokenring_xdit.tools.cli", "compare", "--no-progress"]
+    argv += ["--steps", "50", "--out", str(tmp_path / "out")]
+    log = tmp_path / "stderr.txt"
+    with open(log, "wb") as err:  # a file, not a pipe: a leftover rank would hold a pipe open
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err,
+                                start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not list(temp.glob("tokenring-xdit-*")) and time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()
+            time.sleep(0.2)
+        assert list(temp.glob("tokenring-xdit-*")), "the launch never started"
+        time.sleep(2.0)  # the rank is up and has used the queue
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        time.sleep(1.0)  # the resource tracker reports leaks after the launcher exits
+        left = subprocess.run(
+            ["ps", "-o", "pid,args", "-s", str(proc.pid)], capture_output=True, text=True
+        ).stdout
+        assert "spawn_main" not in left, left
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # only this test's own session
+        except ProcessLookupError:
+            pass
+    assert proc.returncode == 128 + signal.SIGTERM, log.read_text()[-3000:]
+    assert not list(temp.glob("tokenring-xdit-*")), list(temp.iterdir())
+    assert "leaked semaphore" not in log.read_text(), log.read_text()[-3000:]
+
+
+def test_full_size_flux_on_cpu_is_refused_with_an_estimate_unless_forced(capsys, monkeypatch):
+    from tokenring_xdit.tools.compare import estimate as est
+
+    monkeypatch.setattr(est, "total_memory", lambda: 24 * est.GIB)
+    argv = ["compare", "--model", "flux", "--size", "full", "--device", "cpu"]
+    assert cli.main(argv) == compare.EXIT_USAGE
+    err = " ".join(capsys.readouterr().err.split())
+    assert err.startswith("tokenring-xdit compare: error: Flux.1 full in float32 on CPU needs")
+    assert "44.6 GiB of weights" in err and "this machine has 24 GiB" in err, err
+    assert "--force" in err and "--size tiny" in err, err
+
+
+def test_long_cpu_runs_are_warned_about_with_progress_lines(tmp_path, capsys, monkeypatch):
+    """A full-size PixArt on CPU fits but takes hours: a warning with the estimate, then the
+    run (here a stand-in launcher whose steps take LINE_EVERY_S each) prints its steps."""
+    from tokenring_xdit.tools.compare import estimate as est
+    from tokenring_xdit.tools.compare import run as run_mod
+
+    monkeypatch.setattr(est, "total_memory", lambda: 24 * est.GIB)
+    monkeypatch.setattr(run_mod, "matmul_flops_per_s", lambda: 20e9)
+    monkeypatch.setattr(run_mod._StepLines, "LINE_EVERY_S", 0.0)
+    monkeypatch.setattr("tokenring_xdit.tools.launch.launch", _fake_launcher())
+    argv = ["compare", "--size", "full", "--device", "cpu", "--steps", "3", "--out", str(tmp_path)]
+    cli.main([*argv, "--height", "64", "--width", "64"])
+    got = capsys.readouterr()
+    assert "warning" not in got.err  # 64 px: seconds
+    cli.main(argv)
+    got = capsys.readouterr()
+    err = " ".join(got.err.split())
+    assert "warning: on CPU this needs about" in err and " h of CPU work" in err, err
+    assert "denoising, step 3/3" in got.out, got.out

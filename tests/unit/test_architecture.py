@@ -4,6 +4,7 @@ import circles, README's environment table is the config's."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +16,9 @@ from tokenring_xdit import config
 ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "tokenring_xdit"
 # Modules that may touch os.environ: the config (reads ours), the bootstrap (must not import
-# the config at interpreter start-up), and the launchers (set the children's environment).
-ENV_MODULES = {"config", "_bootstrap", "tools.launch", "tools.compare.run"}
+# the config at interpreter start-up), the launchers (set the children's environment) and the
+# rank exit of the examples (reads torchrun's RANK and xDiT's LOG_LEVEL, none of ours).
+ENV_MODULES = {"config", "_bootstrap", "tools.launch", "tools.compare.run", "tools.rank_exit"}
 
 
 def _modules() -> dict[str, Path]:
@@ -52,9 +54,48 @@ def _imports(name: str, path: Path) -> set[str]:
     return out
 
 
-def _graph() -> dict[str, set[str]]:
+# A module named in a string: "tokenring_xdit.a.b" or "tokenring_xdit.a.b:attr" (entry points,
+# lazy maps), an f-string starting with "tokenring_xdit.a.", or import_module / __import__ of a
+# literal name. Loaded later by name, each is an import the plain graph would not see.
+_NAMED = re.compile(r"^tokenring_xdit((?:\.[A-Za-z_]\w*)+)\.?(?::[A-Za-z_]\w*)?$")
+
+
+def _named_module(text: str, package: str = "") -> str | None:
+    if text.startswith(".") and package:  # import_module(".x", __package__)
+        text = f"tokenring_xdit.{package}{text}".replace("tokenring_xdit..", "tokenring_xdit.")
+    found = _NAMED.match(text)
+    return found.group(1).lstrip(".") if found else None
+
+
+def _string_imports(name: str, path: Path) -> set[str]:
+    """tokenring_xdit modules `name` names in strings (see _NAMED), wherever they appear."""
+    package = name.rsplit(".", 1)[0] if path.name != "__init__.py" else name
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        text = None
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = node.value
+        elif isinstance(node, ast.JoinedStr) and node.values:
+            first = node.values[0]
+            text = first.value if isinstance(first, ast.Constant) else None
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if called in ("import_module", "__import__") and isinstance(node.args[0].value, str):
+                text = node.args[0].value
+        if text is not None and (found := _named_module(text, package)) is not None:
+            out.add(found)
+    return out
+
+
+def _graph(strings: bool = False) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (and, with strings, names: _string_imports)."""
     mods = _modules()
-    return {n: {m for m in _imports(n, p) if m in mods and m != n} for n, p in mods.items()}
+    graph = {}
+    for n, p in mods.items():
+        deps = _imports(n, p) | (_string_imports(n, p) if strings and n else set())
+        graph[n] = {m for m in deps if m in mods and m != n}
+    return graph
 
 
 def test_only_the_config_reads_our_environment():
@@ -74,7 +115,7 @@ def test_only_the_config_reads_our_environment():
 
 
 def test_the_ring_imports_no_host_patch_or_tool_module():
-    graph = _graph()
+    graph = _graph(strings=True)
     for name, deps in graph.items():
         if name.startswith("ring"):
             top = ("hosts", "patches", "tools", "planner", "integrations")
@@ -83,7 +124,7 @@ def test_the_ring_imports_no_host_patch_or_tool_module():
 
 
 def _lower_never_imports(lower: str, upper: str) -> None:
-    for name, deps in _graph().items():
+    for name, deps in _graph(strings=True).items():
         if name == lower or name.startswith(lower + "."):
             bad = {d for d in deps if d == upper or d.startswith(upper + ".")}
             assert not bad, f"{name} imports {bad}"
@@ -122,7 +163,7 @@ def test_transformers_is_imported_by_its_integration_only_and_lazily():
 
 
 def test_no_import_circles():
-    graph = _graph()
+    graph = _graph(strings=True)  # the root's lazy public map is left out (_graph)
     # a package imports its own submodules to re-export them: not a circle
     edges = {n: {d for d in deps if not d.startswith(n + ".")} for n, deps in graph.items()}
     state: dict[str, int] = {}
@@ -140,6 +181,53 @@ def test_no_import_circles():
     for name in sorted(edges):
         if name not in state:
             visit(name, [name])
+
+
+def test_no_string_imports_across_layers():
+    """A module may name (in a string, or import_module / __import__ of a literal) only modules
+    of its own layer (the first part of its name: ring, hosts, patches, ...); the package's
+    lazy public map (tokenring_xdit/__init__.py) is the one exception: it is the top."""
+    mods = _modules()
+    for name, path in mods.items():
+        if not name:
+            continue
+        layer = name.split(".")[0]
+        named = {m for m in _string_imports(name, path) if m.split(".")[0] in mods}  # modules
+        crossing = {m for m in named if m.split(".")[0] != layer}
+        assert not crossing, f"{name} names modules of another layer in strings: {crossing}"
+
+
+def test_no_module_calls_back_into_its_own_package():
+    """`from . import name` / `from .. import name` take submodules only: a package's __init__
+    sits above its modules (patches/base.py once called `from . import apply_from_hook`); the
+    package root's __version__ is the one exception (the CLI prints it)."""
+    mods = _modules()
+    for name, path in mods.items():
+        parts = path.relative_to(PKG).with_suffix("").parts
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.level and node.module is None):
+                continue
+            base = parts[: len(parts) - node.level]
+            taken = {".".join([*base, a.name]) for a in node.names} - {"__version__"}
+            upward = {t for t in taken if t not in mods}
+            assert not upward, f"{name} takes {upward} from a package above it"
+
+
+def test_the_string_import_scan_finds_them():
+    """The scan sees every form (so the tests above can fail)."""
+    code = (
+        'import importlib\nX = "tokenring_xdit.patches.torch_dist:ensure_applied"\n'
+        'Y = f"tokenring_xdit.hosts.{1}"\nimportlib.import_module(".graphs", __package__)\n'
+        '__import__("tokenring_xdit.tools.cli")\n'
+    )
+    path = PKG.parent / "build" / "scan_probe.py"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(code)
+    try:
+        found = _string_imports("ring.comm.groups", path)
+    finally:
+        path.unlink()
+    assert found == {"patches.torch_dist", "hosts", "ring.comm.graphs", "tools.cli"}, found
 
 
 def test_readme_environment_table_is_the_config():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tokenring_xdit.ring.backward_kernels import PAIRS, row_delta, select_pair
+from tokenring_xdit.ring.kernels import PAIRS, row_delta, select_pair
 from tokenring_xdit.ring.layout import BHSD, BSHD
 
 

@@ -267,3 +267,48 @@ def test_a_rank_failure_prints_its_innermost_frames_unwrapped():
         summary = [line for line in text.splitlines() if line.startswith("  rank 1:")]
         assert summary and summary[0].endswith("word ..."), summary
     assert "34 outer frames left out (--verbose shows them)" in text or verbose
+
+
+# ---------------------------------------------- issue 43: demo's prefix, a zero timeout
+
+
+def test_a_bad_demo_value_is_one_prefixed_line(capsys):
+    assert cli.main(["demo", "--device", "cpu", "--tokens", "7"]) == 2
+    got = capsys.readouterr()
+    assert got.out == "" and got.err.count("\n") == 1, got.err
+    assert got.err.startswith("tokenring-xdit demo: error: --tokens 7 must be a multiple"), got
+    assert got.err.rstrip().endswith("(see tokenring-xdit demo --help)"), got.err
+
+
+@pytest.mark.parametrize("command", ["compare", "demo"])
+@pytest.mark.parametrize("value", ["0", "-5", "nan", "inf", "soon"])
+def test_a_timeout_that_cannot_run_is_a_usage_error(command, value, capsys):
+    code, out, err = _exit([command, "--timeout", value], capsys)
+    assert code == 2 and out == "", err
+    assert err.startswith(f"tokenring-xdit {command}: error: argument --timeout"), err
+
+
+def test_our_own_rank_error_is_its_lines_without_frames():
+    import io
+
+    from rich.console import Console
+
+    import tokenring_xdit.config as ours
+    from tokenring_xdit.tools.cli_args import print_failure
+    from tokenring_xdit.tools.launch import LaunchError, RankFailure
+
+    trace = f'Traceback (most recent call last):\n  File "{ours.__file__}", line 1, in f\n    x()\n'
+    failures = [RankFailure(r, "ValueError", "TOKENRING_XDIT_TIMEOUT='abc': use ...", trace)
+                for r in (1, 0)]  # fmt: skip
+    for verbose in (False, True):
+        out = io.StringIO()
+        print_failure(Console(file=out, width=200), LaunchError("x", failures), verbose=verbose)
+        lines = out.getvalue().splitlines()
+        if verbose:
+            assert any(ours.__file__ in line for line in lines), lines
+        else:
+            assert lines == [
+                "worker failure: 2 rank(s) failed (--verbose shows the traceback)",
+                "  rank 1: ValueError: TOKENRING_XDIT_TIMEOUT='abc': use ...",
+                "  rank 0: ValueError: TOKENRING_XDIT_TIMEOUT='abc': use ...",
+            ], lines

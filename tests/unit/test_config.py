@@ -102,7 +102,7 @@ def test_each_setting_is_declared_once_on_its_field():
     import typing
 
     from tokenring_xdit import config
-    from tokenring_xdit.ring.agree import header
+    from tokenring_xdit.ring.agree import codes
 
     settings = [f for f in dataclasses.fields(RingConfig) if "env" in f.metadata]
     assert {f.name for f in settings} | {"autopatch"} == set(ENV)
@@ -114,7 +114,7 @@ def test_each_setting_is_declared_once_on_its_field():
         ]
         if typing.get_origin(hints[f.name]) is typing.Literal or allowed:
             assert f.name in ("ring_impl", "fabric", "validate", "transport"), f.name
-    assert list(header.VALIDATE_CODES) == list(config.VALIDATE_MODES)
-    assert list(header.TRANSPORT_CODES) == list(config.TRANSPORTS)
+    assert list(codes.VALIDATE_CODES) == list(config.VALIDATE_MODES)
+    assert list(codes.TRANSPORT_CODES) == list(config.TRANSPORTS)
     with pytest.raises(ValueError, match="nccl, ipc, auto"):
         RingConfig.from_env(_env("transport", "tcp"))

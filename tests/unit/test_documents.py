@@ -8,8 +8,6 @@ import random
 import pytest
 import torch
 
-from tokenring_xdit.ring.backward_kernels import PAIRS
-from tokenring_xdit.ring.doc_kernels import MASKED, _groups, segments_mask, segments_pair
 from tokenring_xdit.ring.documents import (
     Documents,
     Segment,
@@ -19,6 +17,7 @@ from tokenring_xdit.ring.documents import (
     documents_from_position_ids,
     local_claims,
 )
+from tokenring_xdit.ring.kernels import MASKED, PAIRS, segment_runs, segments_mask, segments_pair
 from tokenring_xdit.ring.layout import BHSD, BSHD
 from tokenring_xdit.ring.schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
 from tokenring_xdit.ring.sharding import zigzag_positions
@@ -82,8 +81,8 @@ def test_segments_pair_equals_masked_kernel():
 
 def test_groups_join_abutting_segments_only():
     segs = (Segment(0, 3, 0, 3, True), Segment(3, 7, 3, 7, True), Segment(9, 12, 9, 12, True))
-    assert [len(g) for g in _groups(segs)] == [2, 1]
-    assert len(_groups((Segment(0, 3, 0, 3, True), Segment(3, 5, 3, 5, False)))) == 2
+    assert [len(g) for g in segment_runs(segs)] == [2, 1]
+    assert len(segment_runs((Segment(0, 3, 0, 3, True), Segment(3, 5, 3, 5, False)))) == 2
 
 
 def test_document_work_adds_up():

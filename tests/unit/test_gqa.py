@@ -10,9 +10,8 @@ from tokenring_xdit import token_ring_attn, token_ring_attn_func
 from tokenring_xdit.hosts.selection import AutoSignature, decide, reset_decisions
 from tokenring_xdit.planner.choose import choose_ring, ring_times
 from tokenring_xdit.planner.schedules import Block
-from tokenring_xdit.ring import gqa
-from tokenring_xdit.ring.backward_kernels import PAIRS
-from tokenring_xdit.ring.kernels import KERNELS
+from tokenring_xdit.ring import kernels
+from tokenring_xdit.ring.kernels import KERNELS, PAIRS
 from tokenring_xdit.ring.layout import BHSD, BSHD
 
 TOL = 2e-5
@@ -21,25 +20,25 @@ TOL = 2e-5
 @pytest.mark.parametrize("layout", [BSHD, BHSD])
 def test_query_head_i_uses_kv_head_i_over_g_and_grads_fold_back(layout):
     kv = torch.randn(2, 3, 5, 4) if layout is BHSD else torch.randn(2, 5, 3, 4)
-    wide = gqa.expand_kv(kv, 4, layout)
+    wide = kernels.expand_kv(kv, 4, layout)
     assert wide.shape[layout.head_dim] == 12
     for i in range(12):
         assert torch.equal(wide.select(layout.head_dim, i), kv.select(layout.head_dim, i // 4))
     # dK of expanded K summed over each group: here every copy has gradient 1 -> 4
-    folded = gqa.fold_kv_grad(torch.ones_like(wide), 4, layout, torch.float32)
+    folded = kernels.fold_kv_grad(torch.ones_like(wide), 4, layout, torch.float32)
     assert folded.shape == kv.shape and torch.equal(folded, torch.full_like(kv, 4.0))
-    assert gqa.kv_groups(wide, kv, layout) == 4
+    assert kernels.kv_groups(wide, kv, layout) == 4
 
 
 def test_the_probe_finds_which_kernels_take_gqa_themselves():
     cpu, f32 = torch.device("cpu"), torch.float32
     # torch's CPU flash ops take fewer K/V heads (forward and backward); the math pair does not
-    assert gqa.gqa_pair(PAIRS["cpu_flash"], cpu, f32, 16, 16) is PAIRS["cpu_flash"]
-    assert gqa.gqa_pair(PAIRS["math"], cpu, f32, 16, 16) is not PAIRS["math"]
-    fn, key = gqa.gqa_kernel(KERNELS["math"], "math", cpu, f32, 16, 16)
+    assert kernels.gqa_pair(PAIRS["cpu_flash"], cpu, f32, 16, 16) is PAIRS["cpu_flash"]
+    assert kernels.gqa_pair(PAIRS["math"], cpu, f32, 16, 16) is not PAIRS["math"]
+    fn, key = kernels.gqa_kernel(KERNELS["math"], "math", cpu, f32, 16, 16)
     assert fn is not KERNELS["math"] and key == ("gqa-expanded", "math")
     assert (
-        gqa.gqa_kernel(KERNELS["cpu_flash"], "cpu_flash", cpu, f32, 16, 16)[0]
+        kernels.gqa_kernel(KERNELS["cpu_flash"], "cpu_flash", cpu, f32, 16, 16)[0]
         is KERNELS["cpu_flash"]
     )
 

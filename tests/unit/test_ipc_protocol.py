@@ -55,17 +55,12 @@ def test_inboxes_grow_rarely_and_only_when_a_message_does_not_fit():
     assert grows == 4  # 1 MiB, 2 MiB, 4 MiB, 8 MiB
 
 
-def _metas(transport: str, device: str, gpus: list[int]) -> list[list[int]]:
-    from tokenring_xdit.ring.agree import header
+def _metas(transport: str, device: str, gpus: list[int]) -> list:
+    from tokenring_xdit.ring.agree.codes import DEVICE_TYPES, TRANSPORT_CODES
+    from tokenring_xdit.ring.agree.header import Header
 
-    metas = []
-    for gpu in gpus:
-        m = [0] * header.META_LEN
-        m[header.TRANSPORT] = header.TRANSPORT_CODES[transport]
-        m[header.DEVICE] = header.DEVICE_TYPES.index(device)
-        m[header.GPU] = gpu
-        metas.append(m)
-    return metas
+    code, where = TRANSPORT_CODES[transport], DEVICE_TYPES.index(device)
+    return [Header(transport=code, device=where, gpu=gpu) for gpu in gpus]
 
 
 @pytest.mark.parametrize(

@@ -149,3 +149,99 @@ def test_cpu_flash_survives_empty_sequences(s_q, s_k):
         f"cpu_flash on q_len={s_q}, kv_len={s_k}: exit code {proc.returncode} "
         f"(-8 = SIGFPE)\n{proc.stdout}\n{proc.stderr[-2000:]}"
     )
+
+
+# --- the registry: one record per kernel, one auto order, resolve_kernel ----------------------
+
+
+def test_inference_runs_the_forward_of_the_training_record():
+    from tokenring_xdit.ring.kernels import PAIRS, REGISTRY
+
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 3, 11, 40, generator=gen) for _ in range(3))
+    for name in ("cpu_flash", "math"):
+        assert PAIRS[name] is REGISTRY[name]
+        out, lse = KERNELS[name](q, k, v, 0.2, BHSD)
+        ref_out, ref_lse = REGISTRY[name].forward(q, k, v, 0.2, BHSD, False)
+        assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse), name
+        # an inference kernel's digest family is its public name
+        assert f"{KERNELS[name].__module__}.{KERNELS[name].__qualname__}" == (
+            f"tokenring_xdit.ring.kernels.{name}"
+        )
+
+
+def test_auto_orders():
+    from tokenring_xdit.ring.kernels import auto_order, has_flash_attn
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    for train in (False, True):
+        assert auto_order(cpu, torch.bfloat16, train) == ("cpu_flash", "math")
+    fa = ("flash_attn",) if has_flash_attn() else ()
+    assert auto_order(cuda, torch.bfloat16, False) == (
+        *fa,
+        "cudnn",
+        "torch_flash",
+        "torch_efficient",
+        "math",
+    )
+    # the fast CUDA kernels take half precision only
+    assert auto_order(cuda, torch.float32, False) == ("torch_efficient", "math")
+
+
+def test_torch_efficient_trains_as_torch_flash_and_says_so(caplog):
+    from tokenring_xdit.ring.kernels import registry, select_pair
+
+    registry._say_trained_as.cache_clear()  # said once per process: forget earlier tests
+    cpu = torch.device("cpu")
+    with caplog.at_level("WARNING", logger="tokenring_xdit"):
+        assert select_pair("torch_efficient", cpu, torch.bfloat16, 64, 64, False).name == (
+            "torch_flash"
+        )
+    assert "'torch_efficient' has no usable ring backward" in caplog.text
+    assert "runs 'torch_flash'" in caplog.text
+
+
+def _choice(kernel, train, deterministic=False, packed=False, kernel_key=None, layout=BHSD):
+    from tokenring_xdit.ring.kernels import resolve_kernel
+
+    q = k = v = torch.zeros(1, 2, 8, 16)
+    return resolve_kernel(
+        kernel, kernel_key, q, k, v, layout,
+        train=train, deterministic=deterministic, packed=packed,
+    )  # fmt: skip
+
+
+def test_resolve_kernel_names_the_family_and_reports_problems():
+    from tokenring_xdit.ring.agree import Problem
+    from tokenring_xdit.ring.kernels import PAIRS
+
+    got = _choice("auto", train=False)
+    assert (got.fn, got.key, got.family, got.problem) == (cpu_flash, "auto", "cpu_flash", 0)
+    got = _choice("auto", train=True, deterministic=True)
+    assert got.fn is PAIRS["cpu_flash"] and got.family == ("pair", "cpu_flash", True)
+    assert _choice("auto", train=True, packed=True).family == ("pair", "masked", False)
+    got = _choice(math_kernel, train=False, kernel_key="k")
+    assert (got.fn, got.key, got.family) == (math_kernel, "k", "k")
+    assert _choice(math_kernel, train=False).family == "tokenring_xdit.ring.kernels.math"
+    # every refusal becomes a problem code for the input check (raised on every rank there)
+    for kernel, train, code, text in (
+        ("nope", False, Problem.KERNEL_UNUSABLE, "unknown kernel 'nope'"),
+        ("nope", True, Problem.KERNEL_UNUSABLE, "unknown kernel 'nope'"),
+        (math_kernel, True, Problem.KERNEL_UNSUPPORTED, "custom block kernel has none"),
+    ):
+        got = _choice(kernel, train)
+        assert (got.fn, got.family, got.problem) == (None, "unusable", code)
+        assert text in got.problem_text, got.problem_text
+    got = _choice("torch_flash", train=True, deterministic=True)
+    assert got.problem == Problem.KERNEL_UNSUPPORTED and "not deterministic" in got.problem_text
+
+
+def test_a_layout_the_record_does_not_take_is_refused():
+    import dataclasses
+
+    from tokenring_xdit.ring.kernels import MATH
+    from tokenring_xdit.ring.kernels.registry import check_layout
+
+    check_layout(MATH, BSHD)
+    with pytest.raises(ValueError, match="takes layouts \\['bshd'\\], not 'bhsd'"):
+        check_layout(dataclasses.replace(MATH, layouts=(BSHD,)), BHSD)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,14 @@ from tokenring_xdit.planner.choose import choose_ring
 from tokenring_xdit.planner.cost import predict
 from tokenring_xdit.planner.machine import make_machine
 from tokenring_xdit.planner.plan import rank_all, splits
-from tokenring_xdit.planner.schedules import Block, _kernel, old_final_pieces, token_ring
+from tokenring_xdit.planner.schedules import (
+    Block,
+    RingOptions,
+    _kernel,
+    old_final_pieces,
+    sweep_options,
+    token_ring,
+)
 from tokenring_xdit.planner.validate import MAX_MEDIAN_ERROR, MIN_PICK_RATE, validate
 from tokenring_xdit.tools import plan_cli as cli
 
@@ -94,8 +103,9 @@ def test_multi_node_ring_hops_pay_the_inter_node_link():
     one_node = make_machine(16, nodes=1)
     two_nodes = make_machine(16, nodes=2)
     assert two_nodes.link(7, 8).name == "ib" and two_nodes.link(0, 7).name == "nvswitch"
-    a = predict(one_node, "token_ring", 24, 128, 65536, 8, 2).ms
-    b = predict(two_nodes, "token_ring", 24, 128, 65536, 8, 2).ms  # ring over nodes, IB hops
+    # 16384 tokens: from ~32k the held-back own block hides even an IB hop's return
+    a = predict(one_node, "token_ring", 24, 128, 16384, 8, 2).ms
+    b = predict(two_nodes, "token_ring", 24, 128, 16384, 8, 2).ms  # ring over nodes, IB hops
     assert b > a
     ranked = rank_all(make_machine(32, nodes=4), 40, 128, 75600, layers=40, batch=2)
     assert ranked[0].prediction.ulysses * ranked[0].prediction.ring == 32
@@ -136,8 +146,55 @@ def test_final_pieces_rule_and_schedule():
     assert [old_final_pieces(q) for q in (512, 1152, 2048, 4096, 8448)] == [1, 1, 2, 4, 4]
     m = make_machine(2)
     b = Block(heads=24, head_dim=128, q_len=4096, kv_len=4096)
-    one, four = token_ring(m, b, [0, 1]), token_ring(m, b, [0, 1], final_pieces=4)
+    whole = RingOptions(defer_own=0.0)  # the held-back block would hide both tails
+    one = token_ring(m, b, [0, 1], options=whole)
+    four = token_ring(m, b, [0, 1], final_pieces=4, options=whole)
     assert four.breakdown["exposed_tail"] < one.breakdown["exposed_tail"]
+
+
+def test_sweeps_before_the_held_back_block_are_predicted_without_it():
+    assert sweep_options("2026-11-22 06:44:37") == RingOptions(defer_own=0.0, head_start_us=0.0)
+    now = sweep_options("2026-11-26 05:23:49")
+    assert (now.defer_own, now.head_start_us) == (None, 10.0)  # RingConfig's defaults
+
+
+def test_planner_and_ring_schedules_import_without_torch():
+    """The planner simulates the ring's own tables: importing both must not load torch."""
+    code = (
+        "import sys, tokenring_xdit.planner.choose, tokenring_xdit.planner.cost, "
+        "tokenring_xdit.ring.schedules, tokenring_xdit.ring.head_start; "
+        "print('torch' in sys.modules)"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["False"]
+
+
+def test_held_back_block_hides_the_last_return():
+    """defer_own (ring/schedules/token_ring.py's held_back): step 0 runs the own block for the
+    first queries only and the rest after the last partial left, which then travels behind it."""
+    m, b = make_machine(2), Block(heads=24, head_dim=128, q_len=4096, kv_len=4096)
+    off = RingOptions(defer_own=0.0, head_start_us=0.0)
+    whole = token_ring(m, b, [0, 1], options=off)
+    held = token_ring(m, b, [0, 1], options=RingOptions(defer_own=0.25, head_start_us=0.0))
+    assert whole.breakdown["exposed_tail"] > 0 and held.breakdown["exposed_tail"] == 0
+    assert held.breakdown["kernels"] > whole.breakdown["kernels"]  # the tail block, in pieces
+    # auto (None) holds back a quarter from 2048 local queries and nothing below
+    auto = RingOptions(defer_own=None, head_start_us=0.0)
+    assert token_ring(m, b, [0, 1], options=auto) == held
+    small = Block(heads=24, head_dim=128, q_len=1024, kv_len=1024)
+    assert token_ring(m, small, [0, 1], options=auto) == token_ring(m, small, [0, 1], options=off)
+
+
+@pytest.mark.parametrize(("q_len", "pause_ms"), [(256, 0.0), (4096, 0.010)])
+def test_head_start_pauses_where_the_loop_does(q_len, pause_ms):
+    """Ring 4, one piece, nothing held back: one pause (step 2, after the first return), and
+    only before blocks the ring's gate (ring/head_start.py, 1e10 FLOP) lets through."""
+    m, b = make_machine(4), Block(heads=24, head_dim=128, q_len=q_len, kv_len=q_len)
+    ranks = [0, 1, 2, 3]
+    off = token_ring(m, b, ranks, options=RingOptions(defer_own=0.0, head_start_us=0.0))
+    on = token_ring(m, b, ranks, options=RingOptions(defer_own=0.0, head_start_us=10.0))
+    assert on.gpu_ms - off.gpu_ms == pytest.approx(pause_ms, abs=1e-9)
 
 
 def test_shipped_table_is_measured_and_matches_single_gpu_columns():

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.thread_ring import ring_case
-from tokenring_xdit.ring.backward_kernels import PAIRS
+from tokenring_xdit.ring.kernels import PAIRS
 from tokenring_xdit.ring.layout import BHSD, BSHD
 
 

@@ -26,9 +26,10 @@ import torch
 from ..ring.api import attend
 from ..ring.call import CallOptions
 from ..ring.compiled import count_host_calls_with
-from ..ring.kernels import BlockKernel
+from ..ring.kernels import BlockKernel, runs_once
 from ..ring.layout import BSHD
 from .calls import count_call
+from .selection import Refusal, raise_refused
 
 __all__ = ["context_parallel_attention", "block_kernel", "HOST"]
 
@@ -39,9 +40,6 @@ count_host_calls_with(count_call)  # compiled calls count where they run (ring/c
 # Forward ops of diffusers' CP-capable backends that cannot return an lse -> backend name.
 _NO_LSE_OPS = {"_native_attention_forward_op": "native", "_npu_attention_forward_op": "_native_npu"}
 _USE_DIFFUSERS_RING = "or keep diffusers' own ring: TOKENRING_XDIT_RING_IMPL=default"
-
-# (forward op, device type, dtype, head sizes) -> True once a probe returned a usable lse
-_PROBED: dict[Hashable, bool] = {}
 
 
 def context_parallel_attention(
@@ -60,7 +58,7 @@ def context_parallel_attention(
     query/key/value: this rank's (b, s, h, d) shards (lengths may differ across ring ranks).
     Returns out (b, s, h, d) in query's dtype, plus lse (b, s, h) fp32 when `return_lse`.
     """
-    _refuse_unsupported(query, key, value, attn_mask, dropout_p)
+    raise_refused(cp_refusals(query, key, value, attn_mask, dropout_p))
     if torch.compiler.is_compiling():  # the kernel travels by name (_compiled_kernel)
         if _op_name(forward_op) in _NO_LSE_OPS:
             raise _no_lse_error(forward_op)
@@ -174,17 +172,24 @@ def _unified(query, key, value, scale, return_lse, kernel, forward_op, cp):
     return out, lse.squeeze(-1)
 
 
-def _refuse_unsupported(query, key, value, attn_mask, dropout_p) -> None:
-    """Local checks, before any collective; every rank of a CP model sees the same answer."""
-    if attn_mask is not None:
-        raise NotImplementedError(
-            "TokenRing does not take an attention mask yet (diffusers passed one to the "
-            f"context-parallel attention); call the model without one, {_USE_DIFFUSERS_RING}"
-        )
-    if dropout_p:
-        raise NotImplementedError(
-            f"TokenRing is for inference: dropout_p must be 0, got {dropout_p}"
-        )
+def cp_refusals(
+    query, key, value, attn_mask, dropout_p, is_causal: bool = False, enable_gqa: bool = False
+) -> list[Refusal]:
+    """What TokenRing does not run under diffusers (the patch's `auto` keeps diffusers' ring for
+    these); the adapter raises for masks and dropout, local checks before any collective that
+    every rank of a CP model answers alike. (Causal, GQA: diffusers' own ring refuses them;
+    training: the backward raises.)"""
+    grad = torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value))
+    return [
+        ("causal calls", bool(is_causal), ""),
+        ("GQA", bool(enable_gqa), ""),
+        ("attention masks", attn_mask is not None,
+         "TokenRing does not take an attention mask yet (diffusers passed one to the "
+         f"context-parallel attention); call the model without one, {_USE_DIFFUSERS_RING}"),
+        ("dropout", bool(dropout_p),
+         f"TokenRing is for inference: dropout_p must be 0, got {dropout_p}"),
+        ("training (gradients)", grad, ""),
+    ]  # fmt: skip
 
 
 def _require_lse(forward_op, parallel_config, query, key, value, scale) -> None:
@@ -199,21 +204,13 @@ def _require_lse(forward_op, parallel_config, query, key, value, scale) -> None:
         query.shape[3],
         value.shape[3],
     )
-    if _PROBED.get(cache_key) or query.shape[1] == 0 or key.shape[1] == 0:
-        return
+    kernel = block_kernel(forward_op, parallel_config)
     try:
-        with torch.no_grad():
-            _call_forward_op(
-                forward_op,
-                parallel_config,
-                *(x[:, :1].contiguous() for x in (query, key, value)),
-                scale,
-            )
+        runs_once(kernel, cache_key, query, key, value, scale, BSHD)
     except (ValueError, NotImplementedError) as exc:
         if "lse" in str(exc).lower():
             raise _no_lse_error(forward_op) from exc
         raise
-    _PROBED[cache_key] = True
 
 
 def _no_lse_error(forward_op) -> NotImplementedError:

@@ -25,7 +25,6 @@ RING_IMPL_ENV = config.ENV["ring_impl"][0]
 # where a choice came from (the ring agreement sends their index: ring/agree/choice.py)
 FROM_DEFAULT, FROM_PYTHON, FROM_FLAG, FROM_ENV = config.RING_IMPL_SOURCES
 DEFAULT, TOKEN_RING, AUTO = config.RING_IMPLS
-XDIT_RING_IMPLS = config.RING_IMPLS
 
 _chosen: dict[str, str | None] = {"python": None, "flag": None}
 # Bumped whenever this process changes its choice: the agreement caches key on it, so the next
@@ -36,10 +35,10 @@ _generation = [0]
 
 
 def validate_ring_impl(name: str, source: str) -> str:
-    if name not in XDIT_RING_IMPLS:
+    if name not in config.RING_IMPLS:
         raise ValueError(
             f"unknown ring implementation {name!r} (from {source}); valid values: "
-            f"{', '.join(XDIT_RING_IMPLS)}"
+            f"{', '.join(config.RING_IMPLS)}"
         )
     return name
 
@@ -56,13 +55,14 @@ def set_from_flag(name: str | None) -> None:
     _generation[0] += 1
 
 
-def xdit_ring_impl() -> tuple[str, str]:
-    """(implementation, where the choice came from); "auto" is resolved per call (decide)."""
+def xdit_ring_impl(cfg: config.RingConfig | None = None) -> tuple[str, str]:
+    """(implementation, where the choice came from); "auto" is resolved per call (decide).
+    cfg: the host call's configuration (None: the environment's, read here)."""
     if _chosen["python"]:
         return _chosen["python"], FROM_PYTHON
     if _chosen["flag"]:
         return _chosen["flag"], FROM_FLAG
-    env = config.current().ring_impl
+    env = (cfg or config.current()).ring_impl
     if env:
         return validate_ring_impl(env, RING_IMPL_ENV), FROM_ENV
     return DEFAULT, FROM_DEFAULT
@@ -71,6 +71,27 @@ def xdit_ring_impl() -> tuple[str, str]:
 def reset() -> None:
     _chosen.update(python=None, flag=None)
     _generation[0] += 1
+
+
+# --- what TokenRing refuses under a host ------------------------------------------------------
+
+# (what `auto` calls it, whether this call has it, the error the host adapter raises for it, ""
+# where another layer raises): each host lists its refusals once (hosts/xdit.py,
+# hosts/diffusers.py); the patch passes their names to `auto` (which then keeps the host's
+# ring), the adapter raises the first one's error.
+Refusal = tuple[str, bool, str]
+
+
+def refused_names(refusals: list[Refusal]) -> str:
+    """The refused features of one call, for `auto` ("" when TokenRing can run it)."""
+    return ", ".join(name for name, present, _ in refusals if present)
+
+
+def raise_refused(refusals: list[Refusal]) -> None:
+    """NotImplementedError for the first refused feature of the call (the same on every rank)."""
+    for _, present, message in refusals:
+        if present and message:
+            raise NotImplementedError(message)
 
 
 # --- auto ------------------------------------------------------------------------------------
@@ -112,10 +133,11 @@ def ring_call(
     ring: int,
     refused: str = "",
     kv_heads: int = 0,
+    cfg: config.RingConfig | None = None,
 ) -> AutoSignature:
     """A call's signature: the shapes a host read, dtype and device from `tensor` (its query),
-    fabric and graphs from the configuration."""
-    cfg = config.current()
+    fabric and graphs from the configuration (None: the environment's, read here)."""
+    cfg = cfg or config.current()
     device_type = tensor.device.type
     return AutoSignature(
         batch=batch,
@@ -197,6 +219,12 @@ def describe(call: AutoSignature, decision: Decision, host_ring: str) -> str:
     )
 
 
+def auto_inputs(cfg: config.RingConfig, grad: bool, dtype, device_type: str) -> tuple:
+    """What `auto` decides from besides the shapes: agreed across the ring (as a digest) by
+    both the eager and the traced choice, so the two cannot digest differently."""
+    return (cfg.auto_fabric(), cfg.cuda_graphs, grad, dtype, device_type)
+
+
 def choose(group, query, q_len: int, kv_len: int, signature, announce) -> str:
     """TOKEN_RING or DEFAULT for one host call, the same on every rank of the ring `group`.
 
@@ -207,16 +235,15 @@ def choose(group, query, q_len: int, kv_len: int, signature, announce) -> str:
 
     from ..ring.agree import Choice, agree_ring_choice
 
-    impl, source = xdit_ring_impl()
-    cfg = config.current()
+    cfg = config.current()  # the host call's entry: read once, passed on
+    impl, source = xdit_ring_impl(cfg)
     inputs = None
     if impl == AUTO:
         grad = torch.is_grad_enabled() and query.requires_grad
-        inputs = (cfg.auto_fabric(), cfg.cuda_graphs, grad, query.dtype, query.device.type)
-    validate = cfg.validate
+        inputs = auto_inputs(cfg, grad, query.dtype, query.device.type)
     lengths = agree_ring_choice(
-        group, Choice.of(impl), source, inputs, (q_len, kv_len), query.device, validate,
-        epoch=_generation[0],
+        group, Choice.of(impl), source, inputs, (q_len, kv_len), query.device, cfg.validate,
+        epoch=_generation[0], comm=cfg.comm,
     )  # fmt: skip
     if impl != AUTO:
         announce(impl, source, None, None)

@@ -63,12 +63,13 @@ def _agree(group_name: str, impl: str, source: str, grad: bool, dtype, device_ty
     cfg = config.current()
     inputs = None
     if impl == selection.AUTO:
-        inputs = (cfg.auto_fabric(), cfg.cuda_graphs, grad, dtype, device_type)
+        inputs = selection.auto_inputs(cfg, grad, dtype, device_type)
     group = _resolve_process_group(group_name)
     # "always": a trace is rare, and a cached answer must not stand in for a peer's
     longest = agree_ring_choice(
-        group, Choice.of(impl), source, inputs, (q_len, kv_len), torch.device(device_type), "always"
-    )
+        group, Choice.of(impl), source, inputs, (q_len, kv_len), torch.device(device_type),
+        "always", comm=cfg.comm,
+    )  # fmt: skip
     if impl != selection.AUTO:
         selection.log_once(
             log, _announced, (impl, source),

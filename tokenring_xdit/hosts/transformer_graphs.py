@@ -15,7 +15,8 @@ What makes replay safe:
   runtime state (patch sizes) does not when PipeFusion and step caches are off, which the xDiT
   hook checks;
 - weights are read where they live: in-place updates are seen, reassigned tensors are not
-  (call `reset_graphs` after e.g. swapping weights or moving the module to another GPU);
+  (call `module.forward.reset()` after e.g. swapping weights or moving the module to another
+  GPU);
 - outputs are cloned out of the graph's buffers, so callers may keep them.
 """
 
@@ -151,9 +152,3 @@ def ungraph_transformer(module: torch.nn.Module) -> bool:
 def graph_stats(module: torch.nn.Module) -> GraphStats | None:
     graphed = module.__dict__.get("forward")
     return graphed.stats if isinstance(graphed, GraphedForward) else None
-
-
-def reset_graphs(module: torch.nn.Module) -> None:
-    graphed = module.__dict__.get("forward")
-    if isinstance(graphed, GraphedForward):
-        graphed.reset()

@@ -19,6 +19,7 @@ import torch
 from ..ring.api import attend, reject_unsupported, token_ring_attn_func
 from ..ring.call import CallOptions
 from ..ring.kernels import BlockKernel, KeyedKernel, lse_bhs
+from .selection import Refusal, raise_refused
 from .yunchang import kernel_for
 
 # xDiT attention backend -> the TokenRing kernel of its family, for compiled calls on CUDA
@@ -66,16 +67,46 @@ def _xdit_kernel(attention_function, attention_kwargs) -> BlockKernel:
     return kernel
 
 
-def _reject_causal(causal: bool) -> None:
-    # xDiT shards the sequence contiguously; TokenRing's causal schedule needs zigzag shards
-    # (a contiguous shard would be silently wrong), so causal calls stop here on every rank.
-    if causal:
-        raise NotImplementedError(
-            "TokenRing through xDiT is non-causal only: xDiT shards the sequence contiguously "
-            "and causal TokenRing needs zigzag shards. For causal attention use yunchang's "
-            "LongContextAttention(ring_impl_type='token_ring') with EXTRACT_FUNC_DICT"
-            "['token_ring'] shards, or xDiT's own ring"
-        )
+# xDiT shards the sequence contiguously; TokenRing's causal schedule needs zigzag shards (a
+# contiguous shard would be silently wrong), so causal calls stop here on every rank.
+_CAUSAL = (
+    "causal calls under xDiT",
+    "TokenRing through xDiT is non-causal only: xDiT shards the sequence contiguously and causal "
+    "TokenRing needs zigzag shards. For causal attention use yunchang's "
+    "LongContextAttention(ring_impl_type='token_ring') with EXTRACT_FUNC_DICT['token_ring'] "
+    "shards, or xDiT's own ring",
+)
+
+
+def usp_refusals(dropout_p, is_causal, attention_kwargs) -> list[Refusal]:
+    """What usp_ring_attn refuses (the xfuser patch's `auto` keeps xDiT's ring for these)."""
+    # per-query extra tensors would follow our queries around the ring; not supported yet
+    extra = attention_kwargs.get("ulysses_extra_inputs") if attention_kwargs else None
+    return [
+        ("dropout", bool(dropout_p), "TokenRing is for inference: dropout_p must be 0"),
+        (_CAUSAL[0], bool(is_causal), _CAUSAL[1]),
+        ("per-query extra inputs", bool(extra), "TokenRing does not carry a backend's "
+         f"per-query extra inputs ({extra}); use xDiT's own ring for it"),
+    ]  # fmt: skip
+
+
+def ring_fn_refusals(
+    dropout_p, causal, window_size, alibi_slopes, q_descale, k_descale, v_descale
+) -> list[Refusal]:
+    """What long_ctx_ring_attn refuses (the xfuser patch's `auto` keeps xDiT's ring for these)."""
+    flash = ""
+    try:  # the flash-attn options TokenRing lacks: one message naming all of them
+        reject_unsupported(dropout_p, window_size, 0.0, alibi_slopes)
+    except NotImplementedError as exc:
+        flash = str(exc)
+    descale = any(x is not None for x in (q_descale, k_descale, v_descale))
+    return [
+        ("dropout", bool(dropout_p), flash),
+        ("a sliding window", tuple(window_size) != (-1, -1), flash),
+        ("ALiBi", alibi_slopes is not None, flash),
+        (_CAUSAL[0], bool(causal), _CAUSAL[1]),
+        ("FP8 descale factors", descale, "TokenRing does not take FP8 descale factors"),
+    ]
 
 
 def usp_ring_attn(
@@ -91,15 +122,7 @@ def usp_ring_attn(
     """xfuser 0.7 `usp.ring_attn` contract: (b, h, s, d) in, out (b, h, s, d)."""
     from yunchang.globals import PROCESS_GROUP  # the singleton xDiT's USP uses
 
-    if dropout_p:
-        raise NotImplementedError("TokenRing is for inference: dropout_p must be 0")
-    _reject_causal(is_causal)
-    if attention_kwargs and attention_kwargs.get("ulysses_extra_inputs"):
-        # per-query extra tensors would follow our queries around the ring; not supported yet
-        raise NotImplementedError(
-            "TokenRing does not carry a backend's per-query extra inputs "
-            f"({attention_kwargs['ulysses_extra_inputs']}); use xDiT's own ring for it"
-        )
+    raise_refused(usp_refusals(dropout_p, is_causal, attention_kwargs))
     joint_kv, strategy = None, "rear"
     if joint_attn_kwargs is not None:
         strategy = joint_attn_kwargs.get("joint_strategy") or "rear"
@@ -125,7 +148,14 @@ def long_ctx_ring_attn(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    *,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    alibi_slopes: torch.Tensor | None = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    group=None,
     attn_type=None,
     attn_processor=None,
     attn_layer=None,
@@ -135,16 +165,11 @@ def long_ctx_ring_attn(
     q_descale=None,
     k_descale=None,
     v_descale=None,
-    **flash_args,
 ):
-    """`xdit_ring_flash_attn_func` contract: (b, s, h, d); KV cache, joint tensors. xDiT passes
-    every argument after q, k, v by name; `flash_args` are flash-attn's (dropout_p,
-    softmax_scale, causal, window_size, alibi_slopes, deterministic, return_attn_probs, group:
-    `token_ring_attn_func`'s)."""
-    reject_unsupported(**flash_args)
-    _reject_causal(flash_args.get("causal", False))
-    if any(x is not None for x in (q_descale, k_descale, v_descale)):
-        raise NotImplementedError("TokenRing does not take FP8 descale factors")
+    """`xdit_ring_flash_attn_func` contract: (b, s, h, d); KV cache, joint tensors."""
+    raise_refused(ring_fn_refusals(
+        dropout_p, causal, window_size, alibi_slopes, q_descale, k_descale, v_descale
+    ))  # fmt: skip
     if attn_layer is not None:  # PipeFusion: K/V grow to the cached sequence, Q stays small
         from xfuser.core.cache_manager.cache_manager import get_cache_manager
 
@@ -162,6 +187,6 @@ def long_ctx_ring_attn(
     # the core rejects any joint_strategy other than "front" / "rear" on every rank
     kernel = kernel_for(attn_type, attn_processor, q.device)
     return token_ring_attn_func(
-        q, k, v, kernel=kernel, host="xdit", joint_kv=joint_kv, joint_strategy=joint_strategy,
-        **flash_args,
+        q, k, v, softmax_scale=softmax_scale, causal=causal, return_attn_probs=return_attn_probs,
+        group=group, kernel=kernel, host="xdit", joint_kv=joint_kv, joint_strategy=joint_strategy,
     )  # fmt: skip

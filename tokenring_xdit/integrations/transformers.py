@@ -177,7 +177,7 @@ def register(
     Then `from_pretrained(..., attn_implementation=name)`, `from_config(..., attn_implementation=
     name)` or `model.set_attn_implementation(name)`. group=None is the default process group
     (the whole world); register one name per ring group to use several. `kernel`: "auto" or a
-    name from `tokenring_xdit.ring.backward_kernels.PAIRS`. Returns `name`.
+    name from `tokenring_xdit.ring.kernels.PAIRS`. Returns `name`.
     """
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
@@ -228,10 +228,12 @@ def shard_batch(
     """
     shift = causal if shift_labels is None else shift_labels
     docs = _batch_documents(input_ids, position_ids, cu_seqlens)
-    if docs is not None and position_ids is None:
-        starts = torch.tensor(docs.bounds[:-1]).repeat_interleave(torch.tensor(_lengths(docs)))
-        position_ids = (torch.arange(docs.total) - starts).to(input_ids.device)
-        position_ids = position_ids.unsqueeze(0).expand(input_ids.shape[0], -1)
+    if docs is not None:
+        packed = _document_positions(docs).to(input_ids.device)
+        if position_ids is None:
+            position_ids = packed.unsqueeze(0).expand(input_ids.shape[0], -1)
+        elif cu_seqlens is not None:
+            _check_positions_match(position_ids, packed, docs)
     if position_ids is None:
         position_ids = torch.arange(input_ids.shape[-1], device=input_ids.device)
         position_ids = position_ids.unsqueeze(0).expand(input_ids.shape[0], -1)
@@ -255,8 +257,30 @@ def shard_batch(
     return out
 
 
-def _lengths(docs: Documents) -> list[int]:
-    return [b - a for a, b in zip(docs.bounds, docs.bounds[1:], strict=False)]
+def _document_positions(docs: Documents) -> torch.Tensor:
+    """(S,) positions restarting at 0 at each document's offset."""
+    lengths = [b - a for a, b in zip(docs.bounds, docs.bounds[1:], strict=False)]
+    starts = torch.tensor(docs.bounds[:-1]).repeat_interleave(torch.tensor(lengths))
+    return torch.arange(docs.total) - starts
+
+
+def _check_positions_match(position_ids: torch.Tensor, packed: torch.Tensor, docs) -> None:
+    """Both given: the model would get `position_ids` while attention and labels follow
+    `cu_seqlens`; refuse a disagreement (the same full batch on every rank: every rank raises)."""
+    rows = position_ids.reshape(-1, position_ids.shape[-1])
+    if rows.shape[-1] != packed.shape[-1]:
+        raise ValueError(
+            f"shard_batch: position_ids has {rows.shape[-1]} positions, cu_seqlens covers "
+            f"{packed.shape[-1]} tokens"
+        )
+    bad = (rows != packed.to(rows.device)).any(dim=0).nonzero()
+    if bad.numel():
+        at = int(bad[0])
+        raise ValueError(
+            f"shard_batch: position_ids and cu_seqlens disagree at token {at} (position_ids "
+            f"{rows[:, at].tolist()}, cu_seqlens {list(docs.bounds)} implies {int(packed[at])}): "
+            "pass only one of them, or position ids that restart at 0 at each cu_seqlens offset"
+        )
 
 
 def _batch_documents(input_ids, position_ids, cu_seqlens) -> Documents | None:

@@ -10,19 +10,17 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
-import logging
 import sys
 from types import ModuleType
 
 import wrapt
 
-from .. import config
-from . import torch_dist  # noqa: F401  (the CUDA-graph teardown patch: uninstall reverts it)
+from . import torch_dist  # noqa: F401  (the ring's teardown guard's row: uninstall reverts it)
+from .base import enable_hooks
 from .table import PATCH_TABLE, TRIGGERS, PatchPoint
 
 __all__ = ["install", "uninstall", "installed_patches", "PATCH_TABLE", "PatchPoint"]
 
-log = logging.getLogger("tokenring_xdit")
 
 ENTRY_POINT_GROUP = "tokenring_xdit.post_import_hooks"
 
@@ -32,27 +30,11 @@ HOOKS = {
     for host in TRIGGERS
 }
 
-_state = {"enabled": True, "armed": set()}
+_armed: set[tuple[str, str]] = set()
 
 
 def _host(trigger: str) -> ModuleType:
     return importlib.import_module(HOOKS[trigger][0])
-
-
-def _strict() -> bool:
-    return config.current().strict
-
-
-def apply_from_hook(trigger: str, module: ModuleType) -> None:
-    """Called when `trigger` has been imported; never breaks the host's import unless strict."""
-    if not _state["enabled"]:
-        return
-    try:
-        _host(trigger).apply()
-    except Exception as exc:
-        if _strict():
-            raise
-        log.warning("tokenring_xdit: %s left unpatched: %s", trigger, exc)
 
 
 def arm_entry_points() -> None:
@@ -62,9 +44,9 @@ def arm_entry_points() -> None:
 
 
 def _arm(trigger: str, hook: str) -> None:
-    if (trigger, hook) in _state["armed"]:
+    if (trigger, hook) in _armed:
         return
-    _state["armed"].add((trigger, hook))
+    _armed.add((trigger, hook))
     wrapt.register_post_import_hook(hook, trigger)  # fires now if already imported
 
 
@@ -74,7 +56,7 @@ def install() -> list[str]:
     Unlike the automatic hooks, errors raise here (the caller asked for the patches).
     Returns the ids of the patch points applied so far.
     """
-    _state["enabled"] = True
+    enable_hooks(True)
     for trigger, (_, hook) in HOOKS.items():
         if trigger in sys.modules:
             _host(trigger).apply()
@@ -85,7 +67,7 @@ def install() -> list[str]:
 def uninstall() -> None:
     """Revert every applied patch (host, CPU mode and runtime rows) and keep pending hooks from
     applying. Idempotent."""
-    _state["enabled"] = False
+    enable_hooks(False)
     for patch_set in reversed(_loaded_patch_sets()):  # xfuser before the yunchang it builds on
         patch_set.revert()
 

@@ -17,6 +17,7 @@ import wrapt
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from .. import config
 from .table import PATCH_IDS
 
 log = logging.getLogger("tokenring_xdit")
@@ -38,13 +39,32 @@ def check_host_version(dist: str, spec: str) -> str:
     return version
 
 
-def post_import_hook(trigger: str) -> Callable[[Any], None]:
-    """The entry-point hook of a host's patch set: apply it when `trigger` has been imported."""
+# install() / uninstall() (patches/__init__.py) switch hooks that have not fired yet on and off.
+_HOOKS = {"enabled": True}
+
+
+def enable_hooks(on: bool) -> None:
+    _HOOKS["enabled"] = on
+
+
+def apply_from_hook(trigger: str, apply: Callable[[], object]) -> None:
+    """Run a host's `apply` now that `trigger` has been imported; never breaks the host's import
+    unless TOKENRING_XDIT_STRICT (the patching scope's one setting, read here, at the hook)."""
+    if not _HOOKS["enabled"]:
+        return
+    try:
+        apply()
+    except Exception as exc:
+        if config.current().strict:
+            raise
+        log.warning("tokenring_xdit: %s left unpatched: %s", trigger, exc)
+
+
+def post_import_hook(trigger: str, apply: Callable[[], object]) -> Callable[[Any], None]:
+    """The entry-point hook of a host's patch set: `apply` it when `trigger` has been imported."""
 
     def on_import(module: Any) -> None:
-        from . import apply_from_hook  # the package decides (enabled? strict?)
-
-        apply_from_hook(trigger, module)
+        apply_from_hook(trigger, apply)
 
     on_import.__doc__ = f"Post-import hook (entry point `{trigger}`)."
     return on_import

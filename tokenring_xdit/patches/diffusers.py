@@ -22,7 +22,7 @@ import logging
 from types import ModuleType
 
 from ..hosts import selection, traced_choice
-from .base import PatchSet, UnsupportedHostVersion
+from .base import PatchSet, UnsupportedHostVersion, apply_from_hook
 from .table import DIFFUSERS_VERSIONS
 
 PATCHES = PatchSet("diffusers", DIFFUSERS_VERSIONS)
@@ -99,19 +99,15 @@ def _resolve(call: dict, cp) -> str:
 
 
 def _refusal(call: dict) -> str:
-    """What TokenRing does not run under diffusers: `auto` keeps diffusers' ring for it (the
-    same answer on every rank of a CP model)."""
-    import torch
+    """What TokenRing does not run under diffusers (hosts/diffusers.py lists it): `auto` keeps
+    diffusers' ring for it (the same answer on every rank of a CP model)."""
+    from ..hosts.diffusers import cp_refusals
 
-    unsupported = {
-        "causal calls": call["is_causal"],
-        "GQA": call["enable_gqa"],
-        "attention masks": call["attn_mask"] is not None,
-        "dropout": bool(call["dropout_p"]),
-        "training (gradients)": torch.is_grad_enabled()
-        and any(call[n].requires_grad for n in ("query", "key", "value")),
-    }
-    return ", ".join(name for name, present in unsupported.items() if present)
+    refusals = cp_refusals(
+        call["query"], call["key"], call["value"], call["attn_mask"], call["dropout_p"],
+        call["is_causal"], call["enable_gqa"],
+    )  # fmt: skip
+    return selection.refused_names(refusals)
 
 
 def _cp_dispatch(wrapped, instance, args, kwargs):
@@ -195,6 +191,4 @@ def on_import(module: ModuleType) -> None:
 
 
 def _on_attention_dispatch(module: ModuleType) -> None:
-    from . import apply_from_hook
-
-    apply_from_hook("diffusers", module)
+    apply_from_hook("diffusers", apply)

@@ -37,7 +37,7 @@ DIFFUSERS_VERSIONS = ">=0.36"
 DIFFUSERS_CPU_VERSIONS = ">=0.37"
 _DISPATCH = "diffusers.models.attention_dispatch"
 # Trigger of patches that our own runtime applies (not a host import).
-# (the name is historical: ring/comm/groups.py also applies it before making its communicators)
+# (the ring installs its own guard then: ring/comm/teardown.py; patches/torch_dist.py is its row)
 FIRST_GRAPH_CAPTURE = "first ring communicators or CUDA graph capture"
 AUTOMATIC = "automatic"  # when the trigger module is imported (bootstrap) or by install()
 CPU_MODE = "CPU mode"  # patches.xfuser_cpu / patches.diffusers_cpu .enable(), then the import

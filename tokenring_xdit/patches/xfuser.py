@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import weakref
 
+from .. import config
 from ..hosts import selection, traced_choice
 from .base import PatchSet, post_import_hook
 from .table import XFUSER_VERSIONS
@@ -56,25 +57,16 @@ def _usp_call(
     import torch.distributed as dist
     from yunchang.globals import PROCESS_GROUP
 
+    from ..hosts.xdit import usp_refusals
+
     ring = dist.get_world_size(PROCESS_GROUP.RING_PG)
     b, h, s, d = query.shape
     joint = 0 if joint_attn_kwargs is None else joint_attn_kwargs["joint_key"].shape[2]
-    refused = _usp_refusal(dropout_p, is_causal, attention_kwargs)
+    refused = selection.refused_names(usp_refusals(dropout_p, is_causal, attention_kwargs))
     # every query meets the joint K/V once: as K/V per rank, 1/ring of it each
     kv_len = key.shape[2] + -(-joint // ring)
     call = selection.ring_call(query, b, h, d, s, kv_len, ring, refused, key.shape[1])
     return PROCESS_GROUP.RING_PG, query, call
-
-
-def _usp_refusal(dropout_p, is_causal, attention_kwargs) -> str:
-    """What usp_ring_attn would raise on: `auto` keeps xDiT's ring for it instead."""
-    if dropout_p:
-        return "dropout"
-    if is_causal:
-        return "causal calls under xDiT"
-    if attention_kwargs and attention_kwargs.get("ulysses_extra_inputs"):
-        return "per-query extra inputs"
-    return ""
 
 
 def _ring_attn_dispatch(wrapped, instance, args, kwargs):
@@ -125,7 +117,7 @@ def _add_flag(wrapped, instance, args, kwargs):
         "--ring_impl_type",
         type=str,
         default=None,
-        choices=list(selection.XDIT_RING_IMPLS),
+        choices=list(config.RING_IMPLS),
         help="Ring attention of the ring dimension: 'default' (xDiT's own), 'token_ring' "
         "(TokenRing, from tokenring_xdit) or 'auto' (per call shape, the faster of the two by "
         f"tokenring_xdit's cost model). Overrides ${selection.RING_IMPL_ENV}.",
@@ -205,17 +197,14 @@ def _long_ctx_call(
     known only inside the ring function; the uncached one is equal on every rank)."""
     import torch.distributed as dist
 
+    from ..hosts.xdit import ring_fn_refusals
+
     ring = dist.get_world_size(group)
     b, s, h, d = q.shape
     joint = 0 if joint_tensor_key is None else joint_tensor_key.shape[1]
-    unsupported = {
-        "dropout": dropout_p,
-        "causal calls under xDiT": causal,
-        "a sliding window": tuple(window_size) != (-1, -1),
-        "ALiBi": alibi_slopes is not None,
-        "FP8 descale factors": any(x is not None for x in (q_descale, k_descale, v_descale)),
-    }
-    refused = ", ".join(name for name, present in unsupported.items() if present)
+    refused = selection.refused_names(ring_fn_refusals(
+        dropout_p, causal, window_size, alibi_slopes, q_descale, k_descale, v_descale
+    ))  # fmt: skip
     kv_len = k.shape[1] + -(-joint // ring)
     call = selection.ring_call(q, b, h, d, s, kv_len, ring, refused, k.shape[2])  # GQA: K/V heads
     return group, q, call
@@ -316,4 +305,4 @@ def revert() -> None:
     _announced.clear()
 
 
-on_import = post_import_hook("xfuser")
+on_import = post_import_hook("xfuser", apply)

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import wrapt
 
+from ..hosts.xdit_backends import refuse_without_cpu_version
 from .base import PatchSet, check_host_version
 from .table import (
     COORDINATOR,
@@ -156,6 +157,7 @@ def _select_backend(backend_type: Any) -> Callable:
         config = args[0] if args else kwargs.get("engine_config")
         if config is not None and _on_cpu():
             refuse_pipefusion(config.parallel_config.pp_degree)
+            refuse_without_cpu_version(config.runtime_config.attention_backend)
         backend = wrapped(*args, **kwargs)
         if backend is not backend_type.SDPA_FLASH and _on_cpu():
             if not (config and config.runtime_config.attention_backend):

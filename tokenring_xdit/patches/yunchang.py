@@ -34,15 +34,17 @@ def _setup_after(wrapped, instance, args, kwargs):
     import torch.distributed as dist
     from yunchang.globals import PROCESS_GROUP
 
+    from .. import config
     from ..ring.comm import setup_token_ring_group
     from ..ring.comm.groups import ring_deadline
 
     set_timeout = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
     try:
+        comm = config.current().comm  # this hook is an entry: it reads the environment
         for group in (PROCESS_GROUP.ULYSSES_PG, PROCESS_GROUP.RING_PG):
             if set_timeout is not None and group is not None and dist.get_world_size(group) > 1:
-                set_timeout(ring_deadline(group), group)
-        setup_token_ring_group(PROCESS_GROUP.RING_PG)
+                set_timeout(ring_deadline(group, comm.timeout), group)
+        setup_token_ring_group(PROCESS_GROUP.RING_PG, comm)
     except ValueError:
         pass  # a bad TOKENRING_XDIT_* value: the first ring call names it, on every rank
     return result
@@ -156,4 +158,4 @@ def revert() -> None:
     PATCHES.revert()
 
 
-on_import = post_import_hook("yunchang")
+on_import = post_import_hook("yunchang", apply)

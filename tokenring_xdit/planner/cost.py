@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from . import schedules
 from .machine import Machine
-from .schedules import Block, SimResult
+from .schedules import DEFAULTS, Block, RingOptions, SimResult
 
 __all__ = ["RINGS", "METHODS", "Prediction", "predict", "ring_ranks", "ulysses_ranks"]
 
@@ -65,14 +65,18 @@ def _alltoall_ms(m: Machine, ranks: list[int], nbytes: float) -> float:
 
 
 def _ring(
-    m: Machine, method: str, block: Block, ranks: list[int], final_pieces: int = 1
+    m: Machine,
+    method: str,
+    block: Block,
+    ranks: list[int],
+    final_pieces: int = 1,
+    options: RingOptions = DEFAULTS,
 ) -> SimResult:
     if len(ranks) == 1 or method == "ulysses":
         return schedules.single(m, block)
-    if method == "token_ring":
-        return schedules.token_ring(m, block, ranks, graphs=True, final_pieces=final_pieces)
-    if method == "token_ring_eager":
-        return schedules.token_ring(m, block, ranks, graphs=False, final_pieces=final_pieces)
+    if method in ("token_ring", "token_ring_eager"):
+        graphs = method == "token_ring"
+        return schedules.token_ring(m, block, ranks, graphs, final_pieces, options)
     if method == "torch_ag":
         return schedules.allgather_ring(m, block, ranks)
     if method == "yunchang_p2p":
@@ -92,12 +96,15 @@ def predict(
     dtype: str = "bfloat16",
     final_pieces: int | None = None,
     kv_heads: int | None = None,
+    options: RingOptions = DEFAULTS,
 ) -> Prediction:
     """Milliseconds of one attention call (every rank; the slowest rank sets the time).
 
     final_pieces: pieces TokenRing cuts its last block into (default 1, the current code; the
     committed sweeps ran with `schedules.old_final_pieces`). kv_heads: K/V heads under GQA/MQA
-    (None: = heads); ulysses splits them too, so it must divide them.
+    (None: = heads); ulysses splits them too, so it must divide them. options: TokenRing's
+    held-back share and head start (default: RingConfig's; sweeps timed before those existed
+    ran with RingOptions(defer_own=0, head_start_us=0)).
     """
     kv_heads = kv_heads or heads
     if heads % ulysses or kv_heads % ulysses:
@@ -121,7 +128,7 @@ def predict(
         kv_heads=kv_heads // ulysses * batch,
     )
     method = method if ring > 1 else "ulysses"
-    res = _ring(m, method, block, ring_ranks(m, ulysses, ring), final_pieces or 1)
+    res = _ring(m, method, block, ring_ranks(m, ulysses, ring), final_pieces or 1, options)
     a2a = 0.0
     host = res.host_ms
     if ulysses > 1:

@@ -21,7 +21,16 @@ import numpy as np
 
 from ..config import FABRIC_ALIASES, FABRICS
 
-__all__ = ["Link", "Fabric", "FABRICS", "fit_nccl_peers", "fabric", "load_fabrics"]
+__all__ = [
+    "Link",
+    "Fabric",
+    "FABRICS",
+    "fit_nccl_peers",
+    "fabric",
+    "load_fabrics",
+    "link_fabric",
+    "parse_link",
+]
 
 DATA_FILE = Path(__file__).with_name("data") / "fabrics.json"
 PATTERNS = {"one_way": "one_peer_one_way", "ring": "one_peer_both_ways", "two_peers": "two_peers"}
@@ -114,9 +123,62 @@ def load_fabrics() -> dict[str, Fabric]:
     return out
 
 
+def link_fabric(
+    gbps: float, latency_us: float = 10.0, both_ways_gbps: float | None = None, name: str = ""
+) -> Fabric:
+    """A network link between nodes as a machine description gives it: `gbps` GB/s out of each
+    GPU's NIC one way, `both_ways_gbps` per direction when both directions run (default: the
+    same, a full-duplex NIC), `latency_us` per transfer. Two flows from one GPU share its NIC,
+    so the multi-peer pattern gets the both-ways bandwidth for all its bytes."""
+    if gbps <= 0 or latency_us < 0 or (both_ways_gbps is not None and both_ways_gbps <= 0):
+        raise ValueError(f"link: bandwidth must be > 0 and latency >= 0 (gbps={gbps})")
+    both = both_ways_gbps or gbps
+    lat = latency_us / 1e3
+    label = name or f"link {gbps:g} GB/s"
+    return Fabric(
+        name=label,
+        one_way=Link(lat, gbps),
+        ring=Link(lat, both),
+        two_peers=Link(lat, both),
+        source=f"given: {gbps:g} GB/s one way, {both:g} both ways, {latency_us:g} us",
+    )
+
+
+LINK_KEYS = ("gbps", "latency_us", "both_ways_gbps")
+
+
+def parse_link(text: str) -> Fabric:
+    """ "gbps=G[,latency_us=L][,both_ways_gbps=B]" -> link_fabric(...)."""
+    values: dict[str, float] = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or key not in LINK_KEYS:
+            raise ValueError(f"link {text!r}: give {','.join(k + '=...' for k in LINK_KEYS)}")
+        try:
+            values[key] = float(value)
+        except ValueError:
+            raise ValueError(f"link {text!r}: {key} must be a number") from None
+    if "gbps" not in values:
+        raise ValueError(f"link {text!r}: gbps=... (GB/s one way) is required")
+    return link_fabric(name=text, **values)
+
+
 def fabric(name: str) -> Fabric:
+    """A named fabric; or, for a link between nodes, a probe's result (the path of an
+    nccl_peers JSON, e.g. the multi_node launcher's link measurement) or a given link
+    ("gbps=50,latency_us=10")."""
+    if name.startswith("gbps="):
+        return parse_link(name)
+    if name.endswith(".json"):
+        if not Path(name).is_file():
+            raise ValueError(f"fabric probe file {name} does not exist")
+        return fit_nccl_peers(name)
     fabrics = load_fabrics()
     key = FABRIC_ALIASES.get(name, name)
     if key not in fabrics:
-        raise ValueError(f"unknown fabric '{name}'; use one of {', '.join(sorted(fabrics))}")
+        raise ValueError(
+            f"unknown fabric '{name}'; use one of {', '.join(sorted(fabrics))}, an nccl_peers "
+            "JSON (probe) or gbps=G[,latency_us=L][,both_ways_gbps=B]"
+        )
     return fabrics[key]

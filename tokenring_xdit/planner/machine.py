@@ -7,7 +7,7 @@ to the GPUs per node the ulysses all-to-alls stay inside a node and every ring h
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from .calibration import KernelTable, load_table
@@ -51,23 +51,32 @@ class Machine:
         return f"{where}, inside a node {self.intra.name}{inter}"
 
 
+def _as_fabric(f: str | Fabric) -> Fabric:
+    return f if isinstance(f, Fabric) else fabric(f)
+
+
 def make_machine(
     gpus: int,
     nodes: int = 1,
-    fabric_name: str = "nvswitch",
-    inter_name: str = "ib",
+    fabric_name: str | Fabric = "nvswitch",
+    inter_name: str | Fabric = "ib",
     gpu: str = "NVIDIA H200",
     table: KernelTable | None = None,
     params: ModelParams | None = None,
 ) -> Machine:
+    """fabric_name: inside a node; inter_name: between nodes. Each is a Fabric, or what
+    fabric.fabric() takes: a name, an nccl_peers JSON (a probe), "gbps=G[,latency_us=L]"."""
     if gpus < 1 or nodes < 1 or gpus % nodes:
         raise ValueError(f"--gpus {gpus} must be a positive multiple of --nodes {nodes}")
+    intra, inter = _as_fabric(fabric_name), _as_fabric(inter_name)
+    if intra.name == inter.name and nodes > 1:  # Machine.link tells them apart by name
+        inter = replace(inter, name=inter.name + " (between nodes)")
     return Machine(
         gpu=gpu,
         gpus_per_node=gpus // nodes,
         nodes=nodes,
-        intra=fabric(fabric_name),
-        inter=fabric(inter_name),
+        intra=intra,
+        inter=inter,
         table=table or load_table(gpu),
         params=params or load_params(),
     )

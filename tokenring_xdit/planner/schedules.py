@@ -19,12 +19,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..config import RingConfig
+from ..ring.head_start import block_pause_us
+from ..ring.schedules import NON_CAUSAL, Step, held_back
 from .machine import Machine
 
 __all__ = [
     "Block",
+    "RingOptions",
+    "DEFAULTS",
     "SimResult",
     "old_final_pieces",
+    "sweep_options",
     "token_ring",
     "kv_ring",
     "allgather_ring",
@@ -32,6 +38,18 @@ __all__ = [
 ]
 
 LSE_BYTES = 4  # lse is fp32, one per (head, query)
+
+
+@dataclass(frozen=True)
+class RingOptions:
+    """The TokenRing settings a prediction depends on; the defaults are RingConfig's."""
+
+    defer_own: float | None = RingConfig().defer_own  # share of the own block run last
+    head_start_us: float = RingConfig().comm_head_start_us  # NCCL lanes (all modelled fabrics)
+    kernel: str = "cudnn"  # the calibration table's rows TokenRing's blocks are timed with
+
+
+DEFAULTS = RingOptions()
 
 
 @dataclass(frozen=True)
@@ -142,6 +160,17 @@ def single(m: Machine, b: Block, kernel: str = "cudnn") -> SimResult:
     return SimResult(k, _host(m, attention=1), {"kernel": k})
 
 
+# The held-back own block came with 378a7f6 and the head start with f399d16 (2026-11-26);
+# sweeps timed before the first ran with neither (plan --validate predicts each sweep's code).
+HELD_BACK_SINCE = "2026-11-26 01:07"
+
+
+def sweep_options(time: str) -> RingOptions:
+    """The TokenRing options the code had when a sweep of this `time` (its meta) ran: none of
+    the two before HELD_BACK_SINCE, else today's defaults."""
+    return DEFAULTS if time >= HELD_BACK_SINCE else RingOptions(defer_own=0.0, head_start_us=0.0)
+
+
 def old_final_pieces(q_len: int) -> int:
     """Pieces of the last block in sessions 1-3 (every committed sweep_*.json): one per 1024
     local queries, at most 4. The code now returns it in 1 piece (docs/performance.md)."""
@@ -149,81 +178,140 @@ def old_final_pieces(q_len: int) -> int:
 
 
 def token_ring(
-    m: Machine, b: Block, ranks: list[int], graphs: bool = True, final_pieces: int = 1
+    m: Machine,
+    b: Block,
+    ranks: list[int],
+    graphs: bool = True,
+    final_pieces: int = 1,
+    options: RingOptions = DEFAULTS,
 ) -> SimResult:
-    """TokenRing: K/V stay, Q moves one hop per step, partials go straight home one step late.
+    """TokenRing's inference loop (ring/forward.py) run on the ring's own table
+    (ring/schedules/token_ring.py: `steps`, `final_return`, `held_back`): K/V stay, Q moves one
+    hop per step, partials go straight home one step late.
 
     The last block is computed in `final_pieces` pieces, each sent home while the next one runs;
-    the last piece's return has no kernel to hide behind (exposed), then a fused merge.
+    with a held-back share of the own block (`options.defer_own`) that block runs last, behind
+    the last return; what the last return still has to travel is exposed, then a fused merge.
+    The head start pauses the compute stream where the loop does (`options.head_start_us`).
     """
     n = len(ranks)
     if n == 1:
-        return single(m, b)
-    pieces = max(1, min(final_pieces, b.q_len))
+        return single(m, b, options.kernel)
+    sim = _TokenRingSim(m, b, ranks, options, max(1, min(final_pieces, b.q_len)))
     # eager: each step's host work (2 NCCL groups, kernel, Q copy, merge) gates the next step
     step_host = 0.0 if graphs else _host(m, attention=1, comm=2, elementwise=3)
     start = [0.0] * n
     kernel_total = comm_total = 0.0
     tail = [0.0] * n  # the last step's exposed return, per rank
     for s in range(n):
-        # sender i's flows at step s: Q to i+1 (s < n-1), partial of step s-1 to its owner
-        flows = {i: [] for i in range(n)}
-        for i in range(n):
-            if s < n - 1:
-                flows[i].append(((i + 1) % n, b.q_bytes))
-            if s >= 2:
-                flows[i].append(((i - (s - 1)) % n, b.partial_bytes))
-        ends = list(start)
-        comm_ms = [0.0] * n
-        for i in range(n):
-            if not flows[i]:
-                continue
-            glob = [(ranks[j], nb) for j, nb in flows[i]]
-            dur = _flows_ms(m, ranks[i], glob, "ring")
-            for j, _ in flows[i]:
-                t_end = max(start[i], start[j]) + dur
-                ends[i], ends[j] = max(ends[i], t_end), max(ends[j], t_end)
-                comm_ms[i] = max(comm_ms[i], dur)
+        rows = [NON_CAUSAL.steps(i, n)[s] for i in range(n)]
+        flows = {i: sim.flows(rows[i]) for i in range(n)}
+        ends, comm_ms = sim.transfers(flows, start)
         merge = m.mem_ms(b.merge_bytes) if s >= 1 else 0.0  # step 0 initialises (out, lse)
-        last = s == n - 1
         for i in range(n):
             sent = sum(nb for _, nb in flows[i])
-            if last and pieces > 1:
-                # pieces 1..p-1 go home under the next piece's kernel
-                home = (ranks[(i + 1) % n], b.partial_bytes / pieces)
-                t_piece = _flows_ms(m, ranks[i], [home], "ring")
-                kp = _kernel(m, b, "cudnn", q_len=b.q_len / pieces)
-                over = (sent + b.partial_bytes * (pieces - 1) / pieces) * min(
-                    1.0, pieces * kp / max(comm_ms[i] + (pieces - 1) * t_piece, 1e-12)
-                )
-                k = pieces * kp + m.params.overlap_us_per_mb * over / 1e9
-                t, link_free = start[i], start[i]
-                for _ in range(pieces):
-                    t += k / pieces
-                    link_free = max(t, link_free) + t_piece
-                ends[i] = max(ends[i], t + merge)
-                tail[i] = max(0.0, link_free - ends[i])
+            if s == n - 1:
+                ends[i], tail[i], k = sim.last_step(i, start[i], ends[i], sent, comm_ms[i], merge)
             else:
-                k = _kernel(m, b, "cudnn", sent, comm_ms[i])
+                k = sim.kernel_step(rows[i], sent, comm_ms[i])
                 ends[i] = max(ends[i], start[i] + k + merge)
-                if last:
-                    tail[i] = _flows_ms(
-                        m, ranks[i], [(ranks[(i + 1) % n], b.partial_bytes)], "ring"
-                    )
             if i == 0:
                 kernel_total += k
         comm_total += max(comm_ms)
         # the host issues step s+1 at (s+1) * step_host: it gates the GPU only when slower
         start = [max(e, (s + 1) * step_host) for e in ends]
     gpu = max(st + tl for st, tl in zip(start, tail, strict=True)) + m.mem_ms(b.merge_bytes)
-    host = (
-        _host(m, graph=1, elementwise=4)
-        if graphs
-        else _host(m, attention=n + pieces - 1, comm=2 * (n - 1) + pieces - 1, elementwise=3 * n)
-    )
+    host = _host(m, graph=1, elementwise=4) if graphs else sim.eager_host()
     return SimResult(
         gpu, host, {"kernels": kernel_total, "comm": comm_total, "exposed_tail": max(tail)}
     )
+
+
+@dataclass(frozen=True)
+class _TokenRingSim:
+    """One TokenRing call's per-rank pieces of the simulation (the table's rows, the pauses)."""
+
+    m: Machine
+    b: Block
+    ranks: list[int]
+    options: RingOptions
+    pieces: int
+
+    @property
+    def held(self) -> int:
+        """Own queries whose block runs last (the forward loop's rule, equal lengths)."""
+        return held_back(self.b.q_len, self.options.defer_own)
+
+    @property
+    def pause_ms(self) -> float:
+        """The head start before a block of the travelling Q against the local K/V."""
+        b = self.b
+        flop = 4 * b.heads * b.head_dim * b.q_len * b.kv_len
+        return block_pause_us(self.options.head_start_us, flop) / 1e3
+
+    def flows(self, row: Step) -> list[tuple[int, float]]:
+        """(destination ring index, bytes) a rank sends at this row: Q on, a partial home."""
+        out = [(row.q_send_to, self.b.q_bytes)] if row.q_send_to is not None else []
+        if row.ret_send_to is not None:
+            out.append((row.ret_send_to, self.b.partial_bytes))
+        return out
+
+    def transfers(self, flows, start: list[float]) -> tuple[list[float], list[float]]:
+        """(when each rank's transfers of this step end, each sender's transfer time)."""
+        ends, comm_ms = list(start), [0.0] * len(start)
+        for i, out in flows.items():
+            if not out:
+                continue
+            glob = [(self.ranks[j], nb) for j, nb in out]
+            dur = _flows_ms(self.m, self.ranks[i], glob, "ring")
+            for j, _ in out:
+                t_end = max(start[i], start[j]) + dur
+                ends[i], ends[j] = max(ends[i], t_end), max(ends[j], t_end)
+                comm_ms[i] = max(comm_ms[i], dur)
+        return ends, comm_ms
+
+    def kernel_step(self, row: Step, sent: float, comm_ms: float) -> float:
+        """A step before the last: its block (step 0: the own queries not held back), after
+        the head start where a partial went home just before it."""
+        q_len = self.b.q_len - self.held if row.step == 0 else self.b.q_len
+        k = _kernel(self.m, self.b, self.options.kernel, sent, comm_ms, q_len=q_len)
+        return k + (self.pause_ms if row.ret_send_to is not None else 0.0)
+
+    def last_step(self, i: int, start: float, done: float, sent: float, comm_ms: float, merge):
+        """(end, exposed return, kernel ms) of rank i's last step (`done`: when its transfers
+        of this step end): the last block in pieces, each sent home (final_return) as it is
+        made, then the held-back own block."""
+        m, b, pieces, held = self.m, self.b, self.pieces, self.held
+        home = self.ranks[NON_CAUSAL.final_return(i, len(self.ranks))[0]]
+        t_piece = _flows_ms(m, self.ranks[i], [(home, b.partial_bytes / pieces)], "ring")
+        kp = _kernel(m, b, self.options.kernel, q_len=b.q_len / pieces)
+        # pieces 1..p-1 go home under the next piece's kernel
+        over = (sent + b.partial_bytes * (pieces - 1) / pieces) * min(
+            1.0, pieces * kp / max(comm_ms + (pieces - 1) * t_piece, 1e-12)
+        )
+        k = pieces * kp + m.params.overlap_us_per_mb * over / 1e9
+        t, link_free = start, start
+        for c in range(pieces):
+            t += k / pieces
+            link_free = max(t, link_free) + t_piece
+            if c < pieces - 1 or held:  # another attention kernel follows
+                t += self.pause_ms
+        if held:  # the last return travels behind it
+            k_tail = _kernel(m, b, self.options.kernel, b.partial_bytes / pieces, t_piece, held)
+            t, k = t + k_tail, k + k_tail
+        end = max(done, t + merge)
+        return end, (max(0.0, link_free - end) if pieces > 1 or held else t_piece), k
+
+    def eager_host(self) -> float:
+        """Host time of an eager call: every kernel, transfer and merge op issued one by one."""
+        n, pieces, extra = len(self.ranks), self.pieces, int(self.held > 0)
+        pauses = (n - 2) + pieces - 1 + extra if self.pause_ms else 0
+        return _host(
+            self.m,
+            attention=n + pieces - 1 + extra,
+            comm=2 * (n - 1) + pieces - 1,
+            elementwise=3 * n + pauses,
+        )
 
 
 def kv_ring(m: Machine, b: Block, ranks: list[int], kernel: str = "flash") -> SimResult:

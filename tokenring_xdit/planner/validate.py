@@ -1,10 +1,13 @@
 """`plan --validate`: predict every committed ring-sweep row and score the predictions.
 
 Every `sweep_*.json` (ring_sweep.py's format; new files are picked up by the glob) of the
-checkout's `docs/benchmarks/` is read, or, in an installed copy, of the snapshot the wheel ships
+checkout's `docs/benchmarks/` is read (the multi-node stand-in's, with `--bench-dir
+docs/benchmarks/multi_node_standin`), or, in an installed copy, of the snapshot the wheel ships
 under planner/data/sweeps/ (hatch_build.py copies them at build time); `--bench-dir` picks another
-folder. Each row each row's machine is rebuilt from its meta (GPU, ranks, NCCL_P2P_DISABLE) with the
-fabric fitted from the nccl_peers file of the same host kind, and every timed method the planner
+folder. Each row's machine is rebuilt from its meta (GPU, ranks, NCCL_P2P_DISABLE) with the fabric
+fitted from the nccl_peers file of the same host kind; a multi-node sweep (meta "multi_node",
+stamped by benchmarks/multi_node.py) gets its nodes and, between them, the link fitted from the
+nccl_peers probe beside it that ran with the same launch settings. Every timed method the planner
 models is predicted. Scores:
   error      |predicted / measured - 1| per (row, method); the median is reported
   best pick  per row, the method the planner ranks first among the measured ones (token_ring
@@ -20,12 +23,13 @@ from __future__ import annotations
 import glob
 import json
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .cost import predict
+from .fabric import Fabric, fit_nccl_peers
 from .machine import make_machine
-from .schedules import old_final_pieces
+from .schedules import old_final_pieces, sweep_options
 
 __all__ = [
     "Check",
@@ -92,6 +96,39 @@ def sweep_files(bench_dir: str | Path) -> list[str]:
     return sorted(glob.glob(str(Path(bench_dir) / "sweep_*.json")))
 
 
+# what must match between a stand-in sweep and the link probe of the same launch settings
+_LAUNCH_KEYS = ("nodes", "gpus_per_node", "nccl_socket_nthreads", "nccl_nsocks_perthread")
+
+
+def _probe_for(path: str, launch: dict) -> Fabric:
+    """The inter-node link of a multi-node sweep: fitted from the nccl_peers probe beside it
+    that the launcher ran with the same settings (benchmarks/multi_node.py stamps both)."""
+    key = [launch.get(k) for k in _LAUNCH_KEYS]
+    for probe in sorted(Path(path).parent.glob("nccl_peers*.json")):
+        with open(probe) as f:
+            stamped = json.load(f).get("meta", {}).get("multi_node", {})
+        if [stamped.get(k) for k in _LAUNCH_KEYS] == key:
+            fitted = fit_nccl_peers(probe)
+            return replace(fitted, name=f"network ({probe.name})")
+    raise FileNotFoundError(f"{path}: no nccl_peers*.json beside it launched with {key}")
+
+
+def _machine(path: str, meta: dict, ranks: int):
+    """The machine a sweep ran on: one node (fabric from the host kind), or the stand-in's
+    nodes with the probed link between them."""
+    launch = meta.get("multi_node")
+    if not launch:
+        return make_machine(ranks, fabric_name=_file_fabric(path, meta, ranks), gpu=meta["gpu"])
+    g = int(launch["gpus_per_node"])
+    intra = "nvlink-pair" if g <= 2 else "nvswitch"
+    return make_machine(ranks, ranks // g, intra, _probe_for(path, launch), gpu=meta["gpu"])
+
+
+def _label(path: str) -> str:
+    p = Path(path)
+    return f"{p.parent.name}/{p.name}" if p.parent.name.startswith("multi_node_") else p.name
+
+
 def default_bench_dir(package_dir: Path = PACKAGE_DIR) -> Path:
     """The sweeps `plan --validate` reads without --bench-dir: the checkout the package runs from
     (source tree or editable install), else the copy shipped in the wheel."""
@@ -121,7 +158,7 @@ def validate(
         for row in data["rows"]:
             u = int(row.get("ulysses", 1))
             ranks = int(row.get("ranks", u * row["ring"]))
-            m = make_machine(ranks, fabric_name=_file_fabric(path, meta, ranks), gpu=meta["gpu"])
+            m = _machine(path, meta, ranks)
             # first-version files timed TokenRing eagerly and had no eager column
             columns = {k: k for k in TIMED}
             if "token_ring_eager_ms" not in row and "token_ring_ms" in row:
@@ -135,11 +172,9 @@ def validate(
                 pieces = _final_pieces(meta, row["tokens"] // (uu * rr))
                 p = predict(
                     m, method, row["heads"], row["head_size"], row["tokens"], uu, rr,
-                    final_pieces=pieces,
+                    final_pieces=pieces, options=sweep_options(str(meta.get("time", ""))),
                 )  # fmt: skip
-                c = Check(
-                    Path(path).name, row["model"], row["tokens"], uu, rr, column, measured, p.ms
-                )
+                c = Check(_label(path), row["model"], row["tokens"], uu, rr, column, measured, p.ms)
                 checks.append(c)
                 row_checks[method] = c
             cands = {k: c for k, c in row_checks.items() if k in PICK_METHODS}
@@ -148,7 +183,7 @@ def validate(
                 best = min(c.measured_ms for c in cands.values())
                 right = pick.measured_ms <= best * (1 + PICK_TOLERANCE)
                 picks.append(
-                    (Path(path).name, row["model"], row["tokens"], right, pick.measured_ms == best)
+                    (_label(path), row["model"], row["tokens"], right, pick.measured_ms == best)
                 )
     return checks, picks
 

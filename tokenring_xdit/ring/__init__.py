@@ -1,18 +1,26 @@
-"""TokenRing, host-agnostic: schedules, lanes, merge, kernels, the forward loop and its API.
+"""TokenRing, host-agnostic: schedules, lanes, merge, kernels, the loops and their API.
 
-Nothing here imports from hosts/, patches/ or tools/ (a test checks it).
+Nothing here imports from hosts/, patches/ or tools/ (a test checks it). Importing the package
+imports no torch: the names below load their modules on first use, so the planner can read the
+schedule tables (`ring.schedules`, pure Python) without torch.
 """
 
-from .api import token_ring_attn, token_ring_attn_func, token_ring_attn_qkvpacked_func
-from .comm import COUNTERS, setup_token_ring_group
-from .sharding import shard, unshard
+# public name -> the module (of this package) that defines it
+_LAZY = {
+    "token_ring_attn": "api",
+    "token_ring_attn_func": "api",
+    "token_ring_attn_qkvpacked_func": "api",
+    "setup_token_ring_group": "comm",
+    "COUNTERS": "comm",
+    "shard": "sharding",
+    "unshard": "sharding",
+}
+__all__ = list(_LAZY)
 
-__all__ = [
-    "token_ring_attn",
-    "token_ring_attn_func",
-    "token_ring_attn_qkvpacked_func",
-    "setup_token_ring_group",
-    "shard",
-    "unshard",
-    "COUNTERS",
-]
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

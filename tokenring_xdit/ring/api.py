@@ -145,7 +145,7 @@ def token_ring_attn_func(
     **options,
 ):
     """Differentiable TokenRing: out (layout of q), or (out, lse (b, h, s) fp32, None) when
-    return_attn_probs. `kernel`: "auto" or a name from `backward_kernels.PAIRS`. `group=None`:
+    return_attn_probs. `kernel`: "auto" or a name from `kernels.PAIRS`. `group=None`:
     the default (world) group. causal=True over several ranks needs zigzag shards with proof
     (`tokenring_xdit.shard(x, group, causal=True)`, or `positions`). `options`: any other
     `token_ring_attn` keyword (positions, cu_seqlens, position_ids for packed documents, ...:

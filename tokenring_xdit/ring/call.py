@@ -2,13 +2,13 @@
 
 `CallOptions` holds what a caller may ask of one call (the keyword arguments of
 `token_ring_attn`, documented on the class); `prepare(q, k, v, options)` turns them into a
-`PreparedCall`: the kernel resolved (`KernelChoice`), the input check agreed across the ring
-(`agree`), the ring, the loop's call object (schedule, kernel, layout, scale, document plan, head
-start) and the settings the runner needs. The eager API (api.py), the training Function
-(function.py) and the torch.compile operator (compiled.py) all call `prepare`, so they cannot
-drift apart. The operator's schema is derived from the fields below: each carries an `OpArg`
-saying how it travels through a graph (its schema type, and how it is turned into that and
-back), so adding an option is one field here plus where it is used.
+`PreparedCall`: the kernel resolved (`kernels.resolve_kernel`), the input check agreed across
+the ring (`agree`), the ring, the loop's call object (schedule, kernel, layout, scale,
+document plan, head start) and the settings the runner needs. The eager API (api.py), the
+training Function (function.py) and the torch.compile operator (compiled.py) all call
+`prepare`, so they cannot drift apart. The operator's schema is derived from the fields below:
+each carries an `OpArg` saying how it travels through a graph (its schema type, and how it is
+turned into that and back), so adding an option is one field here plus where it is used.
 
 The environment's configuration is read here only (`prepare`: the call's `config`, else
 `config.current()`), and passed down as values.
@@ -27,21 +27,18 @@ import torch.distributed as dist
 
 from ..config import RingConfig, current
 from .agree import CallSpec, Problem, agree, digest, needs_grad
-from .backward_kernels import select_pair
 from .block_forward import BlockCall
 from .comm import RingPosition
-from .doc_kernels import doc_pair
 from .documents import Documents, doc_plan
 from .forward import RingCall
-from .gqa import gqa_kernel, gqa_pair
 from .head_start import ring_pause_us
-from .kernels import BlockKernel, KeyedKernel, SwappedKernel, select_kernel
+from .kernels import BlockKernel, KernelChoice, SwappedKernel, resolve_kernel
 from .layout import Layout, get_layout
 from .ring import Ring
 from .schedules import CAUSAL_ZIGZAG, NON_CAUSAL, NON_CAUSAL_BLOCKS
 
 __all__ = [
-    "CallOptions", "KernelChoice", "OpArg", "PreparedCall", "prepare", "op_args",
+    "CallOptions", "OpArg", "PreparedCall", "prepare", "op_args",
     "refuse_callable_kernel",
 ]  # fmt: skip
 
@@ -79,7 +76,7 @@ def refuse_callable_kernel(kernel) -> str:
     if not isinstance(kernel, str):
         raise NotImplementedError(
             "TokenRing under torch.compile takes a kernel by name ('auto' or one of "
-            "tokenring_xdit.ring.kernels.KERNELS / backward_kernels.PAIRS), not a Python "
+            "tokenring_xdit.ring.kernels.KERNELS / kernels.PAIRS), not a Python "
             f"callable ({type(kernel).__name__}): a callable cannot be a constant of the "
             "compiled graph. Pass its name, or call this attention outside torch.compile "
             "(torch.compiler.disable)"
@@ -137,7 +134,7 @@ class CallOptions:
     kernel: a name from `kernels.KERNELS`, "auto", or a callable (q, k, v, scale, layout) ->
         (out, lse fp32); a `KeyedKernel` names itself for the CUDA-graph cache, a plain callable
         needs `kernel_key` to be graphed. Training: "auto" or a name from
-        `backward_kernels.PAIRS`; packed documents also "masked" or "flash_varlen".
+        `kernels.PAIRS`; packed documents also "masked" or "flash_varlen".
     final_chunks: pieces of the last partial's return (overrides config's).
     joint_kv: (key, value), extra K/V (xDiT's joint text tokens) of shape (batch_size,
         seqlen_j, nheads_k, headdim[_v]) that this rank's own queries attend exactly once,
@@ -192,57 +189,6 @@ def op_args() -> tuple[tuple[str, OpArg], ...]:
 
 
 # --- the kernel ---------------------------------------------------------------------------------
-
-
-class KernelChoice(NamedTuple):
-    """The resolved kernel of one call: `fn` (a block kernel, or a training pair), `key` (names
-    it for the CUDA-graph cache; None: never graphed), `family` (agreed across ranks by digest),
-    and the problem found resolving it (agreed too, so every rank raises it)."""
-
-    fn: Any
-    key: Hashable | None
-    family: Hashable
-    problem: Problem = Problem.NONE
-    problem_text: str = ""
-
-
-def _resolve_kernel(
-    kernel, kernel_key, q, k, v, layout: Layout, *, train: bool, deterministic: bool, packed: bool
-) -> KernelChoice:
-    """The kernel (or training pair) of this call. A kernel that cannot be used here is
-    reported through the check (Problem.KERNEL_UNUSABLE), so every rank raises, not this one."""
-    try:
-        gqa = q.shape[layout.head_dim] != k.shape[layout.head_dim]  # K/V keep their head count
-        args = (q.device, q.dtype, q.shape[3], v.shape[3])
-        if train:
-            if packed:
-                pair = doc_pair(kernel, *args, lambda name: select_pair(name, *args, deterministic))
-                if deterministic and not pair.deterministic:
-                    raise NotImplementedError(
-                        f"deterministic=True: the {pair.name!r} backward is not deterministic; "
-                        "use kernel='masked' (exact) or deterministic=False"
-                    )
-            else:
-                pair = select_pair(kernel, *args, deterministic)
-            fn = gqa_pair(pair, *args) if gqa else pair
-            return KernelChoice(fn, None, ("pair", pair.name, deterministic))
-        if isinstance(kernel, KeyedKernel):
-            fn, key, family = kernel, kernel.key, kernel.key
-        elif callable(kernel):
-            # by name, not the object: a closure made per call must not be kept by the digest cache
-            name = f"{getattr(kernel, '__module__', '')}.{getattr(kernel, '__qualname__', '')}"
-            fn, key, family = kernel, kernel_key, kernel_key if kernel_key is not None else name
-        else:
-            family, fn = select_kernel(kernel, *args)
-            key = kernel
-        if gqa:
-            fn, key = gqa_kernel(fn, key, *args)
-        return KernelChoice(fn, key, family)
-    except (ValueError, NotImplementedError, RuntimeError, IndexError) as exc:
-        # (IndexError: q is not 4-d, which the check reports as such)
-        unsupported = isinstance(exc, NotImplementedError)
-        code = Problem.KERNEL_UNSUPPORTED if unsupported else Problem.KERNEL_UNUSABLE
-        return KernelChoice(None, None, "unusable", code, str(exc).splitlines()[0][:300])
 
 
 def _documents(options: CallOptions) -> tuple[Documents | None, Problem, str]:
@@ -303,7 +249,7 @@ def prepare(
     grad = needs_grad(q, k, v) if grad is None else grad
     packed = options.packed
     train = options.causal or grad or packed
-    kernel = _resolve_kernel(
+    kernel = resolve_kernel(
         options.kernel, options.kernel_key, q, k, v, layout,
         train=train, deterministic=options.deterministic, packed=packed,
     )  # fmt: skip
@@ -318,7 +264,7 @@ def prepare(
         documents=docs, doc_positions=options.position_ids if options.cu_seqlens is None else None,
         timeout=cfg.timeout, family=kernel.family,
     )  # fmt: skip
-    ring = _agree(spec, RingPosition.of(options.group), grad)
+    ring = _agree(spec, RingPosition.of(options.group), grad, cfg)
     head_start_us = ring_pause_us(cfg.comm_head_start_us, ring.transport)
     if train:
         schedule = CAUSAL_ZIGZAG if options.causal else NON_CAUSAL_BLOCKS
@@ -329,13 +275,13 @@ def prepare(
     return PreparedCall(ring, call, train, layout, kernel, graphs, options.joint_kv, spec)
 
 
-def _agree(spec: CallSpec, pos: RingPosition, grad: bool) -> Ring:
+def _agree(spec: CallSpec, pos: RingPosition, grad: bool, cfg: RingConfig) -> Ring:
     """agree(), with the gradient mode the header carries taken from `grad` where the tensors
     do not say it (inside the compiled operator): a detached q that requires grad says it."""
     if not grad or needs_grad(spec.q, spec.k, spec.v) or not spec.q.is_floating_point():
-        return agree(spec, pos)
+        return agree(spec, pos, comm=cfg.comm)
     with torch.enable_grad():
-        return agree(replace(spec, q=spec.q.detach().requires_grad_()), pos)
+        return agree(replace(spec, q=spec.q.detach().requires_grad_()), pos, comm=cfg.comm)
 
 
 def _ring_call(kernel, layout, ring, scale, chunks, options, cfg, head_start_us) -> RingCall:

@@ -2,6 +2,9 @@
 
 The loop runs a schedule (who sends what to whom at step s, `schedules/`); this file only does
 what the table says. Per step both transfers are posted before the kernel and waited after it.
+It stays apart from the training loop (block_loop.py) because its last step is not a row of
+the table but a chunked return on the idle Q lane with the held-back own block behind it, and
+because it is captured in CUDA graphs, where every allocation and merge form is fixed per call.
 """
 
 from __future__ import annotations
@@ -17,26 +20,9 @@ from .kernels import BlockKernel, run_block
 from .layout import Layout
 from .merge import PartialMerge, SplitMerge
 from .ring import Ring
-from .schedules import chunk_bounds
+from .schedules import chunk_bounds, held_back
 
 __all__ = ["RingCall", "ring_forward", "local_forward", "held_back"]
-
-# defer_own=None ("auto"): the share of the own block held back, by a rank's query count:
-# (at least this many queries, share), largest first. Measured at ring 2 on 4 x H200 with the
-# head start on (docs/performance.md, "Ring 2 after the head start"): a quarter held back was
-# 5-9 % faster at 2048-4096 local queries (half: up to 4 % slower there), half 3-8 % faster
-# from 8192; below 2048 not measured at ring 2, so nothing is held back.
-AUTO_DEFER = ((8192, 0.5), (2048, 0.25))
-
-
-def held_back(length: int, defer_own: float | None) -> int:
-    """How many of a rank's `length` queries run their own block last (0: none). Local: the own
-    block never travels, so ranks with other lengths or settings still match."""
-    if defer_own is None:
-        defer_own = next((share for least, share in AUTO_DEFER if length >= least), 0.0)
-    if defer_own <= 0 or length < 2:
-        return 0
-    return min(length - 1, max(1, round(length * defer_own)))
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from .backward import block_backward
 from .block_forward import BlockCall, block_forward
 from .call import PreparedCall
-from .comm.groups import RELEASE_HOOKS
+from .comm.teardown import RELEASE_HOOKS
 from .ring import Ring
 
 __all__ = ["TokenRingAttention", "train_attn"]

@@ -11,7 +11,6 @@ group agrees on the capture (all keep a graph or none does), so ranks never dive
 from __future__ import annotations
 
 import hashlib
-import importlib
 import traceback
 import weakref
 from collections.abc import Callable, Hashable, Sequence
@@ -22,25 +21,18 @@ import torch
 import torch.distributed as dist
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from .comm.teardown import GRAPH_RELEASERS, ensure_guard
+
 __all__ = [
-    "CAPTURE_GUARDS",
     "GraphCache",
     "GraphStats",
     "all_ranks_ok",
     "clear_graphs",
     "graphs_wanted",
-    "install_guards",
     "release_all_graphs",
     "run_graphed",
 ]
 
-# Called before every capture (idempotent): the guard that frees our graphs before NCCL
-# teardown (pytorch#115388). The ring does not import the patch layer at import time; it names
-# the guard and imports it at the first capture. Found by name, not by an installed entry point:
-# a checkout on PYTHONPATH has no install metadata, and without the guard destroy_process_group
-# waited forever for the graphs' NCCL work (issue 34: ring_sweep.py on 2 GPUs).
-CAPTURE_GUARDS: tuple[str, ...] = ("tokenring_xdit.patches.torch_dist:ensure_applied",)
-_GUARDS: list[Callable[[], None]] = []
 # TokenRing call graphs kept at most (least recently used dropped first): a growing KV cache
 # makes a new signature per length, and each graph holds its buffers.
 RING_GRAPH_LIMIT = 64
@@ -130,7 +122,7 @@ class GraphCache:
         same_key = not self.agree_on_key or _agree_on_key(key, device, group)
         graph, outputs, error = torch.cuda.CUDAGraph(), None, None
         if same_key:
-            _run_guards()
+            ensure_guard()  # destroy_process_group frees our graphs first (pytorch#115388)
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             torch.cuda.synchronize(device)
@@ -190,22 +182,6 @@ def _reset_rng_capture(device: torch.device) -> None:
         pass
 
 
-def _run_guards() -> None:
-    if not _GUARDS:
-        for spec in CAPTURE_GUARDS:
-            module, _, name = spec.partition(":")
-            _GUARDS.append(getattr(importlib.import_module(module), name))
-    for guard in _GUARDS:
-        guard()
-
-
-def install_guards() -> None:
-    """Run the guards now (idempotent). ring/comm/groups.py calls it before it makes a ring's
-    communicators: the destroy_process_group guard must be in place on every backend, not only
-    once a graph exists, so that a destroy always tears TokenRing's communicators down first."""
-    _run_guards()
-
-
 def _digest(key: Hashable) -> int:
     return int.from_bytes(hashlib.sha256(repr(key).encode()).digest()[:7], "little")
 
@@ -263,3 +239,6 @@ def release_all_graphs() -> int:
         held += len(cache) > 0
         cache.clear()
     return held
+
+
+GRAPH_RELEASERS.append(release_all_graphs)  # the teardown guard drops them before a destroy

@@ -11,11 +11,20 @@ like any other) lets NCCL's blocks take their SMs first. Measured on 4 x H200 (d
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-from .layout import Layout
+if TYPE_CHECKING:  # the rule below is pure Python: the planner models it without torch
+    import torch
 
-__all__ = ["HEAD_START_MIN_FLOP", "head_start", "head_start_cycles", "ring_pause_us"]
+    from .layout import Layout
+
+__all__ = [
+    "HEAD_START_MIN_FLOP",
+    "block_pause_us",
+    "head_start",
+    "head_start_cycles",
+    "ring_pause_us",
+]
 
 # torch.cuda._sleep counts SM clock cycles; H100/H200 boost clocks are ~1.7-2.0 GHz.
 _CYCLES_PER_US = 1800
@@ -34,6 +43,8 @@ def head_start(us: float, layout: Layout, q: torch.Tensor, k: torch.Tensor) -> N
     """Pause this stream before the block q x k (on CUDA, where head_start_cycles says so)."""
     cycles = head_start_cycles(us, layout, q, k)
     if cycles and q.is_cuda:
+        import torch
+
         torch.cuda._sleep(cycles)
 
 
@@ -43,6 +54,10 @@ def head_start_cycles(us: float, layout: Layout, q: torch.Tensor, k: torch.Tenso
     if us <= 0:
         return 0
     b, s_q, h, d = layout.dims(q)
-    if 4 * b * h * d * s_q * layout.dims(k)[1] < HEAD_START_MIN_FLOP:
-        return 0
-    return int(us * _CYCLES_PER_US)
+    return int(block_pause_us(us, 4 * b * h * d * s_q * layout.dims(k)[1]) * _CYCLES_PER_US)
+
+
+def block_pause_us(us: float, flop: float) -> float:
+    """The pause before a block of `flop` (4 b h d s_q s_k) when the head start is `us`: none
+    before blocks too short for NCCL's late start to matter."""
+    return us if us > 0 and flop >= HEAD_START_MIN_FLOP else 0.0

@@ -6,7 +6,9 @@ so a causal call must carry proof, checked on every rank before any transfer (ri
 
 - a declaration made by a sharding helper (`declare_zigzag`, called by the helpers that cut
   zigzag shards, e.g. yunchang's EXTRACT_FUNC_DICT["token_ring"] under our patch), recording
-  the global sequence length per ring group; or
+  the global sequence lengths cut per ring group (the last `DECLARED_LENGTHS` distinct ones, so
+  shards cut ahead of their calls - a prefetching loader, eval batches between training
+  batches - keep their proof); or
 - the call's global token positions (`positions=`), verified against the zigzag split.
 
 `shard` / `unshard` cut a full sequence into this rank's shard and put shards back together,
@@ -17,6 +19,7 @@ declaration above), contiguous otherwise.
 from __future__ import annotations
 
 import weakref
+from collections import OrderedDict
 
 import torch
 import torch.distributed as dist
@@ -31,9 +34,12 @@ __all__ = [
     "proof_of",
 ]
 
-# ring group -> global sequence length its members last cut zigzag shards of (None: no group)
+# ring group -> the global sequence lengths its members cut zigzag shards of, oldest first
+# (an ordered set; None: no group)
 _DECLARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_NO_GROUP: dict[None, int] = {}
+_NO_GROUP: dict[None, OrderedDict] = {}
+# distinct lengths remembered per group: a bound, so a loader of ever-new lengths keeps no more
+DECLARED_LENGTHS = 64
 
 # proof codes exchanged in the input check
 NO_PROOF, DECLARED, POSITIONS = 0, 1, 2
@@ -65,18 +71,31 @@ def _key(group: dist.ProcessGroup | None):
     return group
 
 
+def _lengths(group: dist.ProcessGroup | None, make: bool = False) -> OrderedDict | None:
+    key = _key(group)
+    table = _NO_GROUP if key is None else _DECLARED
+    if make and key not in table:
+        table[key] = OrderedDict()
+    return table.get(key)
+
+
 def declare_zigzag(group: dist.ProcessGroup | None, total: int) -> None:
-    """Record that this rank's shards for `group` are a zigzag split of `total` tokens."""
-    key = _key(group)
-    if key is None:
-        _NO_GROUP[None] = int(total)
-    else:
-        _DECLARED[key] = int(total)
+    """Record that this rank cut zigzag shards of `total` tokens for `group` (kept with the
+    group's last `DECLARED_LENGTHS` distinct lengths)."""
+    lengths = _lengths(group, make=True)
+    lengths.pop(int(total), None)
+    lengths[int(total)] = None  # newest last
+    while len(lengths) > DECLARED_LENGTHS:
+        lengths.popitem(last=False)
 
 
-def declared_total(group: dist.ProcessGroup | None) -> int | None:
-    key = _key(group)
-    return _NO_GROUP.get(None) if key is None else _DECLARED.get(key)
+def declared_total(group: dist.ProcessGroup | None, total: int | None = None) -> int | None:
+    """`total` if zigzag shards of that many tokens were declared for `group`; else (or with
+    total=None) the last length declared, None if none was: the input check then names it."""
+    lengths = _lengths(group)
+    if not lengths:
+        return None
+    return total if total in lengths else next(reversed(lengths))
 
 
 def _positions_total(positions: torch.Tensor, rank: int, world_size: int, q_len: int) -> int:
@@ -101,7 +120,8 @@ def proof_of(
     if positions is not None:
         total = _positions_total(positions, rank, world_size, q_len)
         return (POSITIONS, total) if total >= 0 else (BAD_POSITIONS, 0)
-    total = declared_total(group)
+    # equal halves on every rank: a zigzag split of q_len * world_size tokens, if declared
+    total = declared_total(group, q_len * world_size)
     return (DECLARED, total) if total is not None else (NO_PROOF, 0)
 
 

@@ -17,6 +17,8 @@ import functools
 
 import torch
 
+from .fused_merge import builds
+
 __all__ = ["row_delta_bhsd", "out_standin_bhsd"]
 
 
@@ -77,11 +79,7 @@ def _kernels():
 
 @functools.cache
 def _triton_ok() -> bool:
-    try:
-        _kernels()
-    except Exception:  # no triton, or no GPU backend for it
-        return False
-    return True
+    return builds(_kernels)
 
 
 def _use_triton(x: torch.Tensor) -> bool:

@@ -7,6 +7,8 @@ argparse only at import time (the CLI builds its parser on every start); rich lo
 from __future__ import annotations
 
 import argparse
+import math
+import re
 from collections.abc import Callable
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
@@ -25,14 +27,29 @@ def print_failure(err, exc, verbose: bool = False) -> None:
     of them with `verbose`), then one line per failing rank. Lines are never re-wrapped (a
     terminal or a log file wraps them itself)."""
     traced = [f for f in exc.failures if f.trace]
+    hint = ""
+    if traced and not verbose and _raised_by_us(traced[0].trace):
+        traced = []  # our message names the cause and the fix: the frames only with --verbose
+        hint = " (--verbose shows the traceback)"
     if traced:
         trace = traced[0].trace.rstrip()
         if not verbose:
             trace = _last_frames(trace, TRACE_FRAMES)
         err.print(f"rank {traced[0].rank}: {trace}", markup=False, highlight=False, soft_wrap=True)
-    err.print(f"[bold red]worker failure:[/] {len(exc.failures)} rank(s) failed", soft_wrap=True)
+    err.print(
+        f"[bold red]worker failure:[/] {len(exc.failures)} rank(s) failed{hint}", soft_wrap=True
+    )
     for failure in exc.failures:
         err.print(f"  {failure}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _raised_by_us(trace: str) -> bool:
+    """Whether a formatted traceback's innermost frame is a file of tokenring_xdit."""
+    from pathlib import Path
+
+    files = re.findall(r'^  File "([^"]+)"', trace, flags=re.MULTILINE)
+    package = Path(__file__).resolve().parents[1]
+    return bool(files) and Path(files[-1]).resolve().is_relative_to(package)
 
 
 def _last_frames(trace: str, n: int) -> str:
@@ -46,6 +63,26 @@ def _last_frames(trace: str, n: int) -> str:
         [lines[0], f"  ... {len(starts) - n} outer frames left out (--verbose shows them)"]
         + lines[cut:]
     )
+
+
+def print_usage_error(err, command: str, exc: Exception) -> None:
+    """A usage error found after parsing (e.g. a bad combination), in argparse's form: one
+    line, `tokenring-xdit COMMAND: error: ... (see tokenring-xdit COMMAND --help)`."""
+    prog = f"tokenring-xdit {command}"
+    err.print(
+        f"{prog}: error: {exc} (see {prog} --help)", markup=False, highlight=False, soft_wrap=True
+    )
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds > 0 (a timeout)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text}")
+    return value
 
 
 def int_at_least(low: int) -> Callable[[str], int]:

@@ -17,7 +17,9 @@ from .cli_args import (
     add_device_and_dtype,
     non_negative_int,
     positive_int,
+    positive_seconds,
     print_failure,
+    print_usage_error,
     rank_progress,
 )
 
@@ -68,21 +70,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="total sequence length, a multiple of --nproc (default "
         f"{DEFAULT_TOKENS['cuda']} on GPU, {DEFAULT_TOKENS['cpu']} on CPU)",
     )
-    p.add_argument("--heads", type=positive_int, default=16, help="attention heads (default 16)")
-    p.add_argument(
-        "--head-size",
-        type=positive_int,
-        default=72,
-        help="head size (default 72: PixArt-alpha's 16x72)",
-    )
-    p.add_argument("--batch", type=positive_int, default=1, help="batch size (default 1)")
-    p.add_argument("--iters", type=positive_int, default=20, help="timed calls per method (20)")
-    p.add_argument(
-        "--warmup",
-        type=non_negative_int,
-        default=5,
-        help="untimed calls per method before timing (5)",
-    )
+    # (flag, type, default, help): the plain counts
+    for flag, kind, default, text in (
+        ("--heads", positive_int, 16, "attention heads (default 16)"),
+        ("--head-size", positive_int, 72, "head size (default 72: PixArt-alpha's 16x72)"),
+        ("--batch", positive_int, 1, "batch size (default 1)"),
+        ("--iters", positive_int, 20, "timed calls per method (20)"),
+        ("--warmup", non_negative_int, 5, "untimed calls per method before timing (5)"),
+    ):
+        p.add_argument(flag, type=kind, default=default, help=text)
     p.add_argument(
         "--kernel",
         choices=KERNEL_CHOICES,
@@ -98,12 +94,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random q/k/v (0)")
     p.add_argument(
         "--timeout",
-        type=float,
+        type=positive_seconds,
         default=600.0,
         help="seconds before all workers are killed (default 600)",
     )
     p.add_argument("--json", metavar="PATH", default=None, help="also write the results as JSON")
     p.add_argument("--no-progress", action="store_true", help="no live progress display")
+    p.add_argument(
+        "--verbose", action="store_true", help="every frame of a failing rank's traceback"
+    )
 
 
 def _ranks(n: int) -> str:
@@ -160,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg, nproc, note = resolve(args)
     except ValueError as exc:
-        err.print(f"[bold red]error:[/] {exc}")
+        print_usage_error(err, "demo", exc)
         return EXIT_USAGE
     if note:
         console.print(f"[yellow]note:[/] {note}")
@@ -175,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         summary = _launch_with_progress(cfg, nproc, args.timeout, console, args.no_progress)
     except LaunchError as exc:
-        print_failure(err, exc)
+        print_failure(err, exc, verbose=args.verbose)
         return EXIT_WORKER
     failed = _print_table(console, summary)
     if args.json:

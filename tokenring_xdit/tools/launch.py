@@ -13,7 +13,9 @@ import contextlib
 import multiprocessing as mp
 import os
 import queue
+import signal
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -130,6 +132,11 @@ def _worker(fn, rank, nproc, device, init_file, args, events, pg_timeout_s):
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+    from .rank_exit import exit_without_teardown
+
+    # the exit handlers flush the queue; the interpreter's teardown (seconds with diffusers
+    # and xDiT loaded, and the launcher waits for it) is skipped
+    exit_without_teardown(0)
 
 
 def _failure(rank: int, exc: BaseException) -> RankFailure:
@@ -151,6 +158,26 @@ def _environ(env: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """SIGTERM ends this process as Ctrl-C does: through the `finally` blocks that stop the ranks,
+    close the queue and remove the temporary directory (its default action skips them all and
+    leaves the directory and the queue's semaphores behind). Someone else's handler is kept."""
+    main = threading.current_thread() is threading.main_thread()
+    if not main or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)  # the shell's code for "killed by this signal"
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def launch(
@@ -204,7 +231,7 @@ def _launch(fn, nproc, args, device, timeout, env, on_progress, fail_fast):
     child_env.update(env or {})
     ctx = mp.get_context("spawn")
     events = ctx.Queue()
-    with tempfile.TemporaryDirectory(prefix="tokenring-xdit-") as tmp:
+    with _sigterm_unwinds(), tempfile.TemporaryDirectory(prefix="tokenring-xdit-") as tmp:
         init_file = os.path.join(tmp, "rendezvous")
         procs = [
             ctx.Process(

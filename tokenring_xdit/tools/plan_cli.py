@@ -35,7 +35,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", type=positive_int, default=2, help="GPUs in all (default 2)")
     p.add_argument("--nodes", type=positive_int, default=1, help="nodes the GPUs are spread over")
     p.add_argument("--fabric", default="nvswitch", choices=FABRIC_CHOICES, help="inside a node")
-    p.add_argument("--inter-fabric", default="ib", choices=FABRIC_CHOICES, help="between nodes")
+    p.add_argument(
+        "--inter-fabric",
+        default="ib",
+        metavar="LINK",
+        help="between nodes: a fabric name (" + ", ".join(FABRIC_CHOICES) + "), the JSON of a "
+        "link probe (benchmarks/multi_node.py ... nccl_peers.py), or "
+        "gbps=G[,latency_us=L][,both_ways_gbps=B] (default ib, nominal)",
+    )
     p.add_argument("--gpu", default="NVIDIA H200", help="GPU name as torch reports it")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     p.add_argument("--table", help="calibration table JSON (default: the shipped one for --gpu)")

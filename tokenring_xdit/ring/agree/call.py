@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ...config import CommSettings
 from ..comm import RingComms, RingPosition, TokenRingCommError, comms_of
 from ..comm.groups import describe_peer
 from ..documents import Documents, claim_count, documents_from_claims, local_claims
@@ -19,27 +20,9 @@ from ..layout import wire_swapped
 from ..ring import Ring
 from ..sharding import BAD_POSITIONS, NO_PROOF, proof_of
 from .choice import raise_choice
+from .codes import DEVICE_TYPES, DTYPES, TRANSPORT_CODES, Mode, device_name
 from .exchange import always, cached, exchange, remember
-from .header import (
-    DEVICE,
-    DEVICE_TYPES,
-    DTYPES,
-    GPU,
-    MODE,
-    MUST_AGREE,
-    NDOCS,
-    PROBLEM,
-    SKV,
-    SQ,
-    TOTAL,
-    TRANSPORT,
-    TRANSPORT_CODES,
-    WIRE,
-    agreed,
-    device_name,
-    in_words,
-    pack_call,
-)  # fmt: skip
+from .header import MUST_AGREE, Header, call_header, in_words
 from .problems import CallSpec, Problem, local_problem, needs_grad
 
 __all__ = ["agree"]
@@ -58,21 +41,39 @@ def _fast_key(spec: CallSpec, pos: RingPosition) -> tuple | None:
             q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, spec.timeout)  # fmt: skip
 
 
-def agree(spec: CallSpec, pos: RingPosition) -> Ring:
-    """Validate this call on every ring rank at once and return the agreed ring."""
-    comms = comms_of(pos.group) if pos.size > 1 else None
+def agree(spec: CallSpec, pos: RingPosition, *, comm: CommSettings | None = None) -> Ring:
+    """Validate this call on every ring rank at once and return the agreed ring. `comm`: how
+    the ring's communicators are made if this call makes them (a RingConfig's `.comm`)."""
+    comms = comms_of(pos.group, comm) if pos.size > 1 else None
     if comms is not None:
         comms.ensure_usable()
         if spec.timeout is not None:  # this call's deadline: its lanes, watchdog and check
             comms = comms.with_deadline(spec.timeout)
     device_type = _ring_device_type(comms, spec)
     use_cache = comms is not None and not always(spec.validate, device_type)
-    fast = None
-    if use_cache:
-        fast = _fast_key(spec, pos)
-        hit = cached(fast) if fast is not None else None
-        if hit is not None:
-            return hit
+    fast = _fast_key(spec, pos) if use_cache else None
+    hit = cached(fast) if fast is not None else None
+    if hit is not None:
+        return hit
+    header = _header(spec, pos, device_type)
+    if comms is None:
+        _raise_for([header], spec, device_type)  # a ring of one: its own words
+        docs = _documents(None, 0, [header], spec, pos)
+        return Ring(pos, None, (header.q_len,), header.ring_settings(), docs=docs)
+    key = (pos.group, header.cache_key(), spec.q.device, spec.timeout)
+    use_cache = use_cache and spec.doc_positions is None  # their documents are new per call
+    hit = cached(key) if use_cache and not header.problem else None
+    if hit is None:
+        hit = _exchanged(comms, header, spec, pos, device_type)
+        remember(key, hit)
+    if fast is not None:
+        remember(fast, hit)
+    return hit
+
+
+def _header(spec: CallSpec, pos: RingPosition, device_type: str) -> Header:
+    """This rank's header: its own problem with the call (found before any exchange), the
+    proof of a causal call's zigzag shards, its claims of packed documents."""
     problem = local_problem(spec, device_type, DTYPES)
     proof = (NO_PROOF, 0)
     if not problem and spec.causal and pos.size > 1:
@@ -90,56 +91,43 @@ def agree(spec: CallSpec, pos: RingPosition) -> Ring:
             spec.doc_positions, spec.q.shape[spec.layout.seq_dim], _chunks(spec, pos)
         )
         problem = Problem.POSITION_IDS if claims < 0 else Problem.NONE
-    meta = pack_call(spec, problem, proof)
-    meta[NDOCS] = max(meta[NDOCS], claims)
-    if comms is None:
-        _raise_for([meta], spec, device_type)  # a ring of one: its own words
-        docs = _documents(None, 0, [meta], spec, pos)
-        return Ring(pos, None, (meta[SQ],), agreed(meta), docs=docs)
-    # Our K/V length is nobody else's business (K/V never move), so a KV cache growing on one
-    # rank must not send that rank alone into the exchange: leave it out of the key. So is how
-    # our q is stored: each rank views or copies its q into the agreed wire layout, whatever
-    # the vote was, so a cached ring stays right when only strides change.
-    key = (pos.group, tuple(meta[:SKV] + meta[SKV + 1 : WIRE]), spec.q.device, spec.timeout)
-    use_cache = use_cache and spec.doc_positions is None  # their documents are new per call
-    if use_cache and not problem:
-        hit = cached(key)
-        if hit is not None:
-            if fast is not None:
-                remember(fast, hit)
-            return hit
-    metas = exchange(comms, pos.rank, meta)
-    _raise_for(metas, spec, device_type, comms)
-    transport = _resolve_transport(metas, comms.backend)
-    docs = _documents(comms, pos.rank, metas, spec, pos)
-    ring = Ring(
-        pos, comms, tuple(m[SQ] for m in metas), agreed(metas[0]), transport, docs,
-        wire_swapped([m[WIRE] for m in metas]),
+    header = call_header(spec, problem, proof)
+    header.ndocs = max(header.ndocs, claims)
+    return header
+
+
+def _exchanged(
+    comms: RingComms, header: Header, spec: CallSpec, pos: RingPosition, device_type: str
+) -> Ring:
+    """The ring every rank agrees on after exchanging headers (or the same error on each)."""
+    headers = exchange(comms, pos.rank, header)
+    _raise_for(headers, spec, device_type, comms)
+    transport = _resolve_transport(headers, comms.backend)
+    docs = _documents(comms, pos.rank, headers, spec, pos)
+    return Ring(
+        pos, comms, tuple(h.q_len for h in headers), headers[0].ring_settings(), transport, docs,
+        wire_swapped([h.wire for h in headers]),
     )  # fmt: skip
-    remember(key, ring)
-    if fast is not None:
-        remember(fast, ring)
-    return ring
 
 
 def _raise_for(
-    metas: list[list[int]], spec: CallSpec, device_type: str, comms: RingComms | None = None
+    headers: list[Header], spec: CallSpec, device_type: str, comms: RingComms | None = None
 ) -> None:
-    raise_choice(metas)
-    bad = [(r, Problem(m[PROBLEM])) for r, m in enumerate(metas) if m[PROBLEM]]
-    differ = [i for i in MUST_AGREE if len({m[i] for m in metas}) > 1]
+    raise_choice(headers)
+    bad = [(r, h.problem) for r, h in enumerate(headers) if h.problem]
+    differ = [f for f in MUST_AGREE if len({getattr(h, f) for h in headers}) > 1]
     if bad or differ:  # every rank sees the same headers, so all take this path together
         words = _words(comms, spec)
     if bad:
         lines = []
         for r, problem in bad:
-            got = device_name(metas[r][DEVICE])
+            got = device_name(headers[r].device)
             text = problem.message.format(
                 layout=spec.layout.name,
                 device=device_type,
                 got=got,
                 detail=words[r]["detail"],
-                hint=_device_hint(got, metas[r][TRANSPORT]),
+                hint=_device_hint(got, headers[r].transport),
             )
             lines.append(f"rank {r}: {text}")
         kind = NotImplementedError if all(p.not_implemented for _, p in bad) else ValueError
@@ -149,14 +137,16 @@ def _raise_for(
             )
         )
     if differ:
-        i = differ[0]
-        each = ", ".join(f"rank {r} has {in_words(i, m[i], words[r])}" for r, m in enumerate(metas))
+        f = differ[0]
+        each = ", ".join(
+            f"rank {r} has {in_words(f, getattr(h, f), words[r])}" for r, h in enumerate(headers)
+        )
         raise ValueError(
-            f"TokenRing: {MUST_AGREE[i]} differs across ring ranks: {each}; pass the same on "
+            f"TokenRing: {MUST_AGREE[f]} differs across ring ranks: {each}; pass the same on "
             "every rank"
         )
-    if metas[0][MODE] & 1 and len(metas) > 1:
-        _check_zigzag(metas)
+    if headers[0].mode & Mode.CAUSAL and len(headers) > 1:
+        _check_zigzag(headers)
 
 
 def _device_hint(got: str, transport: int) -> str:
@@ -174,7 +164,7 @@ def _device_hint(got: str, transport: int) -> str:
 def _words(comms: RingComms | None, spec: CallSpec) -> list[dict]:
     """Every rank's own words for an error that the headers only hold as codes (a kernel's
     reason, its family's name). Only on the error path, which every ring rank takes together."""
-    mine = {"detail": spec.detail, "kernel": spec.kernel_name}
+    mine = {"detail": spec.detail, "kernel": spec.kernel_name, "docs": _docs_words(spec)}
     if comms is None:
         return [mine]
     everyone: list = [None] * len(comms.ranks)
@@ -182,10 +172,19 @@ def _words(comms: RingComms | None, spec: CallSpec) -> list[dict]:
     return everyone
 
 
-def _check_zigzag(metas: list[list[int]]) -> None:
+def _docs_words(spec: CallSpec) -> str:
+    """A rank's packed documents as a user passed them (the header holds a digest)."""
+    if spec.documents is None:
+        return "position ids" if spec.doc_positions is not None else "no documents"
+    bounds = spec.documents.bounds
+    shown = ", ".join(map(str, bounds[:12])) + (", ..." if len(bounds) > 12 else "")
+    return f"cu_seqlens [{shown}] ({len(bounds) - 1} documents)"
+
+
+def _check_zigzag(headers: list[Header]) -> None:
     """Every rank's causal shard is its part of ONE zigzag split of `total` tokens."""
-    lens = [m[SQ] for m in metas]
-    total = metas[0][TOTAL]
+    lens = [h.q_len for h in headers]
+    total = headers[0].total
     if len(set(lens)) > 1 or total != sum(lens):
         raise ValueError(
             f"TokenRing: causal=True needs one zigzag split of the whole sequence, the same "
@@ -200,12 +199,14 @@ def _chunks(spec: CallSpec, pos: RingPosition) -> int:
     return 2 if spec.causal and pos.size > 1 else 1
 
 
-def _documents(comms, rank: int, metas, spec: CallSpec, pos: RingPosition) -> Documents | None:
-    """The agreed packed documents (every rank's metas agree by now), checked against the ring's
-    total length; from position ids through one more all-gather of every rank's claims."""
+def _documents(
+    comms, rank: int, headers: list[Header], spec: CallSpec, pos: RingPosition
+) -> Documents | None:
+    """The agreed packed documents (every rank's headers agree by now), checked against the
+    ring's total length; from position ids through one more all-gather of every rank's claims."""
     if not spec.packed:
         return None
-    q_lens = [m[SQ] for m in metas]
+    q_lens = [h.q_len for h in headers]
     total = sum(q_lens)
     if spec.documents is not None:
         if spec.documents.total != total:
@@ -225,10 +226,10 @@ def _documents(comms, rank: int, metas, spec: CallSpec, pos: RingPosition) -> Do
     mine = local_claims(spec.doc_positions, starts, length)
     if comms is None:
         return documents_from_claims([mine], chunks, total)
-    width = max(m[NDOCS] for m in metas)
+    width = max(h.ndocs for h in headers)
     buf = torch.full((width,), -2, dtype=torch.int64)
     buf[: len(mine)] = torch.tensor(mine, dtype=torch.int64)
-    everyone = [torch.empty_like(buf) for _ in metas]
+    everyone = [torch.empty_like(buf) for _ in headers]
     try:
         dist.all_gather(everyone, buf, group=comms.check)
     except RuntimeError as exc:
@@ -238,7 +239,7 @@ def _documents(comms, rank: int, metas, spec: CallSpec, pos: RingPosition) -> Do
         )
         comms.fail(message)
         raise TokenRingCommError(message) from exc
-    claims = [x[: m[NDOCS]].tolist() for x, m in zip(everyone, metas, strict=True)]
+    claims = [x[: h.ndocs].tolist() for x, h in zip(everyone, headers, strict=True)]
     return documents_from_claims(claims, chunks, total)
 
 
@@ -255,15 +256,15 @@ def _ring_device_type(comms: RingComms | None, spec: CallSpec) -> str:
     return "cpu" if comms.backend == "gloo" else "cuda"
 
 
-def _resolve_transport(metas: list[list[int]], backend: str) -> str:
+def _resolve_transport(headers: list[Header], backend: str) -> str:
     """The agreed transport ("nccl" or "ipc") from every rank's header (the requested mode is
     equal on every rank by now): `auto` is ipc for CUDA tensors on a gloo group or when two
     ranks share a GPU (NCCL refuses that), else nccl."""
-    code = metas[0][TRANSPORT]
+    code = headers[0].transport
     if code == TRANSPORT_CODES["ipc"]:
         return "ipc"
-    if code == TRANSPORT_CODES["auto"] and metas[0][DEVICE] == DEVICE_TYPES.index("cuda"):
-        gpus = [m[GPU] for m in metas]
+    if code == TRANSPORT_CODES["auto"] and headers[0].device == DEVICE_TYPES.index("cuda"):
+        gpus = [h.gpu for h in headers]
         if backend == "gloo" or len(set(gpus)) < len(gpus):
             return "ipc"
     return "nccl"

@@ -12,8 +12,9 @@ import torch
 import torch.distributed as dist
 
 from ..comm import COUNTERS, RingComms, TokenRingCommError
-from ..comm.groups import RELEASE_HOOKS, describe_peer
-from .header import GROUP
+from ..comm.groups import describe_peer
+from ..comm.teardown import RELEASE_HOOKS
+from .header import Header
 
 _CACHE: OrderedDict = OrderedDict()
 _CACHE_SIZE = 256
@@ -41,10 +42,10 @@ def always(validate: str, device_type: str) -> bool:
     return validate == "always" or (validate == "auto" and device_type == "cpu")
 
 
-def exchange(comms: RingComms, rank: int, meta: list[int]) -> list[list[int]]:
+def exchange(comms: RingComms, rank: int, header: Header) -> list[Header]:
     """Every ring rank's header, in ring order (TokenRingCommError past the deadline)."""
-    meta[GROUP] = comms.name
-    mine = torch.tensor(meta, dtype=torch.int64)
+    header.group = comms.name
+    mine = torch.tensor(header.row(), dtype=torch.int64)
     everyone = [torch.empty_like(mine) for _ in comms.ranks]
     try:  # CPU: no GPU synchronisation; bounded by this call's deadline
         work = dist.all_gather(everyone, mine, group=comms.check, async_op=True)
@@ -62,13 +63,13 @@ def exchange(comms: RingComms, rank: int, meta: list[int]) -> list[list[int]]:
         comms.fail(message)
         raise TokenRingCommError(message) from exc
     COUNTERS.handshakes += 1
-    metas = torch.stack(everyone).tolist()
-    _raise_group(metas, comms)
-    return metas
+    headers = [Header.of_row(row) for row in torch.stack(everyone).tolist()]
+    _raise_group(headers, comms)
+    return headers
 
 
-def _raise_group(metas: list[list[int]], comms: RingComms) -> None:
-    names = [m[GROUP] for m in metas]
+def _raise_group(headers: list[Header], comms: RingComms) -> None:
+    names = [h.group for h in headers]
     if len(set(names)) > 1:
         raise ValueError(
             f"TokenRing: the ranks of the ring of global ranks {list(comms.ranks)} passed "

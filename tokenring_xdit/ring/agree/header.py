@@ -1,63 +1,132 @@
-"""The header every rank sends in the agreement: a fixed row of int64 slots.
+"""The header every rank sends in the agreement: a typed record, one int64 row on the wire.
 
 One row per rank, one size for every exchange on a check communicator (a call's header and a
-host's ring choice share it). Codes for settings are their index in config's tuples, so the
-allowed values are written once (config.py) and the wire cannot drift from them.
+host's ring choice share it). Codes are codes.py's. Which fields must be equal on every rank
+(MUST_AGREE), which a cached agreement keys on (CACHE_KEY) and which make a Ring's settings
+(RING_SETTINGS) are stated here once, by field name.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import struct
 from collections.abc import Hashable
+from dataclasses import dataclass
+from operator import attrgetter
 
 import torch
 
-from ... import config
 from ..documents import Documents
 from ..layout import storage
+from .codes import (
+    DOCS_BY_POSITIONS,
+    DTYPES,
+    LAYOUT_WORDS,
+    PROOF_WORDS,
+    TRANSPORT_CODES,
+    VALIDATE_CODES,
+    Choice,
+    ChoiceSource,
+    Kind,
+    Mode,
+    device_code,
+    device_name,
+    dtype_code,
+)  # fmt: skip
 from .problems import CallSpec, Problem, needs_grad
 
-# header slots (int64 each)
-KIND, PROBLEM, B, H, HK, D, DV, SQ, SKV = range(9)
-DTYPE, LAYOUT, MODE, CHUNKS, DEVICE, SCALE, KERNEL, GRAPHS = range(9, 17)
-VALIDATE, TRANSPORT, PROOF, TOTAL, CHOICE, SOURCE, INPUTS, GROUP = range(17, 25)
-GPU = 25  # digest of this rank's GPU (0: not CUDA): `auto` picks ipc where ranks share one
-DOCS, NDOCS = 26, 27  # packed documents: digest of cu_seqlens (-1: position ids); claims
-WIRE = 28  # how q is stored (layout.storage): the vote on the layout Q and partials travel in
-META_LEN = 29
-DOCS_BY_POSITIONS = -1
-KIND_CALL, KIND_CHOICE = 1, 2
-AGREED = (slice(B, SQ), slice(DTYPE, GPU))  # the slots a Ring's settings are made of
+__all__ = ["Header", "MUST_AGREE", "CACHE_KEY", "RING_SETTINGS", "digest", "call_header"]
 
-DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-DEVICE_TYPES = ("cpu", "cuda", "meta", "xpu", "mps", "hpu", "npu", "mtia")
-VALIDATE_CODES = {mode: i for i, mode in enumerate(config.VALIDATE_MODES)}
-TRANSPORT_CODES = {name: i for i, name in enumerate(config.TRANSPORTS)}
-# a KIND_CALL header's choice slot: TokenRing runs this call (choice.Choice.TOKEN_RING)
-CHOICE_TOKEN_RING = config.RING_IMPLS.index("token_ring")
 
-# slot -> what must be equal on every ring rank (for a TokenRing call)
+@dataclass
+class Header:
+    """One rank's header. Enum fields read back as their enums (every rank runs this version)."""
+
+    kind: Kind = Kind.CALL
+    problem: Problem = Problem.NONE
+    batch: int = 0
+    heads: int = 0
+    kv_heads: int = 0
+    head_dim: int = 0
+    v_head_dim: int = 0
+    q_len: int = 0
+    kv_len: int = 0
+    dtype: int = 0  # index in codes.DTYPES (-1: another)
+    layout: int = 0  # the layout's sequence dim (codes.LAYOUT_WORDS)
+    mode: Mode = Mode.NON_CAUSAL
+    chunks: int = 0  # final_chunks
+    device: int = 0  # index in codes.DEVICE_TYPES (-1: another)
+    scale: int = 0  # the softmax scale's exact float64 bits
+    kernel: int = 0  # digest of the kernel family
+    graphs: int = 0  # CUDA graphs on/off
+    validate: int = 0  # codes.VALIDATE_CODES (-1: invalid)
+    transport: int = 0  # requested: codes.TRANSPORT_CODES (-1: invalid)
+    proof: int = 0  # a causal call's zigzag proof (sharding.py's codes)
+    total: int = 0  # the proved zigzag split's global length
+    choice: Choice = Choice.TOKEN_RING  # a host's ring choice (a call: TokenRing runs it)
+    source: ChoiceSource = ChoiceSource.DEFAULT  # where the choice came from
+    inputs: int = 0  # digest of what `auto` decides from (auto choices only)
+    group: int = 0  # digest of the group's name (set by the exchange)
+    gpu: int = 0  # digest of this rank's GPU (0: not CUDA): `auto` picks ipc where ranks share one
+    docs: int = 0  # packed documents: digest of cu_seqlens, DOCS_BY_POSITIONS, or 0 (none)
+    ndocs: int = 0  # packed documents: their count, or this rank's claims
+    wire: int = 0  # how q is stored (layout.storage): the vote on the layout Q travels in
+
+    def row(self) -> list[int]:
+        return list(map(int, _ROW(self)))
+
+    @classmethod
+    def of_row(cls, row: list[int]) -> Header:
+        values = dict(zip(FIELDS, row, strict=True))
+        return cls(**{name: _TYPED.get(name, int)(v) for name, v in values.items()})
+
+    def cache_key(self) -> tuple[int, ...]:
+        """What a cached agreement keys on (CACHE_KEY)."""
+        return _CACHE_KEY(self)  # enum fields compare and hash as their ints
+
+    def ring_settings(self) -> tuple[int, ...]:
+        """The agreed fields a Ring's settings are made of (RING_SETTINGS)."""
+        return tuple(map(int, _RING_SETTINGS(self)))
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(Header))
+META_LEN = len(FIELDS)
+_TYPED = {"kind": Kind, "problem": Problem, "mode": Mode, "choice": Choice, "source": ChoiceSource}
+# A cached agreement keys on every field but this rank's K/V length (K/V never move, so a KV
+# cache growing on one rank must not send it alone into the exchange) and how its q is stored
+# (each rank views or copies its q into the agreed wire layout, whatever the vote was).
+CACHE_KEY = tuple(name for name in FIELDS if name not in ("kv_len", "wire"))
+# A Ring's settings: the shapes but the lengths, and every setting (kernel, mode, transport...)
+RING_SETTINGS = (
+    FIELDS[FIELDS.index("batch") : FIELDS.index("q_len")]
+    + FIELDS[FIELDS.index("dtype") : FIELDS.index("gpu")]
+)
+
+_ROW, _CACHE_KEY, _RING_SETTINGS = (attrgetter(*names) for names in (FIELDS, CACHE_KEY,
+                                                                     RING_SETTINGS))  # fmt: skip
+
+# field -> what must be equal on every ring rank (for a TokenRing call)
 MUST_AGREE = {
-    B: "batch size",
-    H: "head count",
-    HK: "K/V head count",
-    D: "head size",
-    DV: "value head size",
-    DTYPE: "dtype",
-    LAYOUT: "layout",
-    MODE: "causal flag / gradient mode (1 causal, 2 requires grad)",
-    CHUNKS: "final_chunks",
-    DEVICE: "device type",
-    SCALE: "softmax_scale",
-    KERNEL: "kernel family (digest)",
-    GRAPHS: "CUDA graphs on/off (TOKENRING_XDIT_CUDA_GRAPHS / cuda_graph=)",
-    VALIDATE: "validate mode (TOKENRING_XDIT_VALIDATE)",
-    TRANSPORT: "transport",
-    PROOF: "causal layout proof (0 none, 1 declared by a sharding helper, 2 positions)",
-    TOTAL: "global sequence length of the zigzag split",
-    DOCS: "packed documents (digest of cu_seqlens; -1: position ids; 0: none)",
+    "batch": "batch size",
+    "heads": "head count",
+    "kv_heads": "K/V head count",
+    "head_dim": "head size",
+    "v_head_dim": "value head size",
+    "dtype": "dtype",
+    "layout": "layout",
+    "mode": "causal flag / gradient mode",
+    "chunks": "final_chunks",
+    "device": "device type",
+    "scale": "softmax_scale",
+    "kernel": "kernel family (digest)",
+    "graphs": "CUDA graphs on/off (TOKENRING_XDIT_CUDA_GRAPHS / cuda_graph=)",
+    "validate": "validate mode (TOKENRING_XDIT_VALIDATE)",
+    "transport": "transport",
+    "proof": "causal layout proof",
+    "total": "global sequence length of the zigzag split",
+    "docs": "packed documents (digest of cu_seqlens; -1: position ids; 0: none)",
 }
 
 
@@ -76,38 +145,29 @@ def _stable(key) -> str:
     return repr(key)
 
 
-def agreed(meta: list[int]) -> tuple[int, ...]:
-    """The slots every rank agreed on (a Ring's settings)."""
-    return tuple(x for part in AGREED for x in meta[part])
-
-
-def pack_call(spec: CallSpec, problem: Problem, proof: tuple[int, int]) -> list[int]:
+def call_header(spec: CallSpec, problem: Problem, proof: tuple[int, int]) -> Header:
     """This rank's header for one TokenRing call."""
-    meta = [0] * META_LEN
-    meta[KIND], meta[PROBLEM], meta[CHOICE] = KIND_CALL, int(problem), CHOICE_TOKEN_RING
     if problem == Problem.NOT_4D:
-        return meta
+        return Header(problem=problem)
     q, k, v, layout = spec.q, spec.k, spec.v, spec.layout
     b, s, h, d = layout.dims(q)
-    meta[B], meta[H], meta[HK], meta[D], meta[DV] = b, h, k.shape[layout.head_dim], d, v.shape[3]
-    meta[SQ], meta[SKV] = s, k.shape[layout.seq_dim]
-    meta[DTYPE] = DTYPES.index(q.dtype) if q.dtype in DTYPES else -1
-    meta[LAYOUT] = layout.seq_dim
-    meta[MODE] = int(spec.causal) | 2 * int(needs_grad(q, k, v))  # both choose the schedule
-    meta[CHUNKS] = spec.chunks
-    meta[DEVICE] = DEVICE_TYPES.index(q.device.type) if q.device.type in DEVICE_TYPES else -1
-    meta[SCALE] = struct.unpack("<q", struct.pack("<d", spec.scale))[0]  # the exact float
-    meta[KERNEL], meta[GRAPHS] = spec.kernel, int(spec.graphs)
-    meta[VALIDATE] = VALIDATE_CODES.get(spec.validate, -1)
-    meta[TRANSPORT] = TRANSPORT_CODES.get(spec.transport, -1)
-    meta[GPU] = _gpu_digest(q.device)
-    meta[WIRE] = storage(q)
-    meta[PROOF], meta[TOTAL] = proof
+    mode = (Mode.CAUSAL if spec.causal else Mode.NON_CAUSAL) | (
+        Mode.GRAD if needs_grad(q, k, v) else Mode.NON_CAUSAL
+    )
+    docs, ndocs = 0, 0
     if spec.documents is not None:
-        meta[DOCS], meta[NDOCS] = _docs_digest(spec.documents), spec.documents.count
+        docs, ndocs = _docs_digest(spec.documents), spec.documents.count
     elif spec.doc_positions is not None:
-        meta[DOCS] = DOCS_BY_POSITIONS
-    return meta
+        docs = DOCS_BY_POSITIONS
+    return Header(
+        problem=problem, batch=b, heads=h, kv_heads=k.shape[layout.head_dim], head_dim=d,
+        v_head_dim=v.shape[3], q_len=s, kv_len=k.shape[layout.seq_dim], dtype=dtype_code(q.dtype),
+        layout=layout.seq_dim, mode=mode, chunks=spec.chunks, device=device_code(q.device),
+        scale=struct.unpack("<q", struct.pack("<d", spec.scale))[0], kernel=spec.kernel,
+        graphs=int(spec.graphs), validate=VALIDATE_CODES.get(spec.validate, -1),
+        transport=TRANSPORT_CODES.get(spec.transport, -1), proof=proof[0], total=proof[1],
+        gpu=_gpu_digest(q.device), docs=docs, ndocs=ndocs, wire=storage(q),
+    )  # fmt: skip
 
 
 def _docs_digest(documents: Documents) -> int:
@@ -131,41 +191,29 @@ def _gpu_digest(device: torch.device) -> int:
     return found
 
 
-_MODES = ("non-causal inference", "causal inference", "non-causal training (inputs require "
-          "grad)", "causal training (inputs require grad)")  # fmt: skip
-_PROOFS = ("no proof", "declared by a sharding helper", "positions")
-
-
-def device_name(index: int) -> str:
-    return DEVICE_TYPES[index] if 0 <= index < len(DEVICE_TYPES) else "another device type"
-
-
-def in_words(slot: int, value: int, words: dict) -> str:
-    """A header slot's value as a user would write it."""
-
-    def pick(names, index: int) -> str:
-        return names[index] if 0 <= index < len(names) else f"unknown ({index})"
-
-    if slot == DTYPE:
+def in_words(field: str, value: int, words: dict) -> str:
+    """A header field's value as a user would write it."""
+    if field == "dtype":
         return str(DTYPES[value]).replace("torch.", "") if 0 <= value < len(DTYPES) else "other"
-    if slot == LAYOUT:
-        return {1: "bshd", 2: "bhsd"}.get(value, f"sequence dim {value}")
-    if slot == MODE:
-        return pick(_MODES, value)
-    if slot == DEVICE:
+    if field == "layout":
+        return LAYOUT_WORDS.get(value, f"sequence dim {value}")
+    if field == "mode":
+        return Mode(value).words
+    if field == "device":
         return device_name(value)
-    if slot == SCALE:
+    if field == "scale":
         return repr(struct.unpack("<d", struct.pack("<q", value))[0])
-    if slot == KERNEL:
+    if field == "kernel":
         return repr(words["kernel"]) if words.get("kernel") else f"kernel #{value % 10007}"
-    if slot == GRAPHS:
+    if field == "docs" and words.get("docs"):
+        return words["docs"]
+    if field == "graphs":
         return "on" if value else "off"
-    if slot == VALIDATE:
-        return dict(enumerate(config.VALIDATE_MODES)).get(value, "invalid")
-    if slot == TRANSPORT:
-        return dict(enumerate(config.TRANSPORTS)).get(value, "invalid")
-    if slot == PROOF:
-        return pick(_PROOFS, value)
-    if slot == CHUNKS and value < 1:
+    if field in ("validate", "transport"):
+        codes = VALIDATE_CODES if field == "validate" else TRANSPORT_CODES
+        return {i: name for name, i in codes.items()}.get(value, "invalid")
+    if field == "proof":
+        return PROOF_WORDS.get(value, f"unknown ({value})")
+    if field == "chunks" and value < 1:
         return "an invalid value"
     return str(value)

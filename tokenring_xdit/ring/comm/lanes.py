@@ -103,17 +103,25 @@ class TorchLane:
                 raise self._error(about, exc) from exc
 
     def _error(self, about: tuple, exc: BaseException) -> TokenRingCommError:
-        what, step, sends, recvs = about
-        parts = [f"send to {describe_peer(self.comms, p)}" for p in dict.fromkeys(sends)]
-        parts += [f"receive from {describe_peer(self.comms, p)}" for p in dict.fromkeys(recvs)]
-        message = (
-            f"TokenRing {what} transfer at step {step} on the {self.name} lane "
-            f"({', '.join(parts)}) failed on {describe_peer(self.comms, self.rank)}: "
-            f"{str(exc).strip().splitlines()[0][:300]}; "
-            + LIKELY_CAUSES.format(timeout=self.comms.deadline.total_seconds())
-        )
-        self.comms.fail(message)
-        return TokenRingCommError(message)
+        return transfer_error(self, about, exc, self.comms.deadline.total_seconds())
+
+
+def transfer_error(
+    lane, about: tuple, exc: BaseException, timeout_s: float, via: str = ""
+) -> TokenRingCommError:
+    """The error of a lane's failed transfer (about: what, step, send peers, receive peers),
+    naming ranks, step and lane; marks the ring unusable. `lane`: a TorchLane or IpcLane."""
+    what, step, sends, recvs = about
+    comms = lane.comms
+    parts = [f"send to {describe_peer(comms, p)}" for p in dict.fromkeys(sends)]
+    parts += [f"receive from {describe_peer(comms, p)}" for p in dict.fromkeys(recvs)]
+    message = (
+        f"TokenRing {what} transfer at step {step} on the {lane.name} lane "
+        f"({via}{', '.join(parts)}) failed on {describe_peer(comms, lane.rank)}: "
+        f"{str(exc).strip().splitlines()[0][:300]}; " + LIKELY_CAUSES.format(timeout=timeout_s)
+    )
+    comms.fail(message)
+    return TokenRingCommError(message)
 
 
 def torch_lanes(comms: RingComms, rank: int) -> tuple[TorchLane, TorchLane]:

@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from .errors import LIKELY_CAUSES
 from .groups import RingComms
+from .teardown import abort_together
 
 __all__ = ["watch"]
 
@@ -95,10 +96,12 @@ def _expire(comms: RingComms, what: str) -> None:
     )
     comms.fail(message)
     log.error("%s", message)
-    for group in comms.owned():
-        if group is comms.check:
-            continue
-        try:  # frees the GPU from the stuck transfers
-            dist.distributed_c10d._abort_process_group(group)
-        except (RuntimeError, ValueError, AttributeError) as exc:
-            log.error("TokenRing: could not abort a ring communicator: %s", exc)
+    # Frees the GPU from the stuck transfers. Both lanes at once, in one NCCL group call: an
+    # abort can synchronise the device, which the other lane's stuck kernel would block, so
+    # aborted one by one the first abort waited on the second lane (issue 44: "Future for
+    # ProcessGroup abort timed out", then torch's watchdog took the process down).
+    lanes = [g for g in comms.owned() if g is not comms.check]
+    try:
+        abort_together(lanes)
+    except (RuntimeError, ValueError, AttributeError) as exc:
+        log.error("TokenRing: could not abort the ring's communicators: %s", exc)

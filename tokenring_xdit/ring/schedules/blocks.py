@@ -1,6 +1,6 @@
 """Block steps: a schedule row that also says WHICH part of Q and K/V a step's kernel covers.
 
-The training loops (`ring/block_forward.py`, `ring/backward.py`) run tables of these. A causal
+The training loop (`ring/block_loop.py`, forward and backward) runs tables of these. A causal
 zigzag shard is two halves of the sequence (chunks r and 2N-1-r), so a part is the whole local
 sequence (ALL) or one half of it (FRONT = chunk r, BACK = chunk 2N-1-r).
 
@@ -15,6 +15,7 @@ local K/V part are accumulated where they are computed and never travel.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 ALL, FRONT, BACK = "all", "front", "back"
@@ -95,12 +96,14 @@ def lift_non_causal(rank: int, world_size: int) -> tuple[BlockStep, ...]:
     return tuple(plan)
 
 
-class NonCausalBlocks:
-    """The non-causal schedule object the training loops take (`name`, `block_steps`)."""
+@dataclass(frozen=True)
+class BlockSchedule:
+    """A schedule object the training loop takes: its name, whether its step-0 block is the
+    causal diagonal, and its table `block_steps(rank, world_size)`."""
 
-    name = "token_ring"
-    causal = False
-    block_steps = staticmethod(lift_non_causal)
+    name: str
+    causal: bool
+    block_steps: Callable[[int, int], tuple[BlockStep, ...]]
 
 
-NON_CAUSAL_BLOCKS = NonCausalBlocks()
+NON_CAUSAL_BLOCKS = BlockSchedule("token_ring", False, lift_non_causal)

@@ -93,6 +93,25 @@ def chunk_bounds(length: int, chunks: int) -> list[tuple[int, int]]:
     return bounds
 
 
+# defer_own=None ("auto"): the share of the own block held back, by a rank's query count:
+# (at least this many queries, share), largest first. Measured at ring 2 on 4 x H200 with the
+# head start on (docs/performance.md, "Ring 2 after the head start"): a quarter held back was
+# 5-9 % faster at 2048-4096 local queries (half: up to 4 % slower there), half 3-8 % faster
+# from 8192; below 2048 not measured at ring 2, so nothing is held back.
+AUTO_DEFER = ((8192, 0.5), (2048, 0.25))
+
+
+def held_back(length: int, defer_own: float | None) -> int:
+    """How many of a rank's `length` queries run their own block last (0: none; `defer_own`
+    None: AUTO_DEFER). Local: the own block never travels, so ranks with other lengths or
+    settings still match. The forward loop (ring/forward.py) and the planner both use it."""
+    if defer_own is None:
+        defer_own = next((share for least, share in AUTO_DEFER if length >= least), 0.0)
+    if defer_own <= 0 or length < 2:
+        return 0
+    return min(length - 1, max(1, round(length * defer_own)))
+
+
 class NonCausal:
     """The schedule object the forward loop takes (`steps`, `final_return`)."""
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import functools
 
-from .blocks import ALL, BACK, FRONT, BlockStep
+from .blocks import ALL, BACK, FRONT, BlockSchedule, BlockStep
 
 
 def _held_part(rank: int, step: int, n: int) -> str:
@@ -79,13 +79,5 @@ def _block_steps(rank: int, world_size: int) -> tuple[BlockStep, ...]:
     return tuple(plan)
 
 
-class CausalZigzag:
-    """The schedule object the training loops take (`name`, `block_steps`)."""
-
-    name = "zigzag"
-    causal = True
-    block_steps = staticmethod(_block_steps)
-
-
-CAUSAL_ZIGZAG = CausalZigzag()
+CAUSAL_ZIGZAG = BlockSchedule("zigzag", True, _block_steps)
 block_steps = _block_steps

@@ -7,7 +7,7 @@ import math
 import shlex
 from dataclasses import dataclass
 
-from ..cli_args import add_device_and_dtype, positive_int
+from ..cli_args import add_device_and_dtype, positive_int, positive_seconds
 
 MODELS = ("pixart", "flux")
 SIZES = ("tiny", "full")
@@ -228,7 +228,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "the largest difference)",
     )
     p.add_argument(
-        "--timeout", type=float, default=900.0, help="seconds per run before it is killed (900)"
+        "--timeout",
+        type=positive_seconds,
+        default=900.0,
+        help="seconds per run before it is killed (900)",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="run on CPU even when the estimate says the weights do not fit in memory",
     )
     p.add_argument("--no-progress", action="store_true", help="no live progress display")
     p.add_argument(

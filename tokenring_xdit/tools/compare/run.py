@@ -7,7 +7,7 @@ import os
 import time
 from collections.abc import Callable
 
-from ..cli_args import EXIT_FAILED, EXIT_OK, EXIT_USAGE, EXIT_WORKER
+from ..cli_args import EXIT_FAILED, EXIT_OK, EXIT_USAGE, EXIT_WORKER, print_usage_error
 from .config import (
     HOST_NAMES,
     MODEL_NAMES,
@@ -18,6 +18,7 @@ from .config import (
     resolve,
     thresholds_for,
 )
+from .estimate import Estimate, describe, estimate, matmul_flops_per_s
 from .report import (
     build_report,
     compare_runs,
@@ -47,10 +48,13 @@ def run_compare(
 
     Raises tokenring_xdit.tools.launch.LaunchError when a rank fails.
     """
+    from rich.console import Console
+
     from ..cli_args import rank_progress
     from ..launch import launch
 
     launcher = launcher or launch
+    console = console or Console()
     progress = rank_progress("{task.fields[run]:<18}", console, quiet)
     ring_worker = RING_WORKERS[cfg.host]
     plan = [
@@ -69,8 +73,11 @@ def run_compare(
         for name, worker, nproc, worker_args in plan:
             task = tasks[name]
 
-            def on_progress(rank: int, fields: dict, task=task) -> None:
+            lines = _StepLines(console, cfg.labels[name], quiet or console.is_terminal)
+
+            def on_progress(rank: int, fields: dict, task=task, lines=lines) -> None:
                 progress.update(task, **fields)
+                lines(fields)
 
             values = launcher(
                 worker,
@@ -94,6 +101,34 @@ def run_compare(
     return report
 
 
+class _StepLines:
+    """Progress as plain lines where the live display does not show (output to a file or a
+    pipe): a phase or a denoising step, once LINE_EVERY_S has passed since the last line (so a
+    seconds-long tiny run prints none, a full-size CPU run every step)."""
+
+    LINE_EVERY_S = 10.0
+
+    def __init__(self, console, label: str, off: bool):
+        self.console, self.label, self.off = console, label, off
+        self.total, self.done, self.phase = None, 0, ""
+        self.started = self.last = time.monotonic()
+
+    def __call__(self, fields: dict) -> None:
+        self.total = fields.get("total", self.total)
+        self.done = fields.get("completed", self.done) + fields.get("advance", 0)
+        self.phase = fields.get("description", self.phase)
+        now = time.monotonic()
+        if self.off or now - self.last < self.LINE_EVERY_S:
+            return
+        self.last = now
+        step = f", step {self.done}/{self.total}" if self.total else ""
+        self.console.print(
+            f"  {self.label}: {self.phase}{step} ({now - self.started:.0f} s)",
+            markup=False,
+            highlight=False,
+        )
+
+
 # The ranks' own logging, unless --verbose or set by the user: xDiT logs at DEBUG by default,
 # diffusers and transformers warn about float32 modules and torchvision, torch about a renamed
 # collective. Errors still show.
@@ -107,6 +142,33 @@ QUIET_ENV = {
 
 def _quiet_env() -> dict[str, str]:
     return {k: v for k, v in QUIET_ENV.items() if k not in os.environ}
+
+
+# A CPU run estimated longer than this gets a warning with the estimate first
+LONG_RUN_S = 600.0
+# Below this many operations the run is seconds long: no speed measurement
+MEASURE_ABOVE_FLOPS = 1e11
+
+
+def _cpu_cost(cfg: CompareConfig) -> Estimate | None:
+    """The estimate of a CPU run (None on GPUs); the CPU's speed is measured only for a run
+    that may be long."""
+    if cfg.device != "cpu":
+        return None
+    cost = estimate(cfg, None)
+    return estimate(cfg, matmul_flops_per_s()) if cost.flops > MEASURE_ABOVE_FLOPS else cost
+
+
+def _too_big(cfg: CompareConfig, cost: Estimate) -> str:
+    return (
+        f"{MODEL_NAMES[cfg.model]} {cfg.size} in {cfg.dtype} on CPU {describe(cost)}: its "
+        f"weights alone do not fit on {cfg.nproc} ranks. {_faster(cfg)}, or --force to try"
+    )
+
+
+def _faster(cfg: CompareConfig) -> str:
+    tiny = "" if cfg.size == "tiny" else "--size tiny runs in seconds; "
+    return f"{tiny}a GPU per rank (--device cuda) runs the full size"
 
 
 def _load_average() -> float | None:
@@ -126,12 +188,11 @@ def run_cli(args: argparse.Namespace) -> int:
         cfg = resolve(args)
         thresholds = thresholds_for(args, cfg.dtype)
     except ValueError as exc:  # the form argparse's own errors take (docs/compare.md)
-        err.print(
-            f"tokenring-xdit compare: error: {exc} (see tokenring-xdit compare --help)",
-            markup=False,
-            highlight=False,
-            soft_wrap=True,
-        )
+        print_usage_error(err, "compare", exc)
+        return EXIT_USAGE
+    cost = _cpu_cost(cfg)
+    if cost is not None and cost.cannot_fit and not args.force:
+        print_usage_error(err, "compare", ValueError(_too_big(cfg, cost)))
         return EXIT_USAGE
     console.print(
         f"[bold]tokenring-xdit compare[/]: {MODEL_NAMES[cfg.model]} ({cfg.size}, random "
@@ -139,6 +200,8 @@ def run_cli(args: argparse.Namespace) -> int:
         f"diffusers in 1 process, then {HOST_NAMES[cfg.host]} on {cfg.nproc} ranks (ulysses "
         f"{cfg.ulysses} x ring {cfg.ring}) with its ring and with TokenRing"
     )
+    if cost is not None and (cost.may_not_fit or (cost.seconds or 0) > LONG_RUN_S):
+        err.print(f"[yellow]warning:[/] on CPU this {describe(cost)}; {_faster(cfg)}")
     try:
         report = run_compare(
             cfg,

@@ -212,8 +212,6 @@ def xdit_worker(rank: int, nproc: int, report, cfg: CompareConfig, impl: str) ->
     from xfuser.config import FlexibleArgumentParser
     from xfuser.core.distributed import get_runtime_state, init_distributed_environment
 
-    from ...hosts import selection
-
     # launch() already made the process group; xDiT then only builds its world group
     init_distributed_environment(rank=rank, world_size=nproc, local_rank=rank)
     parser = xFuserArgs.add_cli_args(FlexibleArgumentParser(description="xFuser Arguments"))
@@ -238,15 +236,8 @@ def xdit_worker(rank: int, nproc: int, report, cfg: CompareConfig, impl: str) ->
     timer = StepTimer(device, report if last else None)
     result = _timed_call(xpipe, kwargs, cfg, timer, report if last else _quiet)
     token_ring = calls_by_host().get("xdit", 0) - token_ring_before
-    return dict(
-        result,
-        rank=rank,
-        ranks=nproc,
-        ring_calls=dict(token_ring=token_ring, **own_ring),
-        ring_impl=list(selection.xdit_ring_impl()),
-        attention_backend=get_runtime_state().attention_backend.name,
-        **_environment(),
-    )
+    backend = get_runtime_state().attention_backend.name
+    return _ring_result(result, rank, nproc, dict(token_ring=token_ring, **own_ring), backend)
 
 
 def diffusers_worker(rank: int, nproc: int, report, cfg: CompareConfig, impl: str) -> dict:
@@ -286,11 +277,18 @@ def diffusers_worker(rank: int, nproc: int, report, cfg: CompareConfig, impl: st
     if not last:
         result.update(image=None, latents=None)
     token_ring = tokenring_xdit.calls_by_host().get("diffusers", 0) - token_ring_before
+    return _ring_result(result, rank, nproc, dict(token_ring=token_ring, **own_ring), backend)
+
+
+def _ring_result(result: dict, rank: int, nproc: int, calls: dict, backend: str) -> dict:
+    """A ring run's value: the timed call's result, the ring calls counted, the ring selected."""
+    from ...hosts import selection
+
     return dict(
         result,
         rank=rank,
         ranks=nproc,
-        ring_calls=dict(token_ring=token_ring, **own_ring),
+        ring_calls=calls,
         ring_impl=list(selection.xdit_ring_impl()),
         attention_backend=backend,
         **_environment(),

@@ -26,6 +26,7 @@ import torch
 
 from ..errors import LIKELY_CAUSES, TokenRingCommError
 from ..groups import RingComms, describe_peer
+from ..lanes import transfer_error
 from . import driver as drv
 from .protocol import READY, TAKEN, pack
 from .state import _RINGS, IpcRing, _by_peer, _count, _nbytes, _poll, _Work
@@ -85,7 +86,7 @@ class IpcLane:
         """Enqueue the copies of sends/recvs (tensor, ring rank); `wait` completes them."""
         if not sends and not recvs:
             return []
-        ring, lane = self.ring, self.index
+        ring = self.ring
         about = (what, self.step, [p for _, p in sends], [p for _, p in recvs])
         ring.check_usable()
         # Inside a CUDA-graph capture the stream operations are recorded, not run: the buffers
@@ -97,6 +98,21 @@ class IpcLane:
             if not t.is_contiguous() or t.device.index != ring.device:
                 raise RuntimeError("an IPC receive needs a dense tensor on the ring's GPU")
         out, into = _by_peer(sends), _by_peer(recvs)
+        self._make_room(out, into, about, capturing)
+        current = torch.cuda.current_stream(ring.device)
+        works = []
+        if out:
+            works.append(self._send(out, current, about, capturing))
+        if into:
+            works.append(self._receive(into, current, about, capturing))
+        self._works.extend(works)
+        _count(what, sends)
+        return works
+
+    def _make_room(self, out: dict, into: dict, about: tuple, capturing: bool) -> None:
+        """Grow the buffers this post's messages need (never inside a capture: there they must
+        fit already)."""
+        ring, lane = self.ring, self.index
         send_bytes = {p: pack([_nbytes(t) for t in ts])[1] for p, ts in out.items()}
         recv_bytes = {p: pack([_nbytes(t) for t in ts])[1] for p, ts in into.items()}
         if capturing:
@@ -105,49 +121,50 @@ class IpcLane:
                     "TokenRing ipc: a message does not fit its buffer inside a CUDA-graph "
                     "capture (the eager call before a capture grows the buffers)"
                 )
-        else:
-            deadline = time.monotonic() + ring.timeout_s
-            try:
-                ring.ensure_capacity(lane, send_bytes, recv_bytes, deadline)
-            except (RuntimeError, TimeoutError) as exc:
-                error = self._error(about, exc)
-                ring.fail(str(error))
-                raise error from exc
-        current = torch.cuda.current_stream(ring.device)
-        works = []
-        if out:
-            stream = ring.send_streams[lane]
-            stream.wait_stream(current)  # the payload is produced on the caller's stream
-            for peer, ts in out.items():
-                offsets, _ = pack([_nbytes(t) for t in ts])
-                taken = ring.word(ring.rank, lane, peer, TAKEN)
-                drv.wait_value(stream, taken, 0)  # the peer has copied our last message out
-                drv.write_value(stream, taken, 1)
-                base = ring.outbox[(lane, peer)][0]
-                for t, off in zip(ts, offsets, strict=True):
-                    drv.memcpy(stream, base + off, t.data_ptr(), _nbytes(t))
-                    if not capturing:  # a capture's pool keeps its tensors
-                        t.record_stream(stream)
-                drv.write_value(stream, ring.word(peer, lane, ring.rank, READY), 1)
-            works.append(self._record(stream, about, capturing))
-        if into:
-            stream = ring.recv_streams[lane]
-            stream.wait_stream(current)  # fresh receive tensors may reuse memory in use there
-            for peer, ts in into.items():
-                offsets, _ = pack([_nbytes(t) for t in ts])
-                ready = ring.word(ring.rank, lane, peer, READY)
-                drv.wait_value(stream, ready, 1)
-                drv.write_value(stream, ready, 0)
-                base = ring.inbox[(lane, peer)].ptr
-                for t, off in zip(ts, offsets, strict=True):
-                    drv.memcpy(stream, t.data_ptr(), base + off, _nbytes(t))
-                    if not capturing:
-                        t.record_stream(stream)
-                drv.write_value(stream, ring.word(peer, lane, ring.rank, TAKEN), 0)
-            works.append(self._record(stream, about, capturing))
-        self._works.extend(works)
-        _count(what, sends)
-        return works
+            return
+        deadline = time.monotonic() + ring.timeout_s
+        try:
+            ring.ensure_capacity(lane, send_bytes, recv_bytes, deadline)
+        except (RuntimeError, TimeoutError) as exc:
+            error = self._error(about, exc)
+            ring.fail(str(error))
+            raise error from exc
+
+    def _send(self, out: dict, current, about: tuple, capturing: bool) -> _Work:
+        """On the send stream, per peer: wait for its inbox, copy in, flag it READY."""
+        ring, lane = self.ring, self.index
+        stream = ring.send_streams[lane]
+        stream.wait_stream(current)  # the payload is produced on the caller's stream
+        for peer, ts in out.items():
+            offsets, _ = pack([_nbytes(t) for t in ts])
+            taken = ring.word(ring.rank, lane, peer, TAKEN)
+            drv.wait_value(stream, taken, 0)  # the peer has copied our last message out
+            drv.write_value(stream, taken, 1)
+            base = ring.outbox[(lane, peer)][0]
+            for t, off in zip(ts, offsets, strict=True):
+                drv.memcpy(stream, base + off, t.data_ptr(), _nbytes(t))
+                if not capturing:  # a capture's pool keeps its tensors
+                    t.record_stream(stream)
+            drv.write_value(stream, ring.word(peer, lane, ring.rank, READY), 1)
+        return self._record(stream, about, capturing)
+
+    def _receive(self, into: dict, current, about: tuple, capturing: bool) -> _Work:
+        """On the receive stream, per peer: wait for READY, copy out, free the inbox."""
+        ring, lane = self.ring, self.index
+        stream = ring.recv_streams[lane]
+        stream.wait_stream(current)  # fresh receive tensors may reuse memory in use there
+        for peer, ts in into.items():
+            offsets, _ = pack([_nbytes(t) for t in ts])
+            ready = ring.word(ring.rank, lane, peer, READY)
+            drv.wait_value(stream, ready, 1)
+            drv.write_value(stream, ready, 0)
+            base = ring.inbox[(lane, peer)].ptr
+            for t, off in zip(ts, offsets, strict=True):
+                drv.memcpy(stream, t.data_ptr(), base + off, _nbytes(t))
+                if not capturing:
+                    t.record_stream(stream)
+            drv.write_value(stream, ring.word(peer, lane, ring.rank, TAKEN), 0)
+        return self._record(stream, about, capturing)
 
     def _record(self, stream: torch.cuda.Stream, about: tuple, capturing: bool) -> _Work:
         event = torch.cuda.Event()
@@ -181,15 +198,4 @@ class IpcLane:
             ring.outstanding = [e for e in ring.outstanding if e is not work.event]
 
     def _error(self, about: tuple, exc: BaseException) -> TokenRingCommError:
-        what, step, sends, recvs = about
-        comms = self.comms
-        parts = [f"send to {describe_peer(comms, p)}" for p in dict.fromkeys(sends)]
-        parts += [f"receive from {describe_peer(comms, p)}" for p in dict.fromkeys(recvs)]
-        message = (
-            f"TokenRing {what} transfer at step {step} on the {self.name} lane "
-            f"(ipc; {', '.join(parts)}) failed on {describe_peer(comms, self.rank)}: "
-            f"{str(exc).strip().splitlines()[0][:300]}; "
-            + LIKELY_CAUSES.format(timeout=self.ring.timeout_s)
-        )
-        self.comms.fail(message)
-        return TokenRingCommError(message)
+        return transfer_error(self, about, exc, self.ring.timeout_s, via="ipc; ")

@@ -1,0 +1,48 @@
+"""The numbers the docs quote from a runnable command are checked against that command, and
+every `tokenring_xdit/...py` path the docs name exists, so neither drifts silently again."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def test_training_losses_quoted_are_those_of_the_command():
+    """docs/training.md: `torchrun --nproc-per-node 2 examples/llm_train_tokenring.py --compare
+    --steps 3`, its output block and the tolerances stated under it."""
+    text = (ROOT / "docs" / "training.md").read_text()
+    shown = [float(x) for x in re.findall(r"^step \d+: loss ([\d.]+) \(token_ring\)", text, re.M)]
+    assert len(shown) == 3, shown
+    near = float(re.search(r"each step's loss within\s+([\d.]+) of the one shown", text)[1])
+    loss_tol = float(re.search(r"`max_loss_err` <= (\d[\d.e-]*\d)", text)[1])
+    grad_tol = float(re.search(r"`max_grad_err` <= (\d[\d.e-]*\d)", text)[1])
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        [str(torchrun), "--nproc-per-node", "2", str(ROOT / "examples" / "llm_train_tokenring.py"),
+         "--compare", "--steps", "3"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = [float(x) for x in re.findall(r"^step \d+: loss ([\d.]+)", done.stdout, re.M)]
+    assert len(got) == 3, done.stdout
+    assert all(abs(a - b) <= near for a, b in zip(got, shown, strict=True)), (got, shown)
+    errs = ast.literal_eval(re.search(r"^\{'max_loss_err'.*\}$", done.stdout, re.M)[0])
+    assert errs["max_loss_err"] <= loss_tol and errs["max_grad_err"] <= grad_tol, errs
+
+
+def test_every_package_path_in_the_docs_exists():
+    named = {
+        (doc.name, path)
+        for doc in DOCS
+        for path in re.findall(r"\btokenring_xdit/[\w/]+\.py\b", doc.read_text())
+    }
+    missing = sorted((doc, path) for doc, path in named if not (ROOT / path).is_file())
+    assert named and not missing, missing

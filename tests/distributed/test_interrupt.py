@@ -1,0 +1,100 @@
+"""A rank waiting for a missing peer on its first TokenRing call stops on Ctrl-C (issue 43 item 1).
+
+The first call makes the ring's communicators; torch makes them inside C++ waits where Python's
+signal handlers cannot run, so a rank whose peer never called ignored Ctrl-C for the whole
+deadline (30 minutes by default on gloo). ring/comm/groups.py now meets the members in a
+Python polling loop first. Two plain processes (no launcher that would forward or escalate the
+signal): rank 1 never calls TokenRing; rank 0 gets SIGINT while it waits.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+PROGRAM = """
+import sys, time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+if dist.get_rank() == 1:
+    time.sleep(120)  # never calls TokenRing
+    sys.exit(0)
+from tokenring_xdit.ring import token_ring_attn
+q = torch.randn(1, 8, 2, 16)
+print("calling", flush=True)
+try:
+    token_ring_attn(q, q, q)
+except BaseException as exc:
+    print("raised", type(exc).__name__, str(exc)[:400], flush=True)
+    raise
+"""
+
+
+def _launch(extra_env: dict[str, str]) -> list[subprocess.Popen]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env.update(extra_env)
+    return [
+        subprocess.Popen(
+            [sys.executable, "-u", "-c", PROGRAM],
+            env=dict(env, RANK=str(r)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(2)
+    ]
+
+
+def _wait_for_line(proc: subprocess.Popen, want: str, timeout: float) -> list[str]:
+    lines, end = [], time.monotonic() + timeout
+    while time.monotonic() < end:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if line.startswith(want):
+            return lines
+    raise AssertionError(f"no {want!r} line within {timeout} s: {''.join(lines)[-2000:]}")
+
+
+def test_ctrl_c_stops_a_rank_whose_peer_never_calls():
+    procs = _launch({"TOKENRING_XDIT_TIMEOUT": "600"})
+    try:
+        _wait_for_line(procs[0], "calling", 120)
+        time.sleep(1.0)  # inside the first call's wait for rank 1
+        start = time.monotonic()
+        procs[0].send_signal(signal.SIGINT)
+        procs[0].wait(timeout=30)
+        took = time.monotonic() - start
+        out = procs[0].stdout.read()
+        assert "raised KeyboardInterrupt" in out, out[-2000:]
+        # a bound on responsiveness (the old wait ignored the signal for the whole deadline)
+        assert took < 5.0, f"rank 0 took {took:.1f} s to stop after SIGINT"
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_a_missing_peer_is_named_at_the_deadline():
+    procs = _launch({"TOKENRING_XDIT_TIMEOUT": "3"})
+    try:
+        _wait_for_line(procs[0], "calling", 120)
+        procs[0].wait(timeout=60)
+        out = procs[0].stdout.read()
+        assert "raised TokenRingCommError" in out, out[-2000:]
+        assert "global ranks [1]" in out and "did not start TokenRing" in out, out[-2000:]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

@@ -1,0 +1,94 @@
+"""The planner's link between nodes: given in the machine description, or fitted from the
+multi-node launcher's link probe; USP splits priced with intra-node links for ulysses and the
+inter-node link for the ring; validation on the two-node stand-in's sweeps (CPU only)."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import pytest
+
+from tokenring_xdit.planner.cost import predict
+from tokenring_xdit.planner.fabric import fabric, link_fabric, parse_link
+from tokenring_xdit.planner.machine import make_machine
+from tokenring_xdit.planner.validate import MAX_MEDIAN_ERROR, report, validate
+from tokenring_xdit.tools import cli
+
+STANDIN = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "multi_node_standin"
+PROBE = {s: STANDIN / f"nccl_peers_socket_{s}.json" for s in ("default", "wide")}
+
+
+def test_a_given_link_has_its_bandwidth_latency_and_shared_nic():
+    f = parse_link("gbps=50,latency_us=8,both_ways_gbps=40")
+    assert f.one_way.gbps == 50 and f.ring.gbps == 40 and f.two_peers.gbps == 40
+    assert f.one_way.latency_ms == pytest.approx(0.008)
+    assert f.one_way.ms(50e6) == pytest.approx(0.008 + 1.0)
+    assert link_fabric(25.0).ring.gbps == 25.0  # full duplex unless told otherwise
+    assert fabric("gbps=50").one_way.gbps == 50
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [("gbps=0", "> 0"), ("latency_us=3", "required"), ("gbps=x", "number"), ("bw=3", "give")],
+)
+def test_a_bad_link_is_one_clear_error(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_link(text)
+
+
+def test_the_probe_fits_the_stand_in_link_at_both_socket_settings():
+    slow, fast = fabric(str(PROBE["default"])), fabric(str(PROBE["wide"]))
+    # measured: 4.3 / 7.1 GB/s one way, 2.5 / 5.3 GB/s each way with both directions busy
+    assert 3.8 < slow.one_way.gbps < 4.8 and 2.2 < slow.ring.gbps < 2.8
+    assert 6.5 < fast.one_way.gbps < 7.7 and 4.8 < fast.ring.gbps < 5.8
+    with pytest.raises(ValueError, match="does not exist"):
+        fabric(str(STANDIN / "missing.json"))
+
+
+def test_ulysses_inside_ring_across_prices_each_link_where_it_runs():
+    one = make_machine(16, nodes=1, fabric_name="nvswitch")
+    two = make_machine(16, nodes=2, fabric_name="nvswitch", inter_name="gbps=5,latency_us=20")
+    assert two.link(0, 7) is two.intra and two.link(0, 8) is two.inter
+    # ulysses 8 inside a node: the same all-to-all on both machines; only the ring pays the link
+    a = predict(one, "token_ring", 32, 128, 65536, 8, 2)
+    b = predict(two, "token_ring", 32, 128, 65536, 8, 2)
+    assert a.parts["all_to_all"] == pytest.approx(b.parts["all_to_all"])
+    assert b.ms > a.ms
+    # ulysses 16 sends across the network: its all-to-all is far slower than inside one node
+    assert (
+        predict(two, "ulysses", 32, 128, 65536, 16, 1).parts["all_to_all"]
+        > 5 * predict(one, "ulysses", 32, 128, 65536, 16, 1).parts["all_to_all"]
+    )
+
+
+def test_same_fabric_inside_and_between_nodes_stays_two_links():
+    m = make_machine(4, nodes=2, fabric_name="ib", inter_name="ib")
+    assert m.intra.name != m.inter.name and m.link(0, 2) is m.inter
+
+
+def test_validate_on_the_stand_in_meets_the_error_target():
+    checks, picks = validate(STANDIN)
+    assert {c.file for c in checks} == {
+        f"multi_node_standin/sweep_socket_{s}.json"
+        for s in ("default", "default_run2", "wide", "wide_run2")
+    }
+    assert len(checks) == 160 and len(picks) == 32
+    assert statistics.median(abs(c.error) for c in checks) <= MAX_MEDIAN_ERROR
+    # where the link is slow the all-gather ring leads by 20-40 % and the model picks it; on
+    # the wider link the measured best flips between two runs of the same sweep (see the folder's
+    # README), so the picks there are scored but not asserted
+    assert all(p[3] for p in picks if "default" in p[0])
+    text, _ = report(STANDIN)
+    assert "median abs error" in text
+
+
+def test_plan_takes_a_probe_or_a_given_link_between_nodes(capsys):
+    base = ["plan", "--heads", "24", "--head-dim", "128", "--tokens", "65536", "--nodes", "2"]
+    assert cli.main([*base, "--gpus", "2", "--inter-fabric", str(PROBE["default"])]) == 0
+    out = capsys.readouterr().out
+    assert "between nodes nccl_peers_socket_default" in out and "best: " in out
+    assert cli.main([*base, "--gpus", "16", "--inter-fabric", "gbps=50,latency_us=10"]) == 0
+    assert "best: ulysses 8 x ring 2" in capsys.readouterr().out
+    assert cli.main([*base, "--gpus", "16", "--inter-fabric", "gbps=fast"]) == 2
+    assert "gbps must be a number" in capsys.readouterr().err

@@ -1,0 +1,224 @@
+"""The ring's live communicators and their teardown, and the ring's own guard on
+`torch.distributed.destroy_process_group`.
+
+The guard: a CUDA graph that captured NCCL kernels keeps its communicator in use, and torch's
+`destroy_process_group` then waits forever in ncclCommDestroy (pytorch/pytorch#115388; seen on
+2 x H200 with torch 2.11; xDiT's scripts end with `destroy_distributed_env()`). So before a
+group is destroyed, the guard drops every CUDA graph of ours (GRAPH_RELEASERS: ring/graphs.py
+registers its caches) and tears down TokenRing's own ring communicators, newest first. The ring
+puts it in place itself (`ensure_guard`), before it makes a ring's first communicators and
+before its first graph capture, so a checkout on PYTHONPATH without install metadata gets it
+too (issue 34). The patch table lists it (row `torch.destroy_process_group`); patches/
+torch_dist.py reports and reverts it, and `tokenring_xdit.uninstall()` gives torch its own
+function back.
+
+Teardown and exit. Nothing of ours may keep a process group alive past `destroy_process_group`:
+torch frees a group's gloo threads only when its last reference goes, and a gloo worker thread
+that outlives the start of interpreter finalisation and then drops the last reference to a
+finished collective (whose tensors own Python objects) needs the GIL, is killed by Python, and
+the process aborts ("terminate called without an active exception"). So releasing a ring also
+empties the per-group caches (RELEASE_HOOKS). At exit, in a program that made ring
+communicators, a gloo default group it did not destroy is destroyed here, while the interpreter
+is whole (the same race exists in plain torch:
+about 2 runs in 15 of a program whose last call is a gloo all_gather). Our own NCCL
+communicators are aborted, not finalised: an abort is local and bounded, a finalise can wait
+on peers (pytorch/pytorch#119797); our queued kernels are waited for first, bounded by the
+deadline.
+
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import gc
+import time
+import weakref
+from collections.abc import Callable
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "GRAPH_RELEASERS",
+    "RELEASE_HOOKS",
+    "ensure_guard",
+    "guard_installed",
+    "release_graphs",
+    "release_ring_comms",
+    "remove_guard",
+]
+
+_MADE: list[bool] = []  # non-empty once this process made ring communicators (the exit hook)
+# ring group -> its communicators (groups.py fills it); weak keys, so a destroyed group's entry
+# cannot be found again by a new group that reuses its name
+_COMMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# ring -> {seconds: its view with that deadline}; released with the ring
+_VIEWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Each drops every CUDA graph of one kind of cache and returns how many caches held any
+# (ring/graphs.py registers its own when it is imported: no graph exists before that).
+GRAPH_RELEASERS: list[Callable[[], int]] = []
+
+
+# --- the guard -------------------------------------------------------------------------------
+
+
+def release_graphs() -> None:
+    """Drop every CUDA graph tokenring_xdit holds (TokenRing calls and graphed transformers)."""
+    if sum(release() for release in GRAPH_RELEASERS):
+        # a graph is destroyed with its last reference; collect only when graphs were dropped:
+        # xDiT destroys a dozen groups at exit and a full collection each cost seconds there
+        gc.collect()
+
+
+def _guarded(destroy: Callable) -> Callable:
+    @functools.wraps(destroy)
+    def destroy_process_group(*args, **kwargs):
+        release_graphs()
+        group = args[0] if args else kwargs.get("group")
+        release_ring_comms(group)  # ours first, newest first (None: every ring's)
+        return destroy(*args, **kwargs)
+
+    return destroy_process_group
+
+
+_GUARD: dict[str, Callable] = {}  # "original", "guard" while installed
+
+
+def ensure_guard() -> None:
+    """Put the guard in place (idempotent): under both names torch exports it by."""
+    if _GUARD:
+        return
+    c10d = dist.distributed_c10d
+    original = c10d.destroy_process_group
+    guard = _guarded(original)
+    c10d.destroy_process_group = guard
+    if dist.destroy_process_group is original:
+        dist.destroy_process_group = guard
+    _GUARD.update(original=original, guard=guard)
+
+
+def guard_installed() -> bool:
+    return bool(_GUARD)
+
+
+def remove_guard() -> None:
+    """Give torch its own destroy_process_group back (where ours is still in place)."""
+    if not _GUARD:
+        return
+    release_graphs()  # the unguarded destroy_process_group would hang on them
+    c10d = dist.distributed_c10d
+    for owner in (c10d, dist):
+        if owner.destroy_process_group is _GUARD["guard"]:
+            owner.destroy_process_group = _GUARD["original"]
+    _GUARD.clear()
+
+
+def made_rings() -> None:
+    """Note that this process made ring communicators (the exit hook acts only then)."""
+    if not _MADE:
+        _MADE.append(True)
+
+
+# --- teardown --------------------------------------------------------------------------------
+
+
+# Called with the released ring's group (None: every ring) after release_ring_comms drops rings:
+# modules that keep per-group state (the checks' signature cache, a pending backward's ring)
+# forget it, so nothing of ours keeps a destroyed group alive.
+RELEASE_HOOKS: list[Callable[[dist.ProcessGroup | None], None]] = []
+
+
+def release_ring_comms(group: dist.ProcessGroup | None = None) -> None:
+    """Destroy the communicators TokenRing made (for `group`'s ring, or every ring's), newest
+    first, while torch.distributed is still whole. Safe to call twice; rings made again later
+    get fresh communicators."""
+    if not dist.is_initialized():
+        _COMMS.clear()
+        _VIEWS.clear()
+        _forget(group)
+        return
+    for ring in reversed(list(_COMMS.keys())):
+        if group is not None and ring is not group:
+            continue
+        comms = _COMMS.pop(ring, None)
+        if comms is not None:
+            _VIEWS.pop(comms, None)
+            _tear_down(comms)
+    _forget(group)
+
+
+def _forget(group: dist.ProcessGroup | None) -> None:
+    for hook in RELEASE_HOOKS:
+        hook(group)
+
+
+def _tear_down(comms) -> None:  # a groups.RingComms
+    """Gloo communicators are destroyed (local, instant); NCCL ones aborted together after our
+    queued kernels finish or the deadline passes (an abort never waits on a peer)."""
+    owned = list(reversed(comms.owned()))
+    nccl = [g for g in owned if comms.backend == "nccl" and g is not comms.check]
+    if nccl:
+        _drain(comms.deadline)
+    for g in owned:
+        if g in nccl:
+            continue
+        try:
+            dist.destroy_process_group(g)
+        except (RuntimeError, ValueError):
+            pass  # already destroyed with the world group
+    if nccl:
+        abort_together(nccl)
+
+
+def _drain(deadline: timedelta) -> None:
+    """Wait (polling, bounded) for the work queued so far on the current CUDA stream."""
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return
+    event = torch.cuda.Event()
+    event.record()
+    end = time.monotonic() + deadline.total_seconds()
+    while not event.query() and time.monotonic() < end:
+        time.sleep(0.001)
+
+
+def abort_together(groups: list[dist.ProcessGroup]) -> None:
+    """Abort NCCL communicators inside one NCCL group call, as torch does for the world: aborts
+    made one by one can wait on each other (pytorch/pytorch#119797)."""
+    c10d = dist.distributed_c10d
+    try:
+        backend = groups[0]._get_backend(torch.device("cuda"))
+        start, end = backend._group_start, backend._group_end
+    except (AttributeError, RuntimeError):
+        start = end = lambda: None  # noqa: E731
+    start()
+    try:
+        for g in groups:
+            try:
+                c10d._abort_process_group(g)
+            except (RuntimeError, ValueError, KeyError):
+                # already destroyed with the world group, or aborted by the ring's deadline
+                # (comm/watchdog.py): torch then no longer lists it (KeyError at exit, issue 44)
+                pass
+    finally:
+        end()
+
+
+def _at_exit() -> None:
+    """Before interpreter finalisation: our communicators, then a gloo default group the
+    program did not destroy (see the module docstring)."""
+    release_graphs()  # a graph holding NCCL kernels keeps its communicator busy
+    gc.collect()
+    release_ring_comms()
+    # only in programs that used a ring: one that never did keeps torch's own exit behaviour
+    if _MADE and dist.is_initialized() and dist.get_backend() == "gloo":
+        try:
+            dist.destroy_process_group()
+        except (RuntimeError, ValueError):
+            pass
+
+
+# At interpreter exit, before finalisation tears down gloo's threads in no particular order
+# (registered after torch's import, so it runs before torch's own exit handlers).
+atexit.register(_at_exit)

@@ -1,0 +1,197 @@
+"""The registry: every kernel record by name, the one `auto` order, and the selection of a
+record for a call (inference, training, packed documents, GQA)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+
+import torch
+
+from .base import HALF, BlockKernel, Kernel, KeyedKernel
+from .exact import MASKED, MATH
+from .flashattn import FLASH_ATTN, has_flash_attn
+from .probe import works
+from .sdpa import CPU_FLASH, CUDNN, TORCH_EFFICIENT, TORCH_FLASH
+from .varlen import FLASH_VARLEN
+from .wrappers import ExpandedBlock, expanded, segments_pair
+
+log = logging.getLogger("tokenring_xdit")
+
+# Dense kernels, by the names users pass (kernel=...) and yunchang's attn_type maps to.
+REGISTRY: dict[str, Kernel] = {
+    k.name: k for k in (FLASH_ATTN, CUDNN, TORCH_FLASH, TORCH_EFFICIENT, CPU_FLASH, MATH)
+}
+# Kernels for packed documents only (they take the segments themselves).
+DOC_REGISTRY: dict[str, Kernel] = {k.name: k for k in (MASKED, FLASH_VARLEN)}
+DOC_KERNELS = tuple(DOC_REGISTRY)
+
+KERNELS: dict[str, BlockKernel] = {name: k.block for name, k in REGISTRY.items()}  # inference
+PAIRS: dict[str, Kernel] = dict(REGISTRY)  # training (a record without a backward: `train_as`)
+
+# `auto`: fastest first, then filtered by device, dtype and the probe. Inference: cuDNN reaches
+# 450-680 TFLOP/s on H200 vs 265-358 for torch flash. Training: cuDNN runs ~1.7x torch flash on
+# Hopper (550 vs 310 TFLOP/s fwd+bwd, H100) and is ahead of flash-attn 2 there; before Hopper
+# flash-attn is the fast, well-trodden one. (Inference keeps flash-attn first on Hopper too: not
+# measured against cuDNN there.)
+_AUTO = {
+    "inference": ("flash_attn", "cudnn", "torch_flash", "torch_efficient", "cpu_flash", "math"),
+    "training": ("flash_attn", "torch_flash", "cudnn", "cpu_flash", "math"),
+    "training-sm90": ("cudnn", "flash_attn", "torch_flash", "cpu_flash", "math"),
+}
+
+
+def auto_order(device: torch.device, dtype: torch.dtype, train: bool) -> tuple[str, ...]:
+    """The kernels `auto` tries for this device and dtype, fastest first."""
+    mode = "inference"
+    if train:
+        hopper = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+        mode = "training-sm90" if hopper else "training"
+    # inference treats any device but the CPU as CUDA, training any but CUDA as the CPU
+    cuda = device.type == "cuda" if train else device.type != "cpu"
+    kind = "cuda" if cuda else "cpu"
+    return tuple(
+        name
+        for name in _AUTO[mode]
+        if kind in REGISTRY[name].devices
+        and (dtype in HALF or not REGISTRY[name].half_only)
+        and (name != "flash_attn" or has_flash_attn())
+    )
+
+
+def check_layout(record: Kernel, layout) -> None:
+    """Refuse a layout the record does not take (every built-in one takes both)."""
+    if layout not in record.layouts:
+        names = [x.name for x in record.layouts]
+        raise ValueError(f"kernel {record.name!r} takes layouts {names}, not {layout.name!r}")
+
+
+def _unknown(name) -> ValueError:
+    return ValueError(f"unknown kernel {name!r}; use 'auto' or one of {sorted(REGISTRY)}")
+
+
+def select_kernel(
+    name: str, device: torch.device, dtype: torch.dtype, d_qk: int, d_v: int
+) -> tuple[str, BlockKernel]:
+    """Resolve a kernel name ("auto" = fastest that works for this device/dtype/head size)."""
+    if name == "auto":
+        name = _first_block(device.type, dtype, d_qk, d_v)
+    if name not in REGISTRY:
+        raise _unknown(name)
+    return name, KERNELS[name]
+
+
+@functools.cache
+def _first_block(device: str, dtype: torch.dtype, d_qk: int, d_v: int) -> str:
+    for name in auto_order(torch.device(device), dtype, train=False):
+        if works(KERNELS[name], "forward", torch.device(device), dtype, d_qk, d_v):
+            return name
+    raise RuntimeError(f"no attention kernel with lse for {dtype} head size {d_qk} on {device}")
+
+
+def select_pair(
+    kernel: str, device: torch.device, dtype: torch.dtype, d_qk: int, d_v: int, deterministic: bool
+) -> Kernel:
+    """The training record for a kernel name ("auto": the fastest that works here)."""
+    if not isinstance(kernel, str):
+        raise NotImplementedError(
+            "TokenRing training and causal attention need a kernel with a matching backward; a "
+            f"custom block kernel has none. Pass kernel='auto' or one of {sorted(REGISTRY)} (from "
+            "yunchang: attn_type FA, TORCH_FLASH, TORCH_EFFICIENT, TORCH_CUDNN or TORCH_MATH, "
+            "no attn_processor)"
+        )
+    name = kernel
+    if kernel == "auto":
+        order = auto_order(device, dtype, train=True)
+        name = next(
+            n for n in order if n == "math" or _pair_works(n, device.type, dtype, d_qk, d_v)
+        )
+    if name not in REGISTRY:
+        raise _unknown(name)
+    record = _trained(REGISTRY[name], dtype)
+    if record.name == "flash_attn" and not has_flash_attn():
+        raise ValueError(
+            "kernel 'flash_attn' needs the flash-attn package (pip install flash-attn)"
+        )
+    if deterministic and not record.deterministic:
+        if record.deterministic_backward is not None:
+            return dataclasses.replace(
+                record, backward=record.deterministic_backward, deterministic=True
+            )
+        raise NotImplementedError(
+            f"deterministic=True: the {record.name!r} backward is not deterministic; use "
+            "flash-attn (yunchang attn_type FA) or the exact 'math' kernel (TORCH_MATH), or "
+            "deterministic=False"
+        )
+    return record
+
+
+def _trained(record: Kernel, dtype: torch.dtype) -> Kernel:
+    """`record`, or for one without a backward the record that trains in its place (said once
+    in the log: a user who named the kernel should see that another one runs)."""
+    if record.backward is not None:
+        return record
+    stand_in = REGISTRY[record.train_as]
+    if stand_in.half_only and dtype not in HALF:
+        stand_in = MATH
+    _say_trained_as(record.name, stand_in.name)
+    return stand_in
+
+
+@functools.cache
+def _say_trained_as(name: str, stand_in: str) -> None:
+    log.warning(
+        "TokenRing: kernel %r has no usable ring backward; training runs %r in its place (same "
+        "attention, exact; docs/training.md, Kernels)",
+        name,
+        stand_in,
+    )
+
+
+@functools.cache
+def _pair_works(name: str, device: str, dtype: torch.dtype, d_qk: int, d_v: int) -> bool:
+    """The probe of a training record (`math`, the reference, always works)."""
+    return name == "math" or works(REGISTRY[name], "pair", torch.device(device), dtype, d_qk, d_v)
+
+
+def doc_pair(kernel, device: torch.device, dtype, d_qk: int, d_v: int, dense) -> Kernel:
+    """The record for a packed-documents call. kernel: "auto", "masked", "flash_varlen", or a
+    dense kernel name (then called per segment). `dense(name)` selects a dense record
+    (select_pair with the call's arguments)."""
+    fast = device.type == "cuda" and dtype in HALF
+    if kernel in DOC_REGISTRY:
+        if kernel == "flash_varlen" and not fast:
+            raise ValueError("kernel 'flash_varlen' needs CUDA tensors in float16/bfloat16")
+        return DOC_REGISTRY[kernel]
+    if kernel == "auto":
+        if not fast:
+            return MASKED  # exact, and the CPU's fastest masked option at these sizes
+        if works(FLASH_VARLEN, "segments", torch.device(device.type), dtype, d_qk, d_v):
+            return FLASH_VARLEN
+    record = dense(kernel)
+    if record.packed_as is not None:
+        return DOC_REGISTRY[record.packed_as]
+    if record.packed_refused is not None and device.type == "cuda":
+        raise NotImplementedError(
+            f"kernel {record.name!r} with packed documents: {record.packed_refused}"
+        )
+    return segments_pair(record)
+
+
+def gqa_kernel(kernel: BlockKernel, key, device: torch.device, dtype, d_qk: int, d_v: int):
+    """(kernel, graph key) for a call with fewer K/V heads than query heads: the kernel itself
+    where it takes them (the probe says), else one that expands K/V per block."""
+    if works(kernel, "gqa-forward", device, dtype, d_qk, d_v):
+        return kernel, key
+    wrapped = ExpandedBlock(kernel)
+    new_key = None if key is None else ("gqa-expanded", key)
+    return (KeyedKernel(wrapped, new_key) if new_key is not None else wrapped), new_key
+
+
+def gqa_pair(record: Kernel, device: torch.device, dtype, d_qk: int, d_v: int) -> Kernel:
+    """The record for a call with fewer K/V heads than query heads: `record` itself where its
+    kernels take them, else one that expands K/V per block and folds dK/dV back."""
+    if works(record, "gqa-pair", device, dtype, d_qk, d_v):
+        return record
+    return expanded(record)

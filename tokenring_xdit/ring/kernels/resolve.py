@@ -1,0 +1,87 @@
+"""`resolve_kernel`: what a call's `kernel` argument becomes (a block kernel for inference, a
+record for training), its CUDA-graph key and the family every rank must agree on.
+
+A kernel that cannot be used here is reported as a `Problem` (KERNEL_UNUSABLE /
+KERNEL_UNSUPPORTED) for the input check, so every rank raises through it instead of this one
+alone."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from typing import NamedTuple
+
+import torch
+
+from ..agree.problems import Problem
+from ..layout import Layout
+from .base import Kernel, KeyedKernel
+from .registry import (
+    REGISTRY,
+    check_layout,
+    doc_pair,
+    gqa_kernel,
+    gqa_pair,
+    select_kernel,
+    select_pair,
+)
+
+
+class KernelChoice(NamedTuple):
+    """fn: the block kernel (inference) or `Kernel` record (training), None when unusable;
+    key: its CUDA-graph key (None: not graphed); family: what the ranks agree on (a name, a
+    kernel key, or ("pair", name, deterministic)); problem / problem_text: for the input check."""
+
+    fn: Callable | Kernel | None
+    key: Hashable | None
+    family: Hashable
+    problem: Problem
+    problem_text: str
+
+
+def resolve_kernel(
+    kernel, kernel_key: Hashable | None, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    layout: Layout, *, train: bool, deterministic: bool, packed: bool,
+) -> KernelChoice:  # fmt: skip
+    """The kernel of a call: `kernel` is "auto", a registry name, a `KeyedKernel` or a callable
+    (q, k, v, scale, layout) -> (out, lse); training (`train`) takes names only."""
+    try:
+        gqa = q.shape[layout.head_dim] != k.shape[layout.head_dim]  # K/V keep their head count
+        args = (q.device, q.dtype, q.shape[3], v.shape[3])
+        if train:
+            record = _training_record(kernel, args, deterministic, packed)
+            check_layout(record, layout)
+            fn = gqa_pair(record, *args) if gqa else record
+            return KernelChoice(fn, None, ("pair", record.name, deterministic), Problem.NONE, "")
+        if isinstance(kernel, KeyedKernel):
+            fn, key, family = kernel, kernel.key, kernel.key
+        elif callable(kernel):
+            # by name, not the object: a closure made per call must not be kept by the digest cache
+            name = f"{getattr(kernel, '__module__', '')}.{getattr(kernel, '__qualname__', '')}"
+            fn, key, family = kernel, kernel_key, kernel_key if kernel_key is not None else name
+        else:
+            family, fn = select_kernel(kernel, *args)
+            check_layout(REGISTRY[family], layout)
+            key = kernel
+        if gqa:
+            fn, key = gqa_kernel(fn, key, *args)
+        return KernelChoice(fn, key, family, Problem.NONE, "")
+    except (ValueError, NotImplementedError, RuntimeError, IndexError) as exc:
+        # (IndexError: q is not 4-d, which the check reports as such)
+        code = (
+            Problem.KERNEL_UNSUPPORTED
+            if isinstance(exc, NotImplementedError)
+            else Problem.KERNEL_UNUSABLE
+        )
+        return KernelChoice(None, None, "unusable", code, str(exc).splitlines()[0][:300])
+
+
+def _training_record(kernel, args, deterministic: bool, packed: bool) -> Kernel:
+    if not packed:
+        return select_pair(kernel, *args, deterministic)
+    record = doc_pair(kernel, *args, lambda name: select_pair(name, *args, deterministic))
+    if deterministic and not record.deterministic:
+        raise NotImplementedError(
+            f"deterministic=True: the {record.name!r} backward is not deterministic; "
+            "use kernel='masked' (exact) or deterministic=False"
+        )
+    return record

@@ -1,0 +1,84 @@
+"""`flash_varlen`: torch's flash kernel with cu_seqlens (`aten._flash_attention_forward` /
+`_backward`, CUDA, fp16/bf16) for packed documents: one call per run of abutting segments (the
+diagonal block is one call; an off-diagonal zigzag block meets at most one document: a dense
+call on a slice). Query rows that meet no segment get out = 0 and lse = -inf. A plain bool mask
+means "no documents" and runs torch's dense flash op."""
+
+from __future__ import annotations
+
+import torch
+
+from ..documents import Segment
+from ..layout import BHSD, Layout
+from ..standin import out_standin_bhsd
+from .base import Kernel, empty_partial
+from .sdpa import flash_backward, flash_forward, no_rng
+
+
+def segment_runs(segs: tuple[Segment, ...]) -> list[list[Segment]]:
+    """Runs of segments that abut on both sides with one causal flag: one varlen call each."""
+    groups: list[list[Segment]] = []
+    for s in sorted(segs, key=lambda s: s.q0):
+        last = groups[-1][-1] if groups else None
+        if last is not None and (s.q0, s.k0, s.causal) == (last.q1, last.k1, last.causal):
+            groups[-1].append(s)
+        else:
+            groups.append([s])
+    return groups
+
+
+def _rows(x: torch.Tensor, i: int, sl: slice, layout: Layout) -> torch.Tensor:
+    """Batch row i, positions sl, as the (n, h, d) view flash's varlen entry takes."""
+    return x[i, sl] if layout.seq_dim == 1 else x[i, :, sl].transpose(0, 1)
+
+
+def _cu(group: list[Segment], side: str, device) -> tuple[torch.Tensor, int]:
+    starts = [getattr(s, side + "0") for s in group]
+    ends = [getattr(s, side + "1") for s in group]
+    offsets = [a - starts[0] for a in starts] + [ends[-1] - starts[0]]
+    longest = max(b - a for a, b in zip(starts, ends, strict=True))
+    return torch.tensor(offsets, dtype=torch.int32, device=device), longest
+
+
+def _forward(q, k, v, scale, layout: Layout, mask):
+    if isinstance(mask, bool):
+        return flash_forward(q, k, v, scale, layout, mask)
+    out, lse = empty_partial(q, v, layout)
+    for grp in segment_runs(mask):
+        qs, ks = slice(grp[0].q0, grp[-1].q1), slice(grp[0].k0, grp[-1].k1)
+        (cu_q, max_q), (cu_k, max_k) = _cu(grp, "q", q.device), _cu(grp, "k", q.device)
+        for i in range(q.shape[0]):
+            o, block_lse = torch.ops.aten._flash_attention_forward(
+                _rows(q, i, qs, layout), _rows(k, i, ks, layout), _rows(v, i, ks, layout),
+                cu_q, cu_k, max_q, max_k, 0.0, grp[0].causal, False, scale=scale,
+            )[:2]  # fmt: skip
+            _rows(out, i, qs, layout).copy_(o)
+            # flash's varlen lse is (h, total_q)
+            lse[i, :, qs] = block_lse.reshape(block_lse.shape[-2], -1)[:, : qs.stop - qs.start]
+    return out, lse
+
+
+def _backward(dout, q, k, v, out, lse, delta, scale, layout: Layout, mask):
+    if isinstance(mask, bool):
+        return flash_backward(dout, q, k, v, out, lse, delta, scale, layout, mask)
+    dq, dk, dv = (torch.zeros_like(x) for x in (q, k, v))
+    dob = layout.to_bhsd(dout)
+    ob = layout.to_bhsd(out) if out is not None else out_standin_bhsd(dob, delta)
+    rng = no_rng(q.device)
+    for grp in segment_runs(mask):
+        qs, ks = slice(grp[0].q0, grp[-1].q1), slice(grp[0].k0, grp[-1].k1)
+        (cu_q, max_q), (cu_k, max_k) = _cu(grp, "q", q.device), _cu(grp, "k", q.device)
+        for i in range(q.shape[0]):
+            grads = torch.ops.aten._flash_attention_backward(
+                _rows(dob, i, qs, BHSD), _rows(q, i, qs, layout), _rows(k, i, ks, layout),
+                _rows(v, i, ks, layout), _rows(ob, i, qs, BHSD), lse[i, :, qs].contiguous(),
+                cu_q, cu_k, max_q, max_k, 0.0, grp[0].causal, rng, rng, scale=scale,
+            )  # fmt: skip
+            for g, x, sl in zip(grads, (dq, dk, dv), (qs, ks, ks), strict=True):
+                _rows(x, i, sl, layout).add_(g)
+    return dq, dk, dv
+
+
+FLASH_VARLEN = Kernel(
+    "flash_varlen", _forward, _backward, False, devices=("cuda",), half_only=True, segments=True
+)
