@@ -148,14 +148,7 @@ def long_ctx_ring_attn(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    dropout_p: float = 0.0,
-    softmax_scale: float | None = None,
-    causal: bool = False,
-    window_size: tuple[int, int] = (-1, -1),
-    alibi_slopes: torch.Tensor | None = None,
-    deterministic: bool = False,
-    return_attn_probs: bool = False,
-    group=None,
+    *,
     attn_type=None,
     attn_processor=None,
     attn_layer=None,
@@ -165,10 +158,16 @@ def long_ctx_ring_attn(
     q_descale=None,
     k_descale=None,
     v_descale=None,
+    **flash_args,
 ):
-    """`xdit_ring_flash_attn_func` contract: (b, s, h, d); KV cache, joint tensors."""
+    """`xdit_ring_flash_attn_func` contract: (b, s, h, d); KV cache, joint tensors. xDiT passes
+    every argument after q, k, v by name; `flash_args` are flash-attn's (dropout_p,
+    softmax_scale, causal, window_size, alibi_slopes, deterministic, return_attn_probs, group:
+    those of `token_ring_attn_func`)."""
     raise_refused(ring_fn_refusals(
-        dropout_p, causal, window_size, alibi_slopes, q_descale, k_descale, v_descale
+        flash_args.get("dropout_p", 0.0), flash_args.get("causal", False),
+        flash_args.get("window_size", (-1, -1)), flash_args.get("alibi_slopes"),
+        q_descale, k_descale, v_descale,
     ))  # fmt: skip
     if attn_layer is not None:  # PipeFusion: K/V grow to the cached sequence, Q stays small
         from xfuser.core.cache_manager.cache_manager import get_cache_manager
@@ -187,6 +186,6 @@ def long_ctx_ring_attn(
     # the core rejects any joint_strategy other than "front" / "rear" on every rank
     kernel = kernel_for(attn_type, attn_processor, q.device)
     return token_ring_attn_func(
-        q, k, v, softmax_scale=softmax_scale, causal=causal, return_attn_probs=return_attn_probs,
-        group=group, kernel=kernel, host="xdit", joint_kv=joint_kv, joint_strategy=joint_strategy,
+        q, k, v, kernel=kernel, host="xdit", joint_kv=joint_kv, joint_strategy=joint_strategy,
+        **flash_args,
     )  # fmt: skip
