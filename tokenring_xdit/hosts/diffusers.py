@@ -23,8 +23,8 @@ from collections.abc import Callable, Hashable
 
 import torch
 
-from .. import config
-from ..ring import token_ring_attn
+from ..ring.api import attend
+from ..ring.call import CallOptions
 from ..ring.compiled import count_host_calls_with
 from ..ring.kernels import BlockKernel, runs_once
 from ..ring.layout import BSHD
@@ -116,31 +116,20 @@ def _call_forward_op(forward_op, parallel_config, q, k, v, scale):
 
 
 def _ring(query, key, value, scale, kernel, forward_op, cp) -> tuple[torch.Tensor, torch.Tensor]:
-    """TokenRing over the ring mesh: out (b, s, h, d), lse (b, h, s) fp32."""
-    group = cp._ring_mesh.get_group()
-    if torch.compiler.is_compiling():
-        return _ring_traced(query, key, value, scale, kernel, cp, group)
-    cfg = config.current()
-    if getattr(cp, "ring_anything", False):
-        # uneven shards whose lengths can change out of step between calls: check every call
-        cfg = cfg.replace(validate="always")
+    """TokenRing over the ring mesh: out (b, s, h, d), lse (b, h, s) fp32 (eager, or one
+    `tokenring::attn` node while Dynamo traces: the kernel is then a name, _compiled_kernel)."""
     if _needs_grad(query, key, value):
         # Training: TokenRing's own forward/backward kernel pair for the device (the backend's
         # forward op has no per-block backward TokenRing could pair with it).
         kernel = "auto"
-    out, lse = token_ring_attn(
-        query,
-        key,
-        value,
-        group=group,
-        layout="bshd",
-        softmax_scale=scale,
-        kernel=kernel,
-        kernel_key=_kernel_key(forward_op),
-        config=cfg,
-    )
-    count_call(HOST)
-    return out, lse
+    traced = torch.compiler.is_compiling()
+    options = CallOptions(
+        group=cp._ring_mesh.get_group(), layout="bshd", softmax_scale=scale, kernel=kernel,
+        kernel_key=None if traced else _kernel_key(forward_op),
+    )  # fmt: skip
+    # uneven shards whose lengths can change out of step between calls: check every call
+    validate = "always" if getattr(cp, "ring_anything", False) else ""
+    return attend(query, key, value, options, host=HOST, validate=validate)
 
 
 # diffusers forward op -> the TokenRing kernel of its family, for compiled calls on CUDA
@@ -158,17 +147,6 @@ def _compiled_kernel(forward_op, device_type: str) -> str:
     if device_type != "cuda":
         return "auto"
     return _COMPILED_KERNELS.get(_op_name(forward_op), "auto")
-
-
-def _ring_traced(query, key, value, scale, kernel: str, cp, group):
-    """`_ring` while Dynamo traces: one `tokenring::attn` node (ring/compiled.py)."""
-    from ..ring.compiled import compiled_attn
-
-    return compiled_attn(
-        query, key, value, group=group, layout="bshd", softmax_scale=scale,
-        kernel="auto" if _needs_grad(query, key, value) else kernel,
-        validate="always" if getattr(cp, "ring_anything", False) else "", host=HOST,
-    )  # fmt: skip
 
 
 def _needs_grad(*xs: torch.Tensor) -> bool:

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import torch
 
-from ..ring import token_ring_attn
-from ..ring.compiled import compiled_attn
+from ..ring.api import attend, reject_unsupported, token_ring_attn_func
+from ..ring.call import CallOptions
 from ..ring.kernels import BlockKernel, KeyedKernel, lse_bhs
-from .calls import count_call
 from .selection import Refusal, raise_refused
-from .yunchang import reject_unsupported, run_bshd
+from .yunchang import kernel_for
 
 # xDiT attention backend -> the TokenRing kernel of its family, for compiled calls on CUDA
 _COMPILED_KERNELS = {
@@ -133,25 +132,15 @@ def usp_ring_attn(
     # A CUDA graph may bake in the backend, never per-call attention_kwargs tensors.
     backend = getattr(attention_function, "__wrapped__", attention_function)
     if torch.compiler.is_compiling():  # --use_torch_compile: one graph node, kernel by name
-        out, _ = compiled_attn(
-            query, key, value, group=PROCESS_GROUP.RING_PG, layout="bhsd", causal=is_causal,
-            kernel=_compiled_kernel(backend, query.device.type), joint_kv=joint_kv,
-            joint_strategy=strategy, host="xdit",
-        )  # fmt: skip
-        return out
-    kernel = _xdit_kernel(attention_function, attention_kwargs)
-    out, _ = token_ring_attn(
-        query,
-        key,
-        value,
-        group=PROCESS_GROUP.RING_PG,
-        layout="bhsd",
-        causal=is_causal,
-        kernel=kernel if attention_kwargs else KeyedKernel(kernel, ("xdit", backend)),
-        joint_kv=joint_kv,
-        joint_strategy=strategy,
-    )
-    count_call("xdit")
+        kernel = _compiled_kernel(backend, query.device.type)
+    else:
+        kernel = _xdit_kernel(attention_function, attention_kwargs)
+        kernel = kernel if attention_kwargs else KeyedKernel(kernel, ("xdit", backend))
+    options = CallOptions(
+        group=PROCESS_GROUP.RING_PG, layout="bhsd", causal=is_causal, kernel=kernel,
+        joint_kv=joint_kv, joint_strategy=strategy,
+    )  # fmt: skip
+    out, _ = attend(query, key, value, options, host="xdit")
     return out
 
 
@@ -159,14 +148,7 @@ def long_ctx_ring_attn(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    dropout_p: float = 0.0,
-    softmax_scale: float | None = None,
-    causal: bool = False,
-    window_size: tuple[int, int] = (-1, -1),
-    alibi_slopes: torch.Tensor | None = None,
-    deterministic: bool = False,
-    return_attn_probs: bool = False,
-    group=None,
+    *,
     attn_type=None,
     attn_processor=None,
     attn_layer=None,
@@ -176,10 +158,16 @@ def long_ctx_ring_attn(
     q_descale=None,
     k_descale=None,
     v_descale=None,
+    **flash_args,
 ):
-    """`xdit_ring_flash_attn_func` contract: (b, s, h, d); KV cache, joint tensors."""
+    """`xdit_ring_flash_attn_func` contract: (b, s, h, d); KV cache, joint tensors. xDiT passes
+    every argument after q, k, v by name; `flash_args` are flash-attn's (dropout_p,
+    softmax_scale, causal, window_size, alibi_slopes, deterministic, return_attn_probs, group:
+    those of `token_ring_attn_func`)."""
     raise_refused(ring_fn_refusals(
-        dropout_p, causal, window_size, alibi_slopes, q_descale, k_descale, v_descale
+        flash_args.get("dropout_p", 0.0), flash_args.get("causal", False),
+        flash_args.get("window_size", (-1, -1)), flash_args.get("alibi_slopes"),
+        q_descale, k_descale, v_descale,
     ))  # fmt: skip
     if attn_layer is not None:  # PipeFusion: K/V grow to the cached sequence, Q stays small
         from xfuser.core.cache_manager.cache_manager import get_cache_manager
@@ -196,17 +184,8 @@ def long_ctx_ring_attn(
     else:
         joint_strategy = "rear"  # xDiT passes "none" without joint tensors; nothing to place
     # the core rejects any joint_strategy other than "front" / "rear" on every rank
-    return run_bshd(
-        q,
-        k,
-        v,
-        attn_type=attn_type,
-        attn_processor=attn_processor,
-        return_attn_probs=return_attn_probs,
-        host="xdit",
-        group=group,
-        softmax_scale=softmax_scale,
-        causal=causal,
-        joint_kv=joint_kv,
-        joint_strategy=joint_strategy,
-    )
+    kernel = kernel_for(attn_type, attn_processor, q.device)
+    return token_ring_attn_func(
+        q, k, v, kernel=kernel, host="xdit", joint_kv=joint_kv, joint_strategy=joint_strategy,
+        **flash_args,
+    )  # fmt: skip

@@ -11,12 +11,10 @@ import functools
 import logging
 
 import torch
-import torch.distributed as dist
 from yunchang.kernels import AttnType, select_flash_attn_impl
 
-from ..ring import token_ring_attn
-from ..ring.api import reject_unsupported
-from ..ring.compiled import compiled_attn, count_host_calls_with
+from ..ring.api import reject_unsupported, token_ring_attn_func
+from ..ring.compiled import count_host_calls_with
 from ..ring.kernels import BlockKernel, KeyedKernel, has_flash_attn, lse_bhs
 from ..ring.layout import BHSD, Layout
 from .calls import count_call
@@ -25,12 +23,11 @@ __all__ = [
     "token_ring_flash_attn_func",
     "token_ring_flash_attn_qkvpacked_func",
     "kernel_for",
-    "run_bshd",
     "reject_unsupported",
 ]
 
 log = logging.getLogger("tokenring_xdit")
-count_host_calls_with(count_call)  # compiled calls count where they run (ring/compiled.py)
+count_host_calls_with(count_call)  # calls count where they run (ring/api.attend, ring/compiled.py)
 
 _OWN_KERNELS = {
     AttnType.TORCH_FLASH: "torch_flash",
@@ -123,61 +120,21 @@ def token_ring_flash_attn_func(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    dropout_p: float = 0.0,
-    softmax_scale: float | None = None,
-    causal: bool = False,
-    window_size: tuple[int, int] = (-1, -1),
-    softcap: float = 0.0,
-    alibi_slopes: torch.Tensor | None = None,
-    deterministic: bool = False,
-    return_attn_probs: bool = False,
-    group: dist.ProcessGroup | None = None,
+    *args,
     attn_type: AttnType = AttnType.FA,
     attn_processor: torch.nn.Module | None = None,
+    **kwargs,
 ):
-    """yunchang ring function: out (b, s, h, d), or (out, lse (b, h, s) fp32, None).
+    """yunchang ring function: out (b, s, h, d), or (out, lse (b, h, s) fp32, None); the
+    arguments of `token_ring_attn_func` (flash-attn's names and order: dropout_p, softmax_scale,
+    causal, ..., group) plus yunchang's attn_type / attn_processor, which pick the block kernel.
 
     Differentiable; causal=True needs zigzag shards (EXTRACT_FUNC_DICT['token_ring'] gives
     them). Training and causal calls need a yunchang attn_type whose kernel has a backward
     (FA, TORCH_FLASH, TORCH_EFFICIENT, TORCH_CUDNN, TORCH_MATH).
     """
-    reject_unsupported(dropout_p, window_size, softcap, alibi_slopes)
-    return run_bshd(
-        q,
-        k,
-        v,
-        group=group,
-        softmax_scale=softmax_scale,
-        causal=causal,
-        deterministic=deterministic,
-        attn_type=attn_type,
-        attn_processor=attn_processor,
-        return_attn_probs=return_attn_probs,
-    )
-
-
-def run_bshd(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    attn_type,
-    attn_processor=None,
-    return_attn_probs: bool = False,
-    host: str = "yunchang",
-    **ring_kwargs,
-):
-    """TokenRing on (b, s, h, d) with the kernel of yunchang's `attn_type`, returned the way
-    flash-attn style ring functions return (shared by yunchang's and xDiT's contracts);
-    `ring_kwargs` go to `token_ring_attn` (group, softmax_scale, causal, joint_kv, ...);
-    `host` is what `tokenring_xdit.calls_by_host()` counts the call under."""
     kernel = kernel_for(attn_type, attn_processor, q.device)
-    if torch.compiler.is_compiling():  # one graph node, counted where it runs
-        out, lse = compiled_attn(q, k, v, layout="bshd", kernel=kernel, host=host, **ring_kwargs)
-        return (out, lse, None) if return_attn_probs else out
-    out, lse = token_ring_attn(q, k, v, layout="bshd", kernel=kernel, **ring_kwargs)
-    count_call(host)
-    return (out, lse, None) if return_attn_probs else out
+    return token_ring_attn_func(q, k, v, *args, kernel=kernel, host="yunchang", **kwargs)
 
 
 def token_ring_flash_attn_qkvpacked_func(qkv: torch.Tensor, *args, **kwargs):

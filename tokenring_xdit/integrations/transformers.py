@@ -143,10 +143,14 @@ def _packed_documents(kwargs: dict) -> torch.Tensor | None:
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     if cu_q is None and cu_k is None:
         return None
-    if cu_q is None or cu_k is None or not torch.equal(cu_q.cpu(), cu_k.cpu()):
+    if cu_q is cu_k:  # shard_batch gives one tensor for both
+        return cu_q
+    # while Dynamo traces, tensor values are unknown: only the one-tensor form is taken there
+    traced = torch.compiler.is_compiling()
+    if cu_q is None or cu_k is None or traced or not torch.equal(cu_q.cpu(), cu_k.cpu()):
         raise ValueError(
             "TokenRing packed attention needs cu_seq_lens_q == cu_seq_lens_k (self-attention "
-            "over the same packed documents); shard_batch gives both"
+            "over the same packed documents); shard_batch gives both (one tensor)"
         )
     return cu_q
 

@@ -16,12 +16,9 @@ import torch.distributed as dist
 
 from .backward import block_backward
 from .block_forward import BlockCall, block_forward
+from .call import PreparedCall
 from .comm.teardown import RELEASE_HOOKS
-from .documents import Documents, doc_plan
-from .kernels import KernelPair
-from .layout import Layout
 from .ring import Ring
-from .schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
 
 __all__ = ["TokenRingAttention", "train_attn"]
 
@@ -83,23 +80,9 @@ class TokenRingAttention(torch.autograd.Function):
 
 
 def train_attn(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    ring: Ring,
-    layout: Layout,
-    scale: float,
-    causal: bool,
-    pair: KernelPair,
-    docs: Documents | None = None,
-    head_start_us: float = 0.0,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prepared: PreparedCall
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The block-schedule path, after the input check (`api.token_ring_attn` calls it).
-    `docs`: the agreed packed documents (documents.py), or None; `head_start_us`: head_start.py."""
-    schedule = CAUSAL_ZIGZAG if causal else NON_CAUSAL_BLOCKS
-    plan = doc_plan(docs, schedule, ring.q_lens) if docs is not None else None
-    call = BlockCall(
-        schedule=schedule, pair=pair, layout=layout, scale=scale, docs=plan,
-        head_start_us=head_start_us,
-    )  # fmt: skip
-    return TokenRingAttention.apply(q, k, v, call, ring, ring.q_lens)
+    """The block-schedule path of a prepared call (call.prepare; `prepared.train`), with
+    autograd: `prepared.call` is its BlockCall (schedule, pair, document plan, head start)."""
+    ring = prepared.ring
+    return TokenRingAttention.apply(q, k, v, prepared.call, ring, ring.q_lens)

@@ -1,0 +1,42 @@
+"""The no-grad non-causal run of a prepared call: one rank, the wire layout, CUDA graphs.
+
+Shared by the eager API (api.py) and the compiled operator's real side (compiled.py), which
+both prepare the call first (call.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .call import PreparedCall
+from .forward import local_forward, ring_forward
+from .graphs import graphs_wanted, run_graphed
+
+__all__ = ["infer"]
+
+
+def infer(
+    prepared: PreparedCall, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of an inference call (`prepared.call` is a RingCall)."""
+    call, ring, joint_kv = prepared.call, prepared.ring, prepared.joint_kv
+    if ring.size == 1:
+        return local_forward(call, q, k, v, joint_kv)
+    inputs = (q, k, v) + (tuple(joint_kv) if joint_kv is not None else ())
+    swapped = call.layout is not prepared.layout
+    if swapped:  # views in the wire layout (call.py: `_ring_call`)
+        inputs = tuple(x.transpose(1, 2) for x in inputs)
+
+    def run(xs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        return ring_forward(call, ring, ring.q_lens, *xs[:3], xs[3:] or None)
+
+    if not graphs_wanted(prepared.graphs, q.device):
+        result = run(inputs)
+    else:
+        signature = tuple((x.shape, x.stride(), x.dtype) for x in inputs)
+        graph_key = (ring.pos.group, ring.key, call.graph_key(), signature)  # agreed + shapes
+        result = run_graphed(graph_key, inputs, run, ring.pos.group)
+    ring.finished("forward")
+    if swapped:
+        return result[0].transpose(1, 2), result[1]
+    return result
