@@ -186,6 +186,8 @@ def _drain(deadline: timedelta) -> None:
 def abort_together(groups: list[dist.ProcessGroup]) -> None:
     """Abort NCCL communicators inside one NCCL group call, as torch does for the world: aborts
     made one by one can wait on each other (pytorch/pytorch#119797)."""
+    if not groups:
+        return
     c10d = dist.distributed_c10d
     try:
         backend = groups[0]._get_backend(torch.device("cuda"))
