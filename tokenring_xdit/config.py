@@ -96,6 +96,16 @@ def _choice(allowed: tuple[str, ...], lower: bool = True, aliases: dict | None =
     return parse
 
 
+def _fabric(raw: str | None, var: str, default):
+    """A fabric name (or alias); or a measured link the planner reads itself: a given link
+    "gbps=G[,latency_us=L][,both_ways_gbps=B]" or the path of a link probe's JSON
+    (planner/fabric.py `fabric`; docs/multi-node.md)."""
+    text = (raw or "").strip()
+    if text.startswith("gbps=") or text.endswith(".json"):
+        return text
+    return _choice(FABRICS, aliases=FABRIC_ALIASES)(raw, var, default)
+
+
 def _number(ok: Callable[[float], bool], allowed: str, auto: bool = False) -> Parser:
     """A number for which ok(number) holds (`auto` too, as None, when auto=True); the default
     when unset; ValueError naming what is allowed."""
@@ -150,12 +160,13 @@ class RingConfig:
         _choice(RING_IMPLS, lower=False),  # the ring's names are exact, like the flag's
         HOST,
     )  # None: not chosen by the environment
-    fabric: Fabric | None = _setting(
+    fabric: Fabric | str | None = _setting(
         "FABRIC",
         None,
-        "the links `auto` predicts with (`nvswitch`, `nvlink-pair`, `pcie`, `p2p-off`, `ib`); "
-        "unset: `p2p-off` if `NCCL_P2P_DISABLE=1`, else `nvswitch`",
-        _choice(FABRICS, aliases=FABRIC_ALIASES),
+        "the links `auto` predicts with (`nvswitch`, `nvlink-pair`, `pcie`, `p2p-off`, `ib`, a "
+        "measured link `gbps=G[,latency_us=L]` or a link probe's JSON path); unset: `p2p-off` "
+        "if `NCCL_P2P_DISABLE=1`, else `nvswitch`",
+        _fabric,
         HOST,
     )  # None: `auto` derives it (auto_fabric)
     cuda_graphs: bool = _setting(

@@ -118,3 +118,17 @@ def test_each_setting_is_declared_once_on_its_field():
     assert list(codes.TRANSPORT_CODES) == list(config.TRANSPORTS)
     with pytest.raises(ValueError, match="nccl, ipc, auto"):
         RingConfig.from_env(_env("transport", "tcp"))
+
+
+def test_fabric_takes_a_measured_link(monkeypatch):
+    """TOKENRING_XDIT_FABRIC: a name, or a link `auto` hands to the planner as it is."""
+    from tokenring_xdit.config import RingConfig
+    from tokenring_xdit.planner.fabric import fabric
+
+    monkeypatch.setenv("TOKENRING_XDIT_FABRIC", "gbps=25,latency_us=8")
+    cfg = RingConfig.from_env()
+    assert cfg.auto_fabric() == "gbps=25,latency_us=8"
+    assert fabric(cfg.auto_fabric()).one_way.gbps == 25.0
+    monkeypatch.setenv("TOKENRING_XDIT_FABRIC", "nvlinkk")
+    with pytest.raises(ValueError, match="gbps=G|nvswitch"):
+        RingConfig.from_env()
