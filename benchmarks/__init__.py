@@ -70,6 +70,10 @@ SWEEPS: dict[str, tuple[str, str]] = {
         "python",
         "plots a multi-node stand-in folder: training and forward ms per method per link setting",
     ),
+    "plot_before_after": (
+        "python",
+        "plots one change's effect: new / old time per shape from ring_sweep or train_sweep runs",
+    ),
 }
 
 
