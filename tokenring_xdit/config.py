@@ -24,6 +24,7 @@ ranks that differ fail together with one clear error.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import warnings
 from collections.abc import Callable
@@ -278,10 +279,10 @@ class RingConfig:
     def replace(self, **changes) -> RingConfig:
         return dataclasses.replace(self, **changes)
 
-    @property
+    @functools.cached_property
     def comm(self) -> CommSettings:
         """The communicator-scope settings (what ring/comm is passed when it makes a ring's
-        communicators)."""
+        communicators). Made once per config: every call passes it, few calls make a ring."""
         return CommSettings(self.comm_high_priority, self.timeout)
 
     def auto_fabric(self) -> str:

@@ -237,8 +237,7 @@ def prepare(
     tensors; the compiled operator says so, its tensors never require grad); `validate`
     overrides the config's mode (an adapter's need, e.g. diffusers' uneven shards)."""
     cfg = options.config if options.config is not None else current()
-    if validate:
-        cfg = cfg.replace(validate=validate)
+    validate = validate or cfg.validate  # no per-call copy of the config for an override
     layout = get_layout(options.layout)
     if options.joint_strategy not in JOINT_STRATEGIES:
         strategy = options.joint_strategy
@@ -260,7 +259,7 @@ def prepare(
     )
     spec = CallSpec(
         q, k, v, layout, options.causal, chunks, scale, digest(kernel.family), graphs and not train,
-        cfg.validate, options.joint_kv, options.positions, problem, text, transport=cfg.transport,
+        validate, options.joint_kv, options.positions, problem, text, transport=cfg.transport,
         documents=docs, doc_positions=options.position_ids if options.cu_seqlens is None else None,
         timeout=cfg.timeout, family=kernel.family,
     )  # fmt: skip

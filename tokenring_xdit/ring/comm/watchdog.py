@@ -96,10 +96,10 @@ def _expire(comms: RingComms, what: str) -> None:
     )
     comms.fail(message)
     log.error("%s", message)
-    # Frees the GPU from the stuck transfers. Both lanes at once, in one NCCL group call: an
-    # abort can synchronise the device, which the other lane's stuck kernel would block, so
-    # aborted one by one the first abort waited on the second lane (issue 44: "Future for
-    # ProcessGroup abort timed out", then torch's watchdog took the process down).
+    # Frees the GPU from the stuck transfers. Both lanes at once, in one NCCL group call, as at
+    # teardown: an abort can synchronise the device, which the other lane's stuck kernel would
+    # block (pytorch#119797). Measured (issue 44): graphed calls then raise at the deadline; an
+    # eager loop whose thread sits in the next step's NCCL post still blocks the abort.
     lanes = [g for g in comms.owned() if g is not comms.check]
     try:
         abort_together(lanes)
