@@ -9,8 +9,13 @@ fails the caller with TimeoutError. `fn(rank, world_size, *args)` must be module
 from __future__ import annotations
 
 import functools
+import os
+import socket
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from tokenring_xdit.tools.launch import launch_outcomes
@@ -78,3 +83,29 @@ def values(results: list[RankResult]) -> list[Any]:
         if not r.ok:
             raise AssertionError(f"rank {r.rank} raised {r.error_type}: {r.error}\n{r.trace}")
     return [r.value for r in results]
+
+
+def plain_ranks(
+    program: str, n: int, env: dict[str, str] | None = None, *, merge_stderr: bool = False
+) -> list[subprocess.Popen]:
+    """`python -c program` as ranks 0..n-1 of one env:// group on a free local port: plain
+    processes, no launcher that would forward signals or stop the others when one dies (what
+    fault and signal tests need). Output is piped; the caller waits for and kills them."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    repo = str(Path(__file__).resolve().parents[1])
+    base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(n))
+    base["PYTHONPATH"] = os.pathsep.join(filter(None, [repo, base.get("PYTHONPATH")]))
+    base.update(env or {})
+    stderr = subprocess.STDOUT if merge_stderr else subprocess.PIPE
+    return [
+        subprocess.Popen(
+            [sys.executable, "-u", "-c", program],
+            env=dict(base, RANK=str(r)),
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
+        for r in range(n)
+    ]

@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.harness import plain_ranks  # noqa: E402
 
 PROGRAM = r"""
 import json, os, sys, time, torch, torch.distributed as dist
@@ -81,24 +80,13 @@ def run(
     env: dict[str, str] | None = None,
 ) -> dict:
     """Run the scenario once; the survivor's outcome as a dict."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     program = PROGRAM.format(mode=mode, die_at=die_at, tokens=tokens, calls=calls, device=device)
-    base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
-    base["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), base.get("PYTHONPATH")]))
-    base.update(TOKENRING_XDIT_TIMEOUT=str(timeout), TOKENRING_XDIT_CUDA_GRAPHS=str(graphs))
-    base.update(env or {})
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-u", "-c", program],
-            env=dict(base, RANK=str(r)),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(2)
-    ]
+    procs = plain_ranks(
+        program,
+        2,
+        {"TOKENRING_XDIT_TIMEOUT": str(timeout), "TOKENRING_XDIT_CUDA_GRAPHS": str(graphs)}
+        | (env or {}),
+    )
     start = time.time()
     outs = []
     for p in procs:

@@ -9,15 +9,11 @@ signal): rank 1 never calls TokenRing; rank 0 gets SIGINT while it waits.
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
 import subprocess
-import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.harness import plain_ranks
 
 PROGRAM = """
 import sys, time, torch, torch.distributed as dist
@@ -37,22 +33,7 @@ except BaseException as exc:
 
 
 def _launch(extra_env: dict[str, str]) -> list[subprocess.Popen]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env.update(extra_env)
-    return [
-        subprocess.Popen(
-            [sys.executable, "-u", "-c", PROGRAM],
-            env=dict(env, RANK=str(r)),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(2)
-    ]
+    return plain_ranks(PROGRAM, 2, extra_env, merge_stderr=True)
 
 
 def _wait_for_line(proc: subprocess.Popen, want: str, timeout: float) -> list[str]:
