@@ -173,8 +173,10 @@ _CPU_ROWS: tuple[PatchPoint, ...] = (
         "xfuser picks by the build, not the device: SDPA with a CPU build of torch (no lse, "
         "refused when ring_degree > 1), CUDNN with a CUDA build on a GPU-less machine (no CPU "
         "kernel); on CPU with no --attention_backend given it picks SDPA_FLASH instead. "
-        "It also refuses --pipefusion_parallel_degree > 1 on CPU with a clear error (the "
-        "first call that sees the parallel config; PipeFusion waits there until killed)",
+        "It also refuses, on CPU, --pipefusion_parallel_degree > 1 (the first call that sees "
+        "the parallel config; PipeFusion waits there until killed) and an explicit "
+        "--attention_backend with no CPU kernel (FLASH, CUDNN, ...; xfuser would end in a "
+        "NameError), each with a clear error naming the fix",
     ),
     _cpu(
         "xfuser_cpu.synchronize",
