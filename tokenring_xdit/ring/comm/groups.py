@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
@@ -117,6 +117,10 @@ class RingComms:
     settings: CommSettings = CommSettings()  # what they were made with
     failed: str | None = None  # why the ring is unusable (set by the first failure)
     base: RingComms | None = None  # a per-call view's ring (it shares the failure mark)
+    # NCCL: (CUDA event, (what, step, send peers, receive peers)) per lane wait of the call in
+    # flight; the deadline's watchdog takes them with the call and names the first step whose
+    # transfers never completed
+    marks: list = field(default_factory=list, repr=False)
 
     def fail(self, why: str) -> None:
         if self.failed is None:

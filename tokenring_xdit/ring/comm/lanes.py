@@ -54,6 +54,7 @@ class TorchLane:
         # only orders the stream (the host must not block): the watchdog bounds the call.
         gloo = comms.backend == "gloo"
         self._timeout_s = comms.deadline.total_seconds() if gloo else None
+        self._mark = not gloo
 
     def post(
         self,
@@ -101,6 +102,15 @@ class TorchLane:
                     work.wait(timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
             except RuntimeError as exc:
                 raise self._error(about, exc) from exc
+        if self._mark and pending and not torch.cuda.is_current_stream_capturing():
+            # where the stream stands once this step's transfers are done: a step whose mark
+            # never completes is the one the deadline's error names (comm/watchdog.py)
+            event = torch.cuda.Event()
+            event.record()
+            marks = self.comms.marks
+            marks.append((event, (self.name,) + pending[-1][1]))
+            if len(marks) > 256:  # a path that never reached watch(): keep the newest
+                del marks[:128]
 
     def _error(self, about: tuple, exc: BaseException) -> TokenRingCommError:
         return transfer_error(self, about, exc, self.comms.deadline.total_seconds())

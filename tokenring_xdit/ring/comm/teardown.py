@@ -32,6 +32,7 @@ from __future__ import annotations
 import atexit
 import functools
 import gc
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -156,10 +157,11 @@ def _forget(group: dist.ProcessGroup | None) -> None:
 
 def _tear_down(comms) -> None:  # a groups.RingComms
     """Gloo communicators are destroyed (local, instant); NCCL ones aborted together after our
-    queued kernels finish or the deadline passes (an abort never waits on a peer)."""
+    queued kernels finish or the deadline passes (an abort never waits on a peer). A ring that
+    failed is not drained: its kernels may wait on a dead peer until the abort frees them."""
     owned = list(reversed(comms.owned()))
     nccl = [g for g in owned if comms.backend == "nccl" and g is not comms.check]
-    if nccl:
+    if nccl and comms.failed is None and (comms.base is None or comms.base.failed is None):
         _drain(comms.deadline)
     for g in owned:
         if g in nccl:
@@ -169,7 +171,7 @@ def _tear_down(comms) -> None:  # a groups.RingComms
         except (RuntimeError, ValueError):
             pass  # already destroyed with the world group
     if nccl:
-        abort_together(nccl)
+        abort_together(nccl, comms.deadline.total_seconds())
 
 
 def _drain(deadline: timedelta) -> None:
@@ -183,28 +185,53 @@ def _drain(deadline: timedelta) -> None:
         time.sleep(0.001)
 
 
-def abort_together(groups: list[dist.ProcessGroup]) -> None:
-    """Abort NCCL communicators inside one NCCL group call, as torch does for the world: aborts
-    made one by one can wait on each other (pytorch/pytorch#119797)."""
+# Held while ring communicators are being aborted: teardown at exit (or destroy_process_group)
+# waits for an abort the deadline's watchdog started, instead of racing it (a process that
+# exits while an abort is half done dies in std::terminate, measured in issue 44).
+_ABORTING = threading.Lock()
+_ABORTED: weakref.WeakSet = weakref.WeakSet()  # groups whose abort already ran
+
+
+def abort_together(groups: list[dist.ProcessGroup], timeout_s: float = 60.0) -> list:
+    """Abort NCCL communicators all at once, one thread each; returns those whose abort did
+    not finish within `timeout_s` (they are left to torch).
+
+    Why at once: an NCCL abort raises its communicator's abort flag and then waits for that
+    communicator's queued GPU work, which can wait (through the compute stream) on ANOTHER
+    communicator's stuck transfer. Aborted one after the other, the first abort waits on a
+    kernel whose abort flag is only raised by the second: measured on 2 x H200 (issue 44), the
+    first abort of an eager causal ring hung until torch's own timeout, then torch took the
+    process down. One NCCL group call does not help: torch runs each abort on a thread of its
+    own, outside the caller's group. In parallel every flag goes up at once and all stuck
+    kernels quit.
+    """
+    groups = [g for g in groups if g not in _ABORTED]
     if not groups:
-        return
-    c10d = dist.distributed_c10d
+        return []
+    if not _ABORTING.acquire(timeout=timeout_s):
+        return groups
     try:
-        backend = groups[0]._get_backend(torch.device("cuda"))
-        start, end = backend._group_start, backend._group_end
-    except (AttributeError, RuntimeError):
-        start = end = lambda: None  # noqa: E731
-    start()
-    try:
-        for g in groups:
-            try:
-                c10d._abort_process_group(g)
-            except (RuntimeError, ValueError, KeyError):
-                # already destroyed with the world group, or aborted by the ring's deadline
-                # (comm/watchdog.py): torch then no longer lists it (KeyError at exit, issue 44)
-                pass
+        threads = [
+            threading.Thread(target=_abort_one, args=(g,), name="tokenring-abort", daemon=True)
+            for g in groups
+        ]
+        for t in threads:
+            t.start()
+        end = time.monotonic() + timeout_s
+        for t in threads:
+            t.join(max(end - time.monotonic(), 0.0))
+        _ABORTED.update(groups)
+        return [g for g, t in zip(groups, threads, strict=True) if t.is_alive()]
     finally:
-        end()
+        _ABORTING.release()
+
+
+def _abort_one(group: dist.ProcessGroup) -> None:
+    try:
+        dist.distributed_c10d._abort_process_group(group)
+    except (RuntimeError, ValueError, KeyError):
+        # already destroyed with the world group, or aborted before (torch no longer lists it)
+        pass
 
 
 def _at_exit() -> None:

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from .errors import LIKELY_CAUSES
-from .groups import RingComms
+from .groups import RingComms, describe_peer
 from .teardown import abort_together
 
 __all__ = ["watch"]
@@ -43,8 +43,11 @@ def watch(comms: RingComms, what: str) -> None:
     """Bound the NCCL work this call queued (everything on the current stream so far)."""
     event = torch.cuda.Event()
     event.record()
+    marks, comms.marks = comms.marks, []
     with _cv:
-        _items.append((event, time.monotonic() + comms.deadline.total_seconds(), comms, what))
+        _items.append(
+            (event, time.monotonic() + comms.deadline.total_seconds(), comms, (what, marks))
+        )
         if not _thread:
             _thread.append(threading.Thread(target=_run, name="tokenring-watchdog", daemon=True))
             _thread[0].start()
@@ -64,6 +67,16 @@ def thread_local_capture_mode() -> bool:
         return driver.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode)) == 0
     except (OSError, AttributeError):
         return False
+
+
+def _stalled_step(comms: RingComms, marks: list) -> str:
+    """Where the call stopped: its first step whose transfers never completed, and the peers."""
+    for event, (lane, _, step, sends, recvs) in marks:
+        if not event.query():
+            peers = [f"send to {describe_peer(comms, p)}" for p in dict.fromkeys(sends)]
+            peers += [f"receive from {describe_peer(comms, p)}" for p in dict.fromkeys(recvs)]
+            return f", stopped at step {step} on the {lane} lane ({', '.join(peers)})"
+    return ""
 
 
 def _run() -> None:
@@ -87,21 +100,20 @@ def _run() -> None:
         time.sleep(_POLL_S)
 
 
-def _expire(comms: RingComms, what: str) -> None:
+def _expire(comms: RingComms, call: tuple[str, list]) -> None:
+    what, marks = call
     message = (
         f"TokenRing {what} on the ring of global ranks {list(comms.ranks)} did not finish within "
         f"its deadline of {comms.deadline.total_seconds():.0f} s on global rank "
-        f"{dist.get_rank() if dist.is_initialized() else 0}; "
+        f"{dist.get_rank() if dist.is_initialized() else 0}{_stalled_step(comms, marks)}; "
         + LIKELY_CAUSES.format(timeout=comms.deadline.total_seconds())
     )
     comms.fail(message)
     log.error("%s", message)
-    # Frees the GPU from the stuck transfers. Both lanes at once, in one NCCL group call, as at
-    # teardown: an abort can synchronise the device, which the other lane's stuck kernel would
-    # block (pytorch#119797). Measured (issue 44): graphed calls then raise at the deadline; an
-    # eager loop whose thread sits in the next step's NCCL post still blocks the abort.
+    # Frees the GPU from the stuck transfers: both lanes at once (teardown.abort_together says
+    # why). Measured (issue 44, 2 x H200, deadline 8 s): eager training, a causal forward and
+    # graphed inference then raise in the calling thread about 8.1 s after the peer died.
     lanes = [g for g in comms.owned() if g is not comms.check]
-    try:
-        abort_together(lanes)
-    except (RuntimeError, ValueError, AttributeError) as exc:
-        log.error("TokenRing: could not abort the ring's communicators: %s", exc)
+    stuck = abort_together(lanes, comms.deadline.total_seconds())
+    if stuck:
+        log.error("TokenRing: the abort of %d ring communicator(s) did not finish", len(stuck))
