@@ -47,6 +47,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from _cp_verdicts import errors, table, verdicts, yardstick  # benchmarks/ is on sys.path
 
 WAN_COMMON = dict(
     patch_size=(1, 2, 2), attention_head_dim=128, in_channels=16, out_channels=16,
@@ -58,19 +59,12 @@ WAN_SIZES = {
     "14b": dict(num_attention_heads=40, ffn_dim=13824, num_layers=40),
 }
 WAN_TINY = dict(
-    WAN_COMMON, attention_head_dim=12, in_channels=4, out_channels=4, text_dim=16, freq_dim=32,
+    WAN_COMMON, attention_head_dim=16, in_channels=4, out_channels=4, text_dim=16, freq_dim=32,
     num_attention_heads=4, ffn_dim=32, num_layers=2, rope_max_seq_len=32,
 )  # fmt: skip
 WAN_LATENTS = {"real": (21, 60, 104), "tiny": (2, 8, 8)}  # frames, height, width in latents
 TEXT_TOKENS = {"real": 512, "tiny": 8}
 BACKENDS = {"token_ring": "token_ring", "diffusers_ring": "default"}  # -> set_ring_impl
-# profile_ring_call.breakdown's parts of a step (they add up to its window)
-PARTS = {
-    "attention_ms": "attention kernels",
-    "nccl_in_the_open_ms": "NCCL outside attention (transfers and waits nothing hides)",
-    "merge_copy_other_in_the_open_ms": "other kernels outside both (GEMMs, norms, merges)",
-    "gpu_idle_ms": "GPU idle (launch gaps, host waits)",
-}
 _START = time.perf_counter()
 
 
@@ -206,13 +200,6 @@ def denoise(model, problem: Problem, steps: int, clock: StepClock) -> torch.Tens
     return x
 
 
-def errors(got: torch.Tensor, want: torch.Tensor) -> dict:
-    diff = got.double() - want.double()
-    return dict(
-        max_abs=diff.abs().max().item(), rel_l2=(diff.norm() / want.double().norm()).item()
-    )
-
-
 def sent_bytes(problem: Problem, backend: str, ulysses: int, ring: int, elt: int) -> dict:
     """Bytes one rank sends per forward, from the shapes: the ulysses all-to-alls (q, k, v in,
     out back: (u-1)/u of each leaves) and the ring's transfers (diffusers: the all-gather of its
@@ -322,92 +309,6 @@ def bench_model(problem: Problem, args, device, n: int) -> list[dict]:
     return rows
 
 
-def _total_bytes(row: dict) -> int:
-    return row.get("a2a_bytes_per_step", 0) + row.get("ring_bytes_per_step", 0)
-
-
-def reason(fast: dict, slow: dict) -> str:
-    """Why `fast` beats `slow`, from what was measured: step times, the profiled parts of a step
-    (the one that grew most), attention's share of the step, bytes sent."""
-    f, s = fast["median_step_ms"], slow["median_step_ms"]
-    words = [
-        f"{fast['backend']} {fast['setting']} {f:.1f} ms/step vs {slow['backend']} "
-        f"{slow['setting']} {s:.1f} ({s / f:.3f}x)"
-    ]
-    if "profile" in fast and "profile" in slow:
-        a, b = fast["profile"]["timeline"], slow["profile"]["timeline"]
-        part = max(PARTS, key=lambda k: b.get(k, 0.0) - a.get(k, 0.0))
-        words.append(
-            f"the profiled step grew most in {PARTS[part]}: {b[part]:.1f} vs {a[part]:.1f} ms"
-        )
-        share = [t["attention_ms"] / t["window_ms"] for t in (a, b)]
-        words.append(f"attention is {share[0]:.0%} vs {share[1]:.0%} of the step")
-    else:
-        words.append("no profile (CPU or --no-profile): step times only")
-    mb = [_total_bytes(r) / 1e6 for r in (fast, slow)]
-    words.append(f"each rank sends {mb[0]:.1f} vs {mb[1]:.1f} MB per step")
-    return "; ".join(words)
-
-
-def verdicts(rows: list[dict]) -> list[dict]:
-    """Per model and setting, the faster of TokenRing and diffusers' ring; per model, the
-    fastest run against the fastest run of the other family (TokenRing or diffusers' own)."""
-    out = []
-    cp = [r for r in rows if r["setting"] != "one_gpu"]
-    pairs = {}
-    for r in cp:
-        pairs.setdefault((r["model"], r["setting"]), []).append(r)
-    for key, group in pairs.items():
-        if len(group) < 2:
-            continue
-        fast, slow = sorted(group, key=lambda r: r["median_step_ms"])[:2]
-        out.append(_verdict(key[0], key[1], fast, slow))
-    for model in dict.fromkeys(r["model"] for r in cp):
-        ranked = sorted((r for r in cp if r["model"] == model), key=lambda r: r["median_step_ms"])
-        ours = ranked[0]["backend"] == "token_ring"
-        rival = next((r for r in ranked if (r["backend"] == "token_ring") != ours), None)
-        if rival is not None:
-            out.append(_verdict(model, "fastest", ranked[0], rival))
-    return out
-
-
-def _verdict(model: str, setting: str, fast: dict, slow: dict) -> dict:
-    return dict(
-        model=model, setting=setting, faster=f"{fast['backend']} {fast['setting']}",
-        slower=f"{slow['backend']} {slow['setting']}",
-        speedup=slow["median_step_ms"] / fast["median_step_ms"], reason=reason(fast, slow),
-    )  # fmt: skip
-
-
-def yardstick(rows: list[dict], n: int) -> list[dict]:
-    """diffusers' ring N against its ulysses N, final latents (both exact methods in bf16)."""
-    out = []
-    for model in dict.fromkeys(r["model"] for r in rows):
-        pick = {(r["setting"], r["backend"]): r for r in rows if r["model"] == model}
-        ring, uly = pick.get((f"ring{n}", "diffusers_ring")), pick.get((f"ulysses{n}", "diffusers_ulysses"))  # fmt: skip
-        if ring and uly:
-            got = errors(ring["latents"], uly["latents"])
-            out.append(dict(model=model, between=f"diffusers_ring ring{n} vs ulysses{n}", **got))
-    return out
-
-
-def table(rows: list[dict]) -> str:
-    head = f"{'model':<12} {'setting':<18} {'backend':<18} {'ms/step':>9} {'eff':>6} "
-    head += f"{'max_abs':>9} {'rel_l2':>9} {'attn%':>6} {'nccl_open':>9} {'MB/step':>8}"
-    lines = [head]
-    for r in rows:
-        tl = r.get("profile", {}).get("timeline", {})
-        attn = f"{tl['attention_ms'] / tl['window_ms']:.0%}" if tl else "-"
-        nccl = f"{tl['nccl_in_the_open_ms']:.1f}" if tl else "-"
-        lines.append(
-            f"{r['model']:<12} {r['setting']:<18} {r['backend']:<18} "
-            f"{r['median_step_ms']:>9.1f} {r.get('efficiency', 1.0):>6.3f} "
-            f"{r.get('max_abs', 0.0):>9.2e} {r.get('rel_l2', 0.0):>9.2e} {attn:>6} {nccl:>9} "
-            f"{_total_bytes(r) / 1e6:>8.1f}"
-        )
-    return "\n".join(lines)
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", nargs="+", choices=sorted(MODELS), default=["wan", "flux"])
@@ -453,7 +354,7 @@ def _set_up(args) -> torch.device:
     return device
 
 
-def _meta(args, device, n: int) -> dict:
+def _meta(args, device, n: int, argv: list[str]) -> dict:
     import diffusers
 
     meta = dict(
@@ -461,10 +362,11 @@ def _meta(args, device, n: int) -> dict:
         python=platform.python_version(), attention_backend=args.attention_backend,
         steps=args.steps, warmup=args.warmup, layers=args.layers,
         loop="transformer alone, fixed flow-matching Euler steps (not the pipeline)",
-        command=f"torchrun --nproc_per_node={n} -m benchmarks diffusers_cp " + " ".join(sys.argv[1:]),
+        command=f"torchrun --nproc_per_node={n} -m benchmarks diffusers_cp {' '.join(argv)}",
     )  # fmt: skip
     if device.type == "cuda":
-        meta.update(gpu=torch.cuda.get_device_name(), nccl=".".join(map(str, torch.cuda.nccl.version())))  # fmt: skip
+        nccl = ".".join(map(str, torch.cuda.nccl.version()))
+        meta.update(gpu=torch.cuda.get_device_name(), nccl=nccl)
     return meta
 
 
@@ -483,8 +385,9 @@ def main(argv=None) -> None:
         del problem
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    meta = _meta(args, device, n, sys.argv[1:] if argv is None else argv)
     result = dict(
-        meta=_meta(args, device, n), verdicts=verdicts(rows), yardstick=yardstick(rows, n),
+        meta=meta, verdicts=verdicts(rows), yardstick=yardstick(rows, n),
         rows=[{k: v for k, v in r.items() if k != "latents"} for r in rows],
     )  # fmt: skip
     if dist.get_rank() == 0:
@@ -492,7 +395,8 @@ def main(argv=None) -> None:
         for v in result["verdicts"]:
             print(f"{v['model']} {v['setting']}: {v['faster']} faster ({v['reason']})")
         for y in result["yardstick"]:
-            print(f"yardstick {y['model']} {y['between']}: max_abs {y['max_abs']:.2e}, rel_l2 {y['rel_l2']:.2e}")  # fmt: skip
+            got = f"max_abs {y['max_abs']:.2e}, rel_l2 {y['rel_l2']:.2e}"
+            print(f"yardstick {y['model']} {y['between']}: {got}")
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
         print(args.out, flush=True)
