@@ -223,7 +223,7 @@ def _slowest(values: list[float], device) -> list[float]:
 
 def _profile(model, problem: Problem) -> dict:
     """One forward under torch.profiler: kernel ms by kind and the step's timeline."""
-    from profile_ring_call import kernel_ms  # noqa: PLC0415  (benchmarks/ is on sys.path)
+    from profile_ring_call import kernel_ms  # benchmarks/ is on sys.path
 
     timeline: dict = {}
     kinds = kernel_ms(lambda: model(**problem.inputs(problem.noise, 1.0)), 1, timeline)
