@@ -364,6 +364,8 @@ def _meta(args, device, n: int, argv: list[str]) -> dict:
         loop="transformer alone, fixed flow-matching Euler steps (not the pipeline)",
         command=f"torchrun --nproc_per_node={n} -m benchmarks diffusers_cp {' '.join(argv)}",
     )  # fmt: skip
+    env = sorted(os.environ.items())
+    meta["env"] = {k: v for k, v in env if k.startswith(("NCCL_", "TOKENRING_XDIT_"))}
     if device.type == "cuda":
         nccl = ".".join(map(str, torch.cuda.nccl.version()))
         meta.update(gpu=torch.cuda.get_device_name(), nccl=nccl)
