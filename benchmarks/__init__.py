@@ -28,6 +28,12 @@ SWEEPS: dict[str, tuple[str, str]] = {
         "end-to-end denoising latency of random-weight PixArt / Flux: one GPU vs xDiT's ring vs "
         "TokenRing, same weights and seed",
     ),
+    "diffusers_cp": (
+        "torchrun",
+        "diffusers' own context parallelism end to end (Wan 2.1 at 480p x 81 frames, Flux at "
+        "2048 px, random weights): TokenRing vs diffusers' ring and ulysses, ms per step and "
+        "latents vs one GPU",
+    ),
     "profile_ring_call": (
         "torchrun",
         "where one TokenRing call's time goes: kernel time by kind vs the kernels alone",

@@ -106,7 +106,7 @@ def breakdown(by_kind: dict[str, list[Interval]], calls: int) -> dict[str, float
     )
 
 
-def _kernel_ms(
+def kernel_ms(
     fn, calls: int, timeline: dict | None = None, events: list | None = None
 ) -> dict[str, float]:
     """ms per call by kind; `timeline` (if given) receives breakdown() of the same window,
@@ -162,8 +162,8 @@ def _profile_shape(
 
     call_ms = time_ms(ring, 50, 10)
     timeline: dict = {}
-    in_ring = _kernel_ms(ring, 20, timeline)
-    alone = _kernel_ms(blocks_alone, 20)
+    in_ring = kernel_ms(ring, 20, timeline)
+    alone = kernel_ms(blocks_alone, 20)
     row = dict(
         model=model,
         heads=heads,
@@ -179,7 +179,7 @@ def _profile_shape(
     )
     if events:
         row["events"] = []
-        _kernel_ms(ring, 1, events=row["events"])
+        kernel_ms(ring, 1, events=row["events"])
     row["attention_inflation"] = in_ring.get("attention", 0) / alone["attention"]
     row["exposed_ms"] = call_ms - in_ring.get("attention", 0)
     return row

@@ -125,6 +125,11 @@ def _launches() -> dict[str, Launch]:
                 "{tmp}/e.json",
             ),
         ),
+        # the real Wan 1.3B and Flux widths and sequence lengths, one block each
+        "diffusers_cp": Launch(
+            "benchmarks/diffusers_cp.py",
+            ("--layers", "1", "--steps", "2", "--warmup", "1", "--out", "{tmp}/dcp.json"),
+        ),
         "hf_llama": Launch(
             "examples/hf_llama_tokenring.py",
             ("--device", "cuda", "--dtype", "bfloat16", "--steps", "2"),

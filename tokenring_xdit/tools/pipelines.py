@@ -65,7 +65,7 @@ class Built:
 
 
 @contextlib.contextmanager
-def _building(device, dtype):
+def building(device, dtype):
     """Construct modules on `device` directly in `dtype` (a full Flux built in fp32 first would
     need ~70 GB at its peak)."""
     previous = torch.get_default_dtype()
@@ -101,7 +101,7 @@ def pixart(
 
     gen = _seeded(seed)
     cfg = PIXART_TINY if size == "tiny" else PIXART_FULL
-    with _building(device, dtype):
+    with building(device, dtype):
         transformer = PixArtTransformer2DModel(**cfg).to(dtype)
         vae = AutoencoderKL(latent_channels=4, **(VAE_TINY if size == "tiny" else VAE_FULL))
     vae = vae.to(dtype)
@@ -152,7 +152,7 @@ def flux(
     cfg = FLUX_TINY if size == "tiny" else FLUX_FULL
     latent = cfg.get("in_channels", 64) // 4
     vae_cfg = VAE_TINY if size == "tiny" else VAE_FULL
-    with _building(device, dtype):
+    with building(device, dtype):
         transformer = FluxTransformer2DModel(**cfg).to(dtype)
         vae = AutoencoderKL(
             latent_channels=latent,
