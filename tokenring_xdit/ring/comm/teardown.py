@@ -226,6 +226,12 @@ def abort_together(groups: list[dist.ProcessGroup], timeout_s: float = 60.0) -> 
         _ABORTING.release()
 
 
+def wait_for_aborts(timeout_s: float) -> None:
+    """Wait (bounded) until no abort of ring communicators is in flight."""
+    if _ABORTING.acquire(timeout=timeout_s):
+        _ABORTING.release()
+
+
 def _abort_one(group: dist.ProcessGroup) -> None:
     try:
         dist.distributed_c10d._abort_process_group(group)
