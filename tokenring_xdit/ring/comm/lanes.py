@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from .errors import COUNTERS, LIKELY_CAUSES, TokenRingCommError
 from .groups import RingComms, describe_peer
+from .teardown import wait_for_aborts
 
 __all__ = ["Lane", "TorchLane", "torch_lanes"]
 
@@ -131,6 +132,7 @@ def transfer_error(
         f"{str(exc).strip().splitlines()[0][:300]}; " + LIKELY_CAUSES.format(timeout=timeout_s)
     )
     comms.fail(message)
+    wait_for_aborts(timeout_s)  # the deadline's abort of this ring (if any) ends first
     return TokenRingCommError(message)
 
 
