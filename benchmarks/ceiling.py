@@ -14,10 +14,12 @@ it with these kernels:
 
     ceiling = (one-GPU time of the whole sequence / N) / (busiest rank's kernels-only time)
 
-The one-GPU time is the same kernel on the whole sequence (the ring's own N = 1 call). Masks:
-`full` (non-causal), `causal` (zigzag), `packed` (causal documents on zigzag shards; the lengths
-from --docs) and `packed-full` (non-causal documents). Passes: `fwd` and `fwd+bwd`. `ceiling()`
-is the pure entry other benchmarks call; on the CPU it runs with the exact kernels (tests).
+The block lists are `tokenring_xdit.planner.ceiling.rank_blocks` (the planner predicts ceilings
+from the same lists). The one-GPU time is the same kernel on the whole sequence (the ring's own
+N = 1 call). Masks: `full` (non-causal), `causal` (zigzag), `packed` (causal documents on
+zigzag shards; the lengths from --docs) and `packed-full` (non-causal documents). Passes: `fwd`
+and `fwd+bwd`. `ceiling()` is the pure entry other benchmarks call; on the CPU it runs with the
+exact kernels (tests).
 """
 
 from __future__ import annotations
@@ -29,78 +31,15 @@ import random
 import statistics
 import sys
 import time
-from dataclasses import dataclass
 
 import torch
 
+from tokenring_xdit.planner.ceiling import BlockRun, rank_blocks, uses_block_steps
+
+__all__ = ["BlockRun", "ceiling", "documents_of", "main", "rank_blocks", "uses_block_steps"]
+
 MASKS = ("full", "causal", "packed", "packed-full")
 PASSES = ("fwd", "fwd+bwd")
-
-
-@dataclass(frozen=True)
-class BlockRun:
-    """One kernel call of a rank: `q_len` held queries against `kv_len` local keys; `mask`: the
-    causal flag or a block's document segments; `own`: the rank's own queries on its own K/V at
-    step 0 (the backward reads the merged O there; elsewhere only delta travels)."""
-
-    step: int
-    q_len: int
-    kv_len: int
-    mask: object
-    own: bool
-
-
-def uses_block_steps(causal: bool, train: bool, packed: bool) -> bool:
-    """Whether the ring runs this call through the block loop (prepare(): causal, grad or
-    documents) rather than the inference forward (ring/forward.py)."""
-    return causal or train or packed
-
-
-def rank_blocks(
-    n: int, rank: int, tokens_per_rank: int, *, causal: bool, train: bool, docs=None,
-    defer_own: float | None = None, final_chunks: int = 1,
-) -> list[BlockRun]:  # fmt: skip
-    """The kernel calls of `rank` in a ring of `n`, in the ring's order, from its schedules.
-    docs: a `documents.Documents` of the whole sequence (n * tokens_per_rank tokens)."""
-    from tokenring_xdit.ring.documents import doc_plan
-    from tokenring_xdit.ring.schedules import (
-        CAUSAL_ZIGZAG,
-        NON_CAUSAL,
-        NON_CAUSAL_BLOCKS,
-        chunk_bounds,
-        held_back,
-    )
-    from tokenring_xdit.ring.schedules.blocks import part_len
-
-    t = tokens_per_rank
-    if not uses_block_steps(causal, train, docs is not None):
-        if n == 1:  # local_forward: one call
-            return [BlockRun(0, t, t, False, True)]
-        held = held_back(t, defer_own)  # forward.py: the own block's tail runs last
-        calls = []
-        for st in NON_CAUSAL.steps(rank, n):
-            if st.step == 0:
-                calls.append(BlockRun(0, t - held, t, False, True))
-            elif st.step < n - 1:
-                calls.append(BlockRun(st.step, t, t, False, False))
-            else:  # the last block in pieces, each sent home as it is done
-                pieces = chunk_bounds(t, min(final_chunks, t))
-                calls += [BlockRun(st.step, b - a, t, False, False) for a, b in pieces]
-        if held:
-            calls.append(BlockRun(0, held, t, False, True))
-        return calls
-    schedule = CAUSAL_ZIGZAG if causal else NON_CAUSAL_BLOCKS
-    plan = doc_plan(docs, schedule, (t,) * n) if docs is not None else None
-    calls = []
-    for st in schedule.block_steps(rank, n):
-        if not st.kernel:
-            continue
-        mask = st.causal if plan is None else plan.block(rank, st.step)
-        if mask == ():  # documents: nothing to attend, the ring skips the step
-            continue
-        q_len, kv_len = part_len(st.q_part, t), part_len(st.kv_part, t)
-        calls.append(BlockRun(st.step, q_len, kv_len, mask, st.step == 0))
-    return calls
 
 
 def documents_of(spec: str, total: int, seed: int = 0):
