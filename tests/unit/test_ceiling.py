@@ -171,3 +171,30 @@ def test_the_cli_writes_json(tmp_path):
     assert [(r["mask"], r["pass"], r["ring"]) for r in rows] == [
         ("causal", "fwd+bwd", 2), ("packed", "fwd+bwd", 2)
     ]  # fmt: skip
+
+
+def test_ring_1_times_only_the_whole_sequence():
+    row = ceiling(32, 2, 8, 1, causal=True, train=True, dtype=torch.float32, device="cpu",
+                  kernel="math", iters=1, budget_ms=1.0)  # fmt: skip
+    assert row["rank_ms"] == [row["whole_ms"]] and row["ceiling"] == 1.0
+
+
+def test_the_sweeps_print_efficiency_and_the_share_of_the_ceiling():
+    import ring_sweep
+    import train_sweep
+
+    row = {"model": "flux", "tokens": 4608, "token_ring_efficiency": 0.6}
+    row.update(ulysses_efficiency=0.7, torch_ag_efficiency=None)
+    row.update(ceiling=0.8, token_ring_of_ceiling=0.75)
+    line = ring_sweep.efficiency_line(row)
+    assert "token_ring 0.600, ulysses 0.700" in line and "0.750 of its kernel ceiling 0.800" in line
+    rows = []
+    for impl, ms in (("token_ring", 5.0), ("ulysses", 4.0), ("yunchang_basic", None)):
+        r = dict(impl=impl, ms=ms) if ms else dict(impl=impl, error="x")
+        train_sweep._add_efficiency(r, impl, {"one_gpu_ms": 16.0, "ceiling": 0.9}, 4)
+        rows.append(dict(shape="s", seq=16384, causal=True, **r))
+    assert rows[0]["efficiency"] == pytest.approx(0.8) and rows[1]["efficiency"] == 1.0
+    assert rows[0]["of_ceiling"] == pytest.approx(0.8 / 0.9) and "ceiling" not in rows[1]
+    assert "efficiency" not in rows[2]
+    line = train_sweep._efficiency_line(rows)
+    assert "token_ring 0.800, ulysses 1.000" in line and "0.889 of its kernel ceiling 0.900" in line
