@@ -5,6 +5,7 @@ says why; the split-block model fits what it is given; nothing here loads torch.
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -123,3 +124,35 @@ def test_cli_plan_shows_the_ceiling_and_the_reason(capsys):
     args = parser.parse_args("--model flux --resolution 1024 --gpus 2 --ceiling".split())
     assert cli.run(args) == 0
     assert " eff ceiling " in capsys.readouterr().out
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_training_model_meets_the_forward_target_on_the_committed_train_sweeps():
+    from tokenring_xdit.planner.validate import MAX_MEDIAN_ERROR
+    from tokenring_xdit.planner.validate_train import training_lines, validate_training
+
+    checks = validate_training(ROOT / "docs" / "benchmarks")
+    assert len(checks) >= 40 and {c.method for c in checks} == {"token_ring", "ulysses"}
+    assert statistics.median(abs(c.error) for c in checks) <= MAX_MEDIAN_ERROR
+    assert training_lines(ROOT / "docs" / "benchmarks")[-1].startswith("training (forward")
+
+
+def test_ring_8_and_16_predictions_anchor_on_ring_4():
+    sys.path.insert(0, str(ROOT / "benchmarks" / "diagnostics"))
+    import predict_rings
+
+    measured = json.loads(Path(predict_rings.DEFAULT_MEASURED).read_text())["rows"]
+    rows = predict_rings.predict(measured)
+    shares = {(r["workload"], r["per_gpu"]): r["share_of_ceiling"] for r in rows if r["ring"] == 4}
+    assert len(shares) == 9
+    at8 = [r for r in rows if r["ring"] == 8]
+    assert {r["tokens"] for r in at8} == {16384, 32768, 131072}
+    for r in at8:
+        if r["per_gpu"] == 4096:  # measured at ring 4 with 4k per GPU: that share exactly
+            assert r["anchored"] == pytest.approx(r["ceiling"] * shares[(r["workload"], 4096)])
+        assert 0 < r["planner"] < 1.2 and 0 < r["anchored"] <= r["ceiling"]
+    assert {r["machine"].split(",")[0] for r in rows if r["ring"] == 16} == {
+        "1 node(s) x 16 NVIDIA H200", "2 node(s) x 8 NVIDIA H200"
+    }  # fmt: skip

@@ -30,7 +30,6 @@ from .cost import predict
 from .fabric import Fabric, fit_nccl_peers
 from .machine import make_machine
 from .schedules import old_final_pieces, sweep_options
-from .validate_train import training_lines
 
 __all__ = [
     "Check",
@@ -226,6 +225,8 @@ def report(bench_dir: str | Path | None = None, verbose: bool = False) -> tuple[
         "nccl_peers + final_chunks; overlap per MB: ring_call_profile + nccl_ctas; host: "
         "profiler tables; TokenRing's last block in the pieces the code used when each sweep ran)"
     )
+    from .validate_train import training_lines  # (it imports Check from here)
+
     train = training_lines(bench_dir, verbose)  # reported beside, not part of the target
     lines.extend(train)
     lines.append(

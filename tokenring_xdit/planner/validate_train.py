@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .machine import make_machine
+from .validate import Check
 from .workload import Workload, split_prediction
 
 __all__ = ["TrainCheck", "validate_training", "training_lines"]
@@ -25,20 +26,10 @@ METHODS = {"token_ring": "token_ring", "ulysses": "ulysses"}
 
 
 @dataclass
-class TrainCheck:
-    file: str
-    shape: str
-    seq: int
-    causal: bool
-    ulysses: int
-    ring: int
-    method: str
-    measured_ms: float
-    predicted_ms: float
+class TrainCheck(Check):
+    """A validate.Check (model: the shape's name, tokens: the sequence) of a training row."""
 
-    @property
-    def error(self) -> float:
-        return self.predicted_ms / self.measured_ms - 1.0
+    causal: bool = False
 
 
 def _folders(bench_dir: Path) -> list[Path]:
@@ -70,8 +61,8 @@ def validate_training(bench_dir: str | Path) -> list[TrainCheck]:
                 p, _ = split_prediction(m, w, "token_ring", row["heads"], row["head_dim"],
                                         row["seq"], u, r, kv_heads=row.get("kv_heads"))  # fmt: skip
                 label = f"{folder.name}/{path.name}"
-                checks.append(TrainCheck(label, row["shape"], row["seq"], bool(row["causal"]), u,
-                                         r, row["impl"], row["ms"], p.ms))  # fmt: skip
+                checks.append(TrainCheck(label, row["shape"], row["seq"], u, r, row["impl"],
+                                         row["ms"], p.ms, causal=bool(row["causal"])))  # fmt: skip
     return checks
 
 
@@ -85,7 +76,7 @@ def training_lines(bench_dir: str | Path, verbose: bool = False) -> list[str]:
         for c in checks:
             mask = "causal" if c.causal else "full"
             lines.append(
-                f"{c.file:40} {c.shape:15} {c.seq:6} {mask:6} {c.ulysses}x{c.ring} {c.method:10}"
+                f"{c.file:40} {c.model:15} {c.tokens:6} {mask:6} {c.ulysses}x{c.ring} {c.method:10}"
                 f" {c.measured_ms:8.3f} {c.predicted_ms:8.3f} {c.error:+5.0%}"
             )
     for method in sorted({c.method for c in checks}):
