@@ -25,6 +25,7 @@ exact kernels (tests).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import platform
 import random
@@ -220,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--iters", type=int, default=3, help="most timed runs per measurement")
     p.add_argument("--budget-ms", type=float, default=1500.0, help="timed ms per measurement")
+    p.add_argument("--time-limit", type=float, help="seconds; start no new shape after them")
     p.add_argument("--out", default="ceiling.json")
     args = p.parse_args(argv)
 
@@ -232,34 +234,44 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--passes: {x!r} is not one of {PASSES}")
     dtype = getattr(torch, args.dtype)
     rows, started = [], time.time()
-    for tokens in _ints(args.tokens):
-        for kv in _ints(args.kv_heads):
-            for m in masks:
-                causal = m in ("causal", "packed")
-                docs = documents_of(args.docs, tokens) if m.startswith("packed") else None
-                for pass_ in passes:
-                    whole = None
-                    for n in _ints(args.rings):
-                        row = ceiling(
-                            tokens, args.heads, args.head_dim, n, kv_heads=kv, batch=args.batch,
-                            causal=causal, docs=docs, train=pass_ == "fwd+bwd", dtype=dtype,
-                            device=args.device, kernel=args.kernel, warmup=args.warmup,
-                            iters=args.iters, budget_ms=args.budget_ms, whole_ms=whole,
-                        )  # fmt: skip
-                        whole = row["whole_ms"]
-                        rows.append(row)
-                        print(_line(row, time.time() - started), flush=True)
-                    if args.device == "cuda":
-                        torch.cuda.empty_cache()
-    result = dict(
+    meta = dict(
         machine=platform.node(), device=_device_name(args.device), torch=torch.__version__,
-        cudnn=torch.backends.cudnn.version(), command=" ".join(sys.argv),
-        time=time.strftime("%Y-%m-%d %H:%M"), docs=args.docs, rows=rows,
+        cudnn=torch.backends.cudnn.version(),
+        command="python -m benchmarks ceiling " + " ".join(sys.argv[1:] if argv is None else argv),
+        time=time.strftime("%Y-%m-%d %H:%M"), docs=args.docs,
     )  # fmt: skip
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    for tokens, kv, m, pass_ in itertools.product(
+        _ints(args.tokens), _ints(args.kv_heads), masks, passes
+    ):
+        if args.time_limit and time.time() - started > args.time_limit:
+            meta["stopped"] = f"--time-limit {args.time_limit} s: later shapes not timed"
+            print(meta["stopped"], flush=True)
+            break
+        causal = m in ("causal", "packed")
+        docs = documents_of(args.docs, tokens) if m.startswith("packed") else None
+        whole = None
+        for n in _ints(args.rings):
+            row = ceiling(
+                tokens, args.heads, args.head_dim, n, kv_heads=kv, batch=args.batch,
+                causal=causal, docs=docs, train=pass_ == "fwd+bwd", dtype=dtype,
+                device=args.device, kernel=args.kernel, warmup=args.warmup,
+                iters=args.iters, budget_ms=args.budget_ms, whole_ms=whole,
+            )  # fmt: skip
+            whole = row["whole_ms"]
+            rows.append(row)
+            print(_line(row, time.time() - started), flush=True)
+        _write(args.out, meta, rows)  # after every shape: a killed run keeps what it timed
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+    _write(args.out, meta, rows)
     print(f"wrote {args.out} ({len(rows)} rows, {time.time() - started:.0f} s)")
     return 0
+
+
+def _write(path: str, meta: dict, rows: list[dict]) -> None:
+    with open(path, "w") as f:
+        f.write('{"meta": ' + json.dumps(meta, indent=1) + ',\n "rows": [\n ')
+        f.write(",\n ".join(json.dumps(r) for r in rows) + "\n]}\n")
 
 
 def _device_name(device: str) -> str:

@@ -167,10 +167,14 @@ def test_the_cli_writes_json(tmp_path):
     assert main(argv) == 0
     import json
 
-    rows = json.loads(out.read_text())["rows"]
-    assert [(r["mask"], r["pass"], r["ring"]) for r in rows] == [
+    data = json.loads(out.read_text())
+    assert [(r["mask"], r["pass"], r["ring"]) for r in data["rows"]] == [
         ("causal", "fwd+bwd", 2), ("packed", "fwd+bwd", 2)
     ]  # fmt: skip
+    assert data["meta"]["command"].startswith("python -m benchmarks ceiling --tokens 32")
+    assert main([*argv, "--time-limit", "1e-9"]) == 0  # stops before the first shape
+    data = json.loads(out.read_text())
+    assert data["rows"] == [] and "--time-limit" in data["meta"]["stopped"]
 
 
 def test_ring_1_times_only_the_whole_sequence():
