@@ -137,7 +137,11 @@ def _add_ceiling(row: dict, heads: int, d: int, ring: int) -> None:
     """The ring part's kernel ceiling (every rank times it on its own GPU, the same shapes)."""
     from ceiling import ceiling  # benchmarks/ceiling.py (this folder is on sys.path)
 
-    c = ceiling(row["tokens"], heads, d, ring, kernel="cudnn", iters=5, budget_ms=500.0)
+    try:
+        c = ceiling(row["tokens"], heads, d, ring, kernel="cudnn", iters=5, budget_ms=500.0)
+    except (ValueError, RuntimeError) as exc:  # record, keep sweeping (as the methods do)
+        row["ceiling_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        return
     row["ceiling"] = c["ceiling"]
     if row.get("token_ring_efficiency"):
         row["token_ring_of_ceiling"] = row["token_ring_efficiency"] / c["ceiling"]

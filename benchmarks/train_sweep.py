@@ -344,8 +344,11 @@ def _reference_times(args, seq, h, d, causal, n, u, with_ceiling) -> dict:
     out = {"one_gpu_ms": whole}
     if with_ceiling and n // u > 1:
         ring_whole = whole if u == 1 else None  # the ring part has h / u heads under USP
-        c = ceiling(seq, h // u, d, n // u, whole_ms=ring_whole, **common)
-        out["ceiling"] = c["ceiling"]
+        try:
+            c = ceiling(seq, h // u, d, n // u, whole_ms=ring_whole, **common)
+            out["ceiling"] = c["ceiling"]
+        except (ValueError, RuntimeError) as exc:  # record, keep sweeping
+            out["ceiling_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
     torch.cuda.empty_cache()
     return out
 
@@ -358,6 +361,8 @@ def _add_efficiency(row: dict, name: str, extra: dict, n: int) -> None:
     if name == "token_ring" and extra.get("ceiling"):
         row["ceiling"] = extra["ceiling"]
         row["of_ceiling"] = row["efficiency"] / extra["ceiling"]
+    if name == "token_ring" and extra.get("ceiling_error"):
+        row["ceiling_error"] = extra["ceiling_error"]
 
 
 def _efficiency_line(rows: list[dict]) -> str:
