@@ -225,10 +225,6 @@ def report(bench_dir: str | Path | None = None, verbose: bool = False) -> tuple[
         "nccl_peers + final_chunks; overlap per MB: ring_call_profile + nccl_ctas; host: "
         "profiler tables; TokenRing's last block in the pieces the code used when each sweep ran)"
     )
-    from .validate_train import training_lines  # (it imports Check from here)
-
-    train = training_lines(bench_dir, verbose)  # reported beside, not part of the target
-    lines.extend(train)
     lines.append(
         f"median abs error {median:.1%}, best pick right in {right} of {len(picks)} "
         f"(within {PICK_TOLERANCE:.0%} of the measured best)"

@@ -133,13 +133,18 @@ def _plot(path: str, choices, title: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.validate:
-        from ..planner.validate import report
+        from ..planner.validate import default_bench_dir, report
+        from ..planner.validate_train import training_lines
 
         try:
             text, ok = report(args.bench_dir, verbose=args.verbose)
         except FileNotFoundError as exc:
             return _fail(str(exc))
-        print(text)
+        # the training model's score beside the forward one, before the summary line (the
+        # forward target's; training is not part of it)
+        *body, summary = text.splitlines()
+        train = training_lines(args.bench_dir or default_bench_dir(), verbose=args.verbose)
+        print("\n".join([*body, *train, summary]))
         return 0 if ok else 1
     from ..planner.calibration import load_table
     from ..planner.machine import make_machine
