@@ -165,7 +165,9 @@ def fit_split_model(points: list[tuple[int, int, float]], causal: bool, train: b
         model = SplitModel(float(p[0]), float(p[1]))
         return [_model_ceiling(model, n, s, causal, train) - c for n, s, c in points]
 
-    fit = least_squares(residuals, [300.0, 1e5], bounds=([0, 0], [math.inf, math.inf]))
+    fit = least_squares(
+        residuals, [300.0, 1e5], bounds=([0, 0], [math.inf, math.inf]), x_scale="jac"
+    )
     return SplitModel(round(float(fit.x[0]), 3), round(float(fit.x[1]), 1))
 
 
