@@ -56,6 +56,11 @@ SWEEPS: dict[str, tuple[str, str]] = {
         "python",
         "one rank's training work at ring N replayed on one GPU vs whole-sequence cuDNN / N",
     ),
+    "ceiling": (
+        "python",
+        "the kernel ceiling of a ring: the blocks one rank runs, back to back on one GPU, vs the "
+        "whole sequence / N (fwd and fwd+bwd; full, causal zigzag, packed documents)",
+    ),
     "train_ring1": (
         "python",
         "ring degree 1 forward + backward: TokenRing's training path vs SDPA cuDNN and flash",

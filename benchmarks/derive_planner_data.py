@@ -12,6 +12,10 @@ Writes:
                             a table from benchmarks/calibrate_blocks.py replaces it.
   fabrics.json              latency/bandwidth per pattern fitted from nccl_peers_*.json
   params.json               overlap cost per MB and host costs (see params.py)
+  ceiling_<gpu>.json        the split-block model (planner/ceiling.py) fitted per mask, pass and
+                            heads to the kernel ceilings of docs/benchmarks/ceiling/*.json
+                            (benchmarks/ceiling.py's output; a "seed" file only where no probe
+                            file covers the same mask and pass)
 """
 
 from __future__ import annotations
@@ -28,9 +32,10 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from tokenring_xdit.planner.calibration import DATA_DIR, padded_head_dim
+from tokenring_xdit.planner.ceiling import fit_split_model
 from tokenring_xdit.planner.fabric import fit_nccl_peers
 
-__all__ = ["wave_ms", "fit_wave_model", "main"]
+__all__ = ["wave_ms", "fit_wave_model", "derived_ceilings", "main"]
 
 SMS = 132  # H100/H200 SXM streaming multiprocessors
 Q_TILE = 128  # query rows per CTA in the Hopper attention kernels
@@ -261,11 +266,64 @@ def derived_fabrics(bench_dir: Path) -> dict:
     return {"fabrics": fabrics}
 
 
+def derived_ceilings(bench_dir: Path) -> dict[str, dict]:
+    """{gpu file tag: ceiling table} fitted to every ceiling/*.json row of a full or causal mask
+    (probe rows first: a seed file's rows count only for keys no probe file has)."""
+    groups: dict[tuple, list] = {}
+    seeds: dict[tuple, list] = {}
+    for path in sorted(glob.glob(str(bench_dir / "ceiling" / "*.json"))):
+        data = json.loads(Path(path).read_text())
+        meta = data.get("meta", data)
+        device = meta.get("device", "NVIDIA H200")
+        tag = next((w for w in device.upper().split() if any(c.isdigit() for c in w)), "H200")
+        into = seeds if meta.get("source") == "seed" else groups
+        for r in data["rows"]:
+            if r["mask"] not in ("full", "causal") or r.get("ceiling") is None:
+                continue
+            key = (tag.lower(), r["mask"], r["pass"], r["heads"], r["kv_heads"], r["head_dim"])
+            point = (r["ring"], r["tokens"], r["ceiling"], Path(path).name)
+            into.setdefault(key, []).append(point)
+    covered = {k[:3] for k in groups}
+    for key, points in seeds.items():
+        if key[:3] not in covered:
+            groups[key] = points
+    tables: dict[str, dict] = {}
+    for key in sorted(groups):
+        tag, mask, pass_, heads, kv_heads, head_dim = key
+        points = groups[key]
+        if len({(n, s) for n, s, _, _ in points}) < 2:
+            continue
+        causal, train = mask == "causal", pass_ == "fwd+bwd"
+        model = fit_split_model([p[:3] for p in points], causal, train)
+        resid = [model.ceiling(n, s, causal, train) - c for n, s, c, _ in points]
+        table = tables.setdefault(tag, {"meta": {}, "fits": []})
+        table["fits"].append(
+            dict(mask=mask, pass_=pass_, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                 lam=model.lam, mu=model.mu, max_abs_residual=round(max(map(abs, resid)), 4),
+                 points=[[n, s, c] for n, s, c, _ in points],
+                 sources=sorted({src for *_, src in points}))
+        )  # fmt: skip
+        table["meta"] = {
+            "source": "derived",
+            "gpu": tag.upper(),
+            "model": "block cost in pair units = pairs + lam * (q_len + kv_len) + mu; ceiling = "
+            "whole / N / busiest rank's sum over rank_blocks (tokenring_xdit/planner/ceiling.py)",
+            "command": "python benchmarks/derive_planner_data.py",
+        }
+    for table in tables.values():  # "pass" is the JSON key (pass_ above: a Python keyword)
+        table["fits"] = [{("pass" if k == "pass_" else k): v for k, v in f.items()}
+                         for f in table["fits"]]  # fmt: skip
+    return tables
+
+
 def _dump(path: Path, data: dict) -> None:
     with open(path, "w") as f:
         if "rows" in data:  # tables: one row per line keeps diffs readable and the file small
             rows = ",\n ".join(json.dumps(r) for r in data["rows"])
             f.write(f'{{"meta": {json.dumps(data["meta"], indent=1)},\n "rows": [\n {rows}\n]}}')
+        elif "fits" in data:  # one fit per line
+            fits = ",\n ".join(json.dumps(r) for r in data["fits"])
+            f.write(f'{{"meta": {json.dumps(data["meta"], indent=1)},\n "fits": [\n {fits}\n]}}')
         else:
             json.dump(data, f, indent=1)
         f.write("\n")
@@ -281,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     _dump(out / "blocks_h200_derived.json", derived_table(bench))
     _dump(out / "fabrics.json", derived_fabrics(bench))
     _dump(out / "params.json", derived_params(bench))
+    for tag, table in derived_ceilings(bench).items():
+        _dump(out / f"ceiling_{tag}.json", table)
     return 0
 
 

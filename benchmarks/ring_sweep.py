@@ -20,7 +20,11 @@ Methods (bf16, (b, h, s, d), non-causal, cuDNN per block where the method takes 
   yunchang_p2p  yunchang ring_flash_attn_func (P2P K/V ring, torch flash kernel; its only CUDA
                 kernel with a real lse besides flash-attn)
   ulysses       all-to-all heads<->sequence + one local cuDNN call
-Each method's max |err| against the single-GPU output is recorded next to its time.
+Each method's max |err| against the single-GPU output is recorded next to its time, and its
+efficiency (single / N over its time) next to that. With --ceiling (on by default) each row also
+gets the kernel ceiling of the ring part (benchmarks/ceiling.py: the blocks one ring rank runs,
+kernels only, on this GPU) as `ceiling`, and TokenRing's share of it as `token_ring_of_ceiling`;
+rank 0 prints each method's efficiency and that share.
 """
 
 from __future__ import annotations
@@ -129,6 +133,36 @@ def usp(fn, group, n: int):
     )
 
 
+def _add_ceiling(row: dict, heads: int, d: int, ring: int) -> None:
+    """The ring part's kernel ceiling (every rank times it on its own GPU, the same shapes)."""
+    from ceiling import ceiling  # benchmarks/ceiling.py (this folder is on sys.path)
+
+    try:
+        c = ceiling(row["tokens"], heads, d, ring, kernel="cudnn", iters=5, budget_ms=500.0)
+    except (ValueError, RuntimeError) as exc:  # record, keep sweeping (as the methods do)
+        row["ceiling_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        return
+    row["ceiling"] = c["ceiling"]
+    if row.get("token_ring_efficiency"):
+        row["token_ring_of_ceiling"] = row["token_ring_efficiency"] / c["ceiling"]
+
+
+def efficiency_line(row: dict) -> str:
+    """`model tokens: method eff ..., TokenRing x of its ceiling c` (single / N over time)."""
+    effs = [
+        f"{key.removesuffix('_efficiency')} {x:.3f}"
+        for key, x in row.items()
+        if key.endswith("_efficiency") and x is not None
+    ]
+    text = f"  {row['model']} {row['tokens']}: efficiency " + ", ".join(effs)
+    if row.get("token_ring_of_ceiling") is not None:
+        text += (
+            f"; TokenRing at {row['token_ring_of_ceiling']:.3f} of its kernel ceiling "
+            f"{row['ceiling']:.3f}"
+        )
+    return text
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -136,6 +170,12 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--max-tokens", type=int, default=65536)
     ap.add_argument("--ulysses", type=int, default=1, help="ulysses degree U (ring = N / U)")
+    ap.add_argument(
+        "--ceiling",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time the ring's kernel ceiling per shape (benchmarks/ceiling.py)",
+    )
     args = ap.parse_args()
 
     dist.init_process_group("nccl")
@@ -188,11 +228,14 @@ def main() -> None:
             except Exception as exc:  # record, keep sweeping
                 row[f"{name}_ms"] = None
                 row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        if args.ceiling and n // u > 1:
+            _add_ceiling(row, heads // u, d, n // u)
         if rank == 0:
             print(
                 json.dumps({k: round(x, 4) if isinstance(x, float) else x for k, x in row.items()}),
                 flush=True,
             )
+            print(efficiency_line(row), flush=True)
         rows.append(row)
         del full, q, k, v, ref
         torch.cuda.empty_cache()

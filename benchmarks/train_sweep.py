@@ -11,7 +11,12 @@ otherwise. Warm-up excluded, CUDA events, median of --iters. With --check every 
 configuration is first compared (out and dq/dk/dv) with exact attention of the whole sequence
 (the worst rank's error is recorded).
 Results: JSON (machine, versions, per-config ms); a --nproc-per-node 1 run gives the single-GPU
-time that the fraction of ideal (t_1 / (N t_N)) is computed from.
+time that the fraction of ideal (t_1 / (N t_N)) is computed from. On CUDA each shape's one-GPU
+time is also taken in the same run (`--one-gpu`, on by default: the training kernel pair, cuDNN
+on H100/H200, forward + backward of the whole sequence on each GPU): rows get `one_gpu_ms` and
+`efficiency` (one-GPU / N over the method's time), and with `--ceiling` (on by default)
+TokenRing's rows get the ring's kernel ceiling (benchmarks/ceiling.py, fwd+bwd) and
+`of_ceiling`, its efficiency over that ceiling.
 
 Baselines: yunchang's basic and zigzag rings (zigzag is causal-only: its non-causal rows run the
 basic ring) with flash-attn, or without it TokenRing's cuDNN pair behind yunchang's FA kernel
@@ -327,6 +332,52 @@ def _check(fn, shard, problem, causal) -> dict:
     return dict(zip(errs, worst.tolist(), strict=True))
 
 
+def _reference_times(args, seq, h, d, causal, n, u, with_ceiling) -> dict:
+    """One-GPU time of the whole sequence (the training kernel pair TokenRing resolves, cuDNN on
+    H100/H200, forward + backward; every rank on its own GPU at once, no transfers) and,
+    with_ceiling, the ring part's kernel ceiling (benchmarks/ceiling.py)."""
+    from ceiling import ceiling  # benchmarks/ceiling.py (this folder is on sys.path)
+
+    common = dict(batch=args.batch, causal=causal, train=True, iters=args.iters,
+                  budget_ms=2000.0)  # fmt: skip
+    whole = ceiling(seq, h, d, 1, **common)["whole_ms"]
+    out = {"one_gpu_ms": whole}
+    if with_ceiling and n // u > 1:
+        ring_whole = whole if u == 1 else None  # the ring part has h / u heads under USP
+        try:
+            c = ceiling(seq, h // u, d, n // u, whole_ms=ring_whole, **common)
+            out["ceiling"] = c["ceiling"]
+        except (ValueError, RuntimeError) as exc:  # record, keep sweeping
+            out["ceiling_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    torch.cuda.empty_cache()
+    return out
+
+
+def _add_efficiency(row: dict, name: str, extra: dict, n: int) -> None:
+    if "one_gpu_ms" not in extra or not row.get("ms"):
+        return
+    row["one_gpu_ms"] = extra["one_gpu_ms"]
+    row["efficiency"] = extra["one_gpu_ms"] / n / row["ms"]
+    if name == "token_ring" and extra.get("ceiling"):
+        row["ceiling"] = extra["ceiling"]
+        row["of_ceiling"] = row["efficiency"] / extra["ceiling"]
+    if name == "token_ring" and extra.get("ceiling_error"):
+        row["ceiling_error"] = extra["ceiling_error"]
+
+
+def _efficiency_line(rows: list[dict]) -> str:
+    """One shape's methods: efficiency (one GPU / N over time) and TokenRing's share of its
+    kernel ceiling."""
+    r0 = rows[0]
+    mask = "causal" if r0["causal"] else "full"
+    effs = ", ".join(f"{r['impl']} {r['efficiency']:.3f}" for r in rows if "efficiency" in r)
+    text = f"  {r0['shape']} {r0['seq']} {mask}: efficiency {effs}"
+    tr = next((r for r in rows if r["impl"] == "token_ring" and "of_ceiling" in r), None)
+    if tr is not None:
+        text += f"; TokenRing at {tr['of_ceiling']:.3f} of its kernel ceiling {tr['ceiling']:.3f}"
+    return text
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seqs", default="8192,32768", help="global sequence lengths")
@@ -338,7 +389,13 @@ def main() -> None:
     parser.add_argument("--ulysses", type=int, default=1, help="ulysses degree U (ring = N / U)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--out", default="train_sweep.json")
+    on = dict(action=argparse.BooleanOptionalAction, default=None)
+    parser.add_argument("--one-gpu", help="time the whole sequence on one GPU (CUDA)", **on)
+    parser.add_argument("--ceiling", help="time TokenRing's kernel ceiling (CUDA)", **on)
     args = parser.parse_args()
+    cuda = args.device == "cuda"
+    one_gpu = cuda if args.one_gpu is None else args.one_gpu and cuda
+    with_ceiling = one_gpu if args.ceiling is None else args.ceiling and cuda
 
     import tokenring_xdit
     from tokenring_xdit.ring.comm import setup_token_ring_group
@@ -374,6 +431,9 @@ def main() -> None:
             for seq in map(int, args.seqs.split(",")):
                 s_local = seq // n
                 gen = torch.Generator(device=device).manual_seed(rank)
+                extra = {}
+                if one_gpu:
+                    extra = _reference_times(args, seq, h, d, causal, n, u, with_ceiling)
                 q, k, v, do = (
                     torch.randn(args.batch, s_local, h, d, device=device, generator=gen)
                     .bfloat16()
@@ -386,10 +446,13 @@ def main() -> None:
                         row = dict(impl=name, ms=ms)
                     except Exception as e:  # a baseline that cannot run this config
                         row = dict(impl=name, error=f"{type(e).__name__}: {str(e)[:200]}")
+                    _add_efficiency(row, name, extra, n)
                     rows.append(dict(shape=shape, heads=h, head_dim=d, seq=seq, causal=causal,
                                      world=n, ulysses=u, ring=n // u, **row))  # fmt: skip
                     if rank == 0:
                         print(rows[-1], flush=True)
+                if rank == 0 and extra:
+                    print(_efficiency_line(rows[-len(impls) :]), flush=True)
     if rank == 0:
         result = dict(
             machine=platform.node(),

@@ -56,6 +56,13 @@ class _Grid:
         )
 
     def ms(self, q_len: float, kv_len: float) -> float:
+        # beyond the longest lengths measured a block is that many more tiles of the same work:
+        # time linear in each length (log-log extrapolation of the last cell's cross term grew
+        # 128k x 128k blocks by up to 10 % more than 4x the 64k one)
+        q_top, kv_top = float(self.q[-1]), float(self.kv[-1])
+        if q_len > q_top or kv_len > kv_top:
+            q_in, kv_in = min(q_len, q_top), min(kv_len, kv_top)
+            return self.ms(q_in, kv_in) * (q_len / q_in) * (kv_len / kv_in)
         value = float(np.exp(self.interp([[math.log(q_len), math.log(kv_len)]])[0]))
         # a kernel never gets faster than the smallest block measured (launch floor)
         return max(value, float(np.exp(self.log_ms.min())))

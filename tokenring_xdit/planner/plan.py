@@ -4,16 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .cost import RINGS, Prediction, predict
+from .cost import RINGS, Prediction
 from .machine import Machine
+from .workload import FORWARD, Workload, one_gpu_ms, split_prediction, why
 
-__all__ = ["Choice", "splits", "rank_all", "xdit_flags", "diffusers_config"]
+__all__ = ["Choice", "splits", "rank_all", "reason", "xdit_flags", "diffusers_config"]
 
 
 @dataclass
 class Choice:
     prediction: Prediction
     per_step_ms: float  # attention only: layers x one call
+    ceiling: float | None = None  # the ring part's kernel ceiling (None: no ring, not measured)
+    efficiency: float | None = None  # (one-GPU time / GPUs) / predicted time
 
     @property
     def label(self) -> str:
@@ -42,16 +45,31 @@ def rank_all(
     dtype: str = "bfloat16",
     rings: tuple[str, ...] = tuple(RINGS),
     kv_heads: int | None = None,
+    workload: Workload = FORWARD,
 ) -> list[Choice]:
+    """Every split and ring, fastest first. workload: the non-causal forward (simulated), or a
+    causal and/or training call (workload.py: TokenRing and ulysses only)."""
+    if not workload.simulated:
+        rings = tuple(r for r in rings if r == "token_ring")
+    single = one_gpu_ms(m, workload, heads * batch, head_dim, tokens)
     out = []
     for u, r in splits(heads, m.gpus, kv_heads):
         for method in rings if r > 1 else ("ulysses",):
-            p = predict(
-                m, method, heads, head_dim, tokens, u, r, batch=batch, dtype=dtype,
+            p, ceiling = split_prediction(
+                m, workload, method, heads, head_dim, tokens, u, r, batch=batch, dtype=dtype,
                 kv_heads=kv_heads,
             )  # fmt: skip
-            out.append(Choice(p, p.ms * layers))
+            eff = single / (u * r) / p.ms if p.ms > 0 else None
+            out.append(Choice(p, p.ms * layers, ceiling, eff))
     return sorted(out, key=lambda c: c.prediction.ms)
+
+
+def reason(choices: list[Choice], tokens: int, workload: Workload = FORWARD) -> str:
+    """Why the first of `choices` (rank_all's order) is the pick, against the best of the other
+    kind (ring splits vs plain ulysses)."""
+    best = choices[0]
+    p = best.prediction
+    return why(best, choices[1:], workload, tokens, p.ulysses * p.ring)
 
 
 def xdit_flags(c: Choice) -> str:

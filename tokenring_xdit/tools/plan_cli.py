@@ -59,6 +59,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "else the copy shipped with the package)",
     )
     p.add_argument("--verbose", action="store_true", help="--validate: one line per prediction")
+    p.add_argument("--causal", action="store_true", help="causal attention (zigzag rings)")
+    p.add_argument(
+        "--train", action="store_true", help="forward + backward (training) instead of forward"
+    )
+    p.add_argument("--kv-heads", type=positive_int, help="K/V heads under GQA/MQA (default: heads)")
+    p.add_argument(
+        "--ceiling",
+        action="store_true",
+        help="show each split's efficiency and its ring's kernel ceiling (always with --causal or "
+        "--train; benchmarks/ceiling.py measures the ceilings the model is fitted to)",
+    )
 
 
 def _shape(args: argparse.Namespace):
@@ -86,6 +97,10 @@ def _shape(args: argparse.Namespace):
     steps = args.steps or spec.steps
     batch = args.batch or spec.batch
     return spec, tokens, layers, steps, batch
+
+
+def _opt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
 
 
 def _fail(message: str) -> int:
@@ -118,17 +133,23 @@ def _plot(path: str, choices, title: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.validate:
-        from ..planner.validate import report
+        from ..planner.validate import default_bench_dir, report
+        from ..planner.validate_train import training_lines
 
         try:
             text, ok = report(args.bench_dir, verbose=args.verbose)
         except FileNotFoundError as exc:
             return _fail(str(exc))
-        print(text)
+        # the training model's score beside the forward one, before the summary line (the
+        # forward target's; training is not part of it)
+        *body, summary = text.splitlines()
+        train = training_lines(args.bench_dir or default_bench_dir(), verbose=args.verbose)
+        print("\n".join([*body, *train, summary]))
         return 0 if ok else 1
     from ..planner.calibration import load_table
     from ..planner.machine import make_machine
-    from ..planner.plan import diffusers_config, rank_all, xdit_flags
+    from ..planner.plan import diffusers_config, rank_all, reason, xdit_flags
+    from ..planner.workload import Workload
 
     if args.plot:  # refused before the table, not after it
         try:
@@ -140,9 +161,11 @@ def run(args: argparse.Namespace) -> int:
         spec, tokens, layers, steps, batch = _shape(args)
         table = load_table(args.gpu, args.table)
         m = make_machine(args.gpus, args.nodes, args.fabric, args.inter_fabric, args.gpu, table)
+        workload = Workload(causal=args.causal, train=args.train)
         choices = rank_all(
-            m, spec.heads, spec.head_dim, tokens, layers=layers, batch=batch, dtype=args.dtype
-        )
+            m, spec.heads, spec.head_dim, tokens, layers=layers, batch=batch, dtype=args.dtype,
+            kv_heads=args.kv_heads, workload=workload,
+        )  # fmt: skip
     except (ValueError, FileNotFoundError) as exc:
         return _fail(str(exc))
     if table.meta.get("fallback_for"):
@@ -160,16 +183,22 @@ def run(args: argparse.Namespace) -> int:
     print(f"machine: {m.describe()}; kernel table {Path(table.path).name} ({src})")
     if tokens % args.gpus:
         print(f"note: {tokens} tokens do not split evenly over {args.gpus} GPUs (padding needed)")
-    print(f"{'#':>2} {'split':36} {'ms/call':>9} {'ms/step':>9} {'s/image':>8}  gpu/host ms")
+    ceilings = args.ceiling or not workload.simulated
+    if not workload.simulated:
+        print(f"workload: {workload.label} (TokenRing and ulysses; planner/workload.py)")
+    extra = f" {'eff':>6} {'ceiling':>7}" if ceilings else ""
+    print(f"{'#':>2} {'split':36} {'ms/call':>9} {'ms/step':>9} {'s/image':>8}{extra}  gpu/host ms")
     shown = choices[: args.top] if args.top else choices
     for i, c in enumerate(shown, 1):
         p = c.prediction
+        cols = f" {c.efficiency:6.3f} {_opt(c.ceiling):>7}" if ceilings else ""
         print(
             f"{i:2} {c.label:36} {p.ms:9.3f} {c.per_step_ms:9.2f} "
-            f"{c.per_step_ms * steps / 1e3:8.3f}  {p.gpu_ms:.3f}/{p.host_ms:.3f}"
+            f"{c.per_step_ms * steps / 1e3:8.3f}{cols}  {p.gpu_ms:.3f}/{p.host_ms:.3f}"
         )
     best = choices[0]
     print(f"best: {best.label}")
+    print(f"  why: {reason(choices, tokens, workload)}")
     print(f"  xDiT:      {xdit_flags(best)}")
     print(f"  diffusers: {diffusers_config(best)}")
     if args.plot:

@@ -1,0 +1,294 @@
+"""The kernel ceiling of a ring: the block kernels ONE rank runs, back to back on ONE GPU.
+
+    python -m benchmarks ceiling --out ceiling.json
+    python -m benchmarks ceiling --tokens 16384,32768 --rings 2,4,8 --heads 32 --kv-heads 8,32
+
+For each shape (tokens S, heads, K/V heads, head dim, batch), ring degree N, mask and pass, the
+probe takes the blocks one rank runs from the schedules the ring itself runs (`rank_blocks`:
+the inference forward's table with its held-back own block and last pieces for a non-causal
+forward, `CAUSAL_ZIGZAG` / `NON_CAUSAL_BLOCKS` block steps for training and causal calls,
+`documents.doc_plan` for packed documents), runs them with the kernel the ring would resolve
+(`resolve_kernel`: cuDNN through SDPA on H100/H200, the varlen kernel for documents) and times
+them back to back. Transfers, merges and every other op are free, so no ring schedule can beat
+it with these kernels:
+
+    ceiling = (one-GPU time of the whole sequence / N) / (busiest rank's kernels-only time)
+
+The block lists are `tokenring_xdit.planner.ceiling.rank_blocks` (the planner predicts ceilings
+from the same lists). The one-GPU time is the same kernel on the whole sequence (the ring's own
+N = 1 call). Masks: `full` (non-causal), `causal` (zigzag), `packed` (causal documents on
+zigzag shards; the lengths from --docs) and `packed-full` (non-causal documents). Passes: `fwd`
+and `fwd+bwd`. `ceiling()` is the pure entry other benchmarks call; on the CPU it runs with the
+exact kernels (tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import platform
+import random
+import statistics
+import sys
+import time
+
+import torch
+
+from tokenring_xdit.planner.ceiling import BlockRun, rank_blocks, uses_block_steps
+
+__all__ = ["BlockRun", "ceiling", "documents_of", "main", "rank_blocks", "uses_block_steps"]
+
+MASKS = ("full", "causal", "packed", "packed-full")
+PASSES = ("fwd", "fwd+bwd")
+
+
+def documents_of(spec: str, total: int, seed: int = 0):
+    """Documents of `total` tokens from --docs: `exp:MEAN` (exponential lengths, seeded),
+    `fixed:LEN`, or `cu:0,b1,...,total` (cu_seqlens)."""
+    from tokenring_xdit.ring.documents import Documents
+
+    kind, _, arg = spec.partition(":")
+    if kind == "cu":
+        return Documents.of([int(x) for x in arg.split(",")], total)
+    if kind not in ("exp", "fixed"):
+        raise ValueError(f"--docs {spec!r}: use exp:MEAN, fixed:LEN or cu:0,...,total")
+    mean, rng, bounds = int(arg), random.Random(seed), [0]
+    while bounds[-1] < total:
+        length = mean if kind == "fixed" else max(1, round(rng.expovariate(1 / mean)))
+        bounds.append(min(total, bounds[-1] + length))
+    return Documents.of(bounds, total)
+
+
+def _timed(fn, device: torch.device, warmup: int, iters: int, budget_ms: float) -> float:
+    """Median ms of fn(); after the warm-up, as many runs as fit `budget_ms` (1..iters)."""
+
+    def once() -> float:
+        if device.type != "cuda":
+            start = time.perf_counter()
+            fn()
+            return (time.perf_counter() - start) * 1e3
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize(device)
+        return begin.elapsed_time(end)
+
+    first = [once() for _ in range(max(1, warmup))][-1]
+    runs = max(1, min(iters, int(budget_ms // max(first, 1e-3))))
+    return statistics.median(once() for _ in range(runs))
+
+
+class _Rank:
+    """One rank's tensors and its kernel calls (the ring's record or block kernel): a fresh
+    query (and dO) per call, as the ring holds a new one each step; the local K/V once, its
+    front half a view (the zigzag's FRONT part)."""
+
+    def __init__(self, blocks, kernel, how: tuple[bool, bool, bool], shape, dtype, device):
+        from tokenring_xdit.ring.kernels import row_delta
+        from tokenring_xdit.ring.layout import BSHD
+
+        batch, t, heads, kv_heads, d = shape
+        self.train, self.inference, self.single = how
+        gen = torch.Generator(device=device).manual_seed(t)
+
+        def rand(seq: int, h: int) -> torch.Tensor:
+            return torch.randn(batch, seq, h, d, generator=gen, device=device).to(dtype)
+
+        k, v = rand(t, kv_heads), rand(t, kv_heads)
+        self.layout, self.scale, self.kernel = BSHD, d**-0.5, kernel
+        self.calls = [
+            (b, rand(b.q_len, heads), k[:, : b.kv_len], v[:, : b.kv_len],
+             rand(b.q_len, heads) if self.train else None)
+            for b in blocks
+        ]  # fmt: skip
+        self.saved = []
+        if self.train:  # what the backward reads (values do not change the kernels' time)
+            for b, q, kb, vb, do in self.calls:
+                out, lse = kernel.run_forward(q, kb, vb, self.scale, BSHD, b.mask)
+                self.saved.append((out, lse.float().contiguous(), row_delta(do, out, BSHD)))
+
+    def run(self) -> None:
+        lay, scale = self.layout, self.scale
+        for b, q, k, v, _ in self.calls:
+            if self.inference:
+                self.kernel(q, k, v, scale, lay)
+            else:
+                self.kernel.run_forward(q, k, v, scale, lay, b.mask)
+        for (b, q, k, v, do), (out, lse, delta) in zip(self.calls, self.saved, strict=False):
+            if self.single:  # ring degree 1: the kernel reads O itself, as SDPA does
+                self.kernel.run_backward(do, q, k, v, out, lse, None, scale, lay, b.mask)
+            else:
+                own = out if b.own else None
+                self.kernel.run_backward(do, q, k, v, own, lse, delta, scale, lay, b.mask)
+
+
+def _kernel_for(shape, dtype, device, kernel: str, train: bool, inference: bool, packed: bool):
+    from tokenring_xdit.ring.kernels import resolve_kernel
+    from tokenring_xdit.ring.layout import BSHD
+
+    batch, t, heads, kv_heads, d = shape
+    q = torch.empty(batch, t, heads, d, dtype=dtype, device=device)
+    k = torch.empty(batch, t, kv_heads, d, dtype=dtype, device=device)
+    choice = resolve_kernel(
+        kernel, None, q, k, k, BSHD, train=not inference, deterministic=False, packed=packed
+    )
+    if choice.fn is None:
+        raise RuntimeError(f"no kernel for this call: {choice.problem_text}")
+    return choice.fn
+
+
+def ceiling(
+    tokens: int, heads: int, head_dim: int, ring: int, *, kv_heads: int | None = None,
+    batch: int = 1, causal: bool = False, docs=None, train: bool = False,
+    dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cuda",
+    kernel: str = "auto", warmup: int = 1, iters: int = 3, budget_ms: float = 2000.0,
+    whole_ms: float | None = None, defer_own: float | None = None, final_chunks: int = 1,
+) -> dict:  # fmt: skip
+    """The kernel ceiling of one (shape, ring degree, mask, pass); see the module docstring.
+
+    docs: `documents.Documents` of the whole sequence (packed documents; `causal` says whether
+    they are causal inside). whole_ms: the one-GPU time when already known (it does not depend
+    on `ring`). Returns a dict (the JSON row): whole_ms, per-rank kernels-only ms (ranks with
+    the same calls are timed once), the busiest rank and the ceiling."""
+    device = torch.device(device)
+    kv_heads = kv_heads or heads
+    packed = docs is not None
+    if tokens % (2 * ring if causal and ring > 1 else ring):
+        raise ValueError(f"{tokens} tokens do not split into zigzag/contiguous shards of {ring}")
+    inference = not uses_block_steps(causal, train, packed)
+    args = dict(causal=causal, train=train, docs=docs, defer_own=defer_own,
+                final_chunks=final_chunks)  # fmt: skip
+    t = tokens // ring
+    shape = (batch, t, heads, kv_heads, head_dim)
+    fn = _kernel_for(shape, dtype, device, kernel, train, inference, packed)
+    times = {}
+    per_rank = []
+    for rank in range(ring if ring > 1 else 0):  # ring 1: the whole sequence, timed below
+        blocks = rank_blocks(ring, rank, t, **args)
+        key = tuple(blocks)
+        if key not in times:
+            work = _Rank(blocks, fn, (train, inference, ring == 1), shape, dtype, device)
+            times[key] = _timed(work.run, device, warmup, iters, budget_ms) if blocks else 0.0
+            del work
+        per_rank.append(times[key])
+    if whole_ms is None:
+        whole = _Rank(
+            rank_blocks(1, 0, tokens, **args), fn, (train, inference, True),
+            (batch, tokens, heads, kv_heads, head_dim), dtype, device,
+        )  # fmt: skip
+        whole_ms = _timed(whole.run, device, warmup, iters, budget_ms)
+        del whole
+    if ring == 1:
+        per_rank = [whole_ms]
+    busiest = max(range(ring), key=per_rank.__getitem__)
+    name = getattr(fn, "name", None) or getattr(fn, "__name__", type(fn).__name__)
+    return dict(
+        tokens=tokens, tokens_per_rank=t, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+        batch=batch, ring=ring, mask=mask_name(causal, packed),
+        **{"pass": "fwd+bwd" if train else "fwd"},
+        kernel=name, dtype=str(dtype).removeprefix("torch."),
+        documents=docs.count if packed else None,
+        blocks=len(rank_blocks(ring, busiest, t, **args)),
+        whole_ms=whole_ms, rank_ms=per_rank, busiest_rank=busiest, busiest_ms=per_rank[busiest],
+        ceiling=(whole_ms / ring) / per_rank[busiest] if per_rank[busiest] else None,
+    )  # fmt: skip
+
+
+def mask_name(causal: bool, packed: bool) -> str:
+    return ("packed" if causal else "packed-full") if packed else ("causal" if causal else "full")
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokens", default="16384,32768,65536,131072", help="global sequence lengths")
+    p.add_argument("--rings", default="2,4,8")
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", default="8,32", help="K/V head counts (GQA and MHA)")
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--masks", default="full,causal,packed", help=",".join(MASKS))
+    p.add_argument("--passes", default="fwd,fwd+bwd", help=",".join(PASSES))
+    p.add_argument("--docs", default="exp:4096", help="packed lengths: exp:MEAN, fixed:LEN, cu:..")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--kernel", default="auto")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--iters", type=int, default=3, help="most timed runs per measurement")
+    p.add_argument("--budget-ms", type=float, default=1500.0, help="timed ms per measurement")
+    p.add_argument("--time-limit", type=float, help="seconds; start no new shape after them")
+    p.add_argument("--out", default="ceiling.json")
+    args = p.parse_args(argv)
+
+    masks, passes = args.masks.split(","), args.passes.split(",")
+    for m in masks:
+        if m not in MASKS:
+            p.error(f"--masks: {m!r} is not one of {MASKS}")
+    for x in passes:
+        if x not in PASSES:
+            p.error(f"--passes: {x!r} is not one of {PASSES}")
+    dtype = getattr(torch, args.dtype)
+    rows, started = [], time.time()
+    meta = dict(
+        machine=platform.node(), device=_device_name(args.device), torch=torch.__version__,
+        cudnn=torch.backends.cudnn.version(),
+        command="python -m benchmarks ceiling " + " ".join(sys.argv[1:] if argv is None else argv),
+        time=time.strftime("%Y-%m-%d %H:%M"), docs=args.docs,
+    )  # fmt: skip
+    for tokens, kv, m, pass_ in itertools.product(
+        _ints(args.tokens), _ints(args.kv_heads), masks, passes
+    ):
+        if args.time_limit and time.time() - started > args.time_limit:
+            meta["stopped"] = f"--time-limit {args.time_limit} s: later shapes not timed"
+            print(meta["stopped"], flush=True)
+            break
+        causal = m in ("causal", "packed")
+        docs = documents_of(args.docs, tokens) if m.startswith("packed") else None
+        whole = None
+        for n in _ints(args.rings):
+            row = ceiling(
+                tokens, args.heads, args.head_dim, n, kv_heads=kv, batch=args.batch,
+                causal=causal, docs=docs, train=pass_ == "fwd+bwd", dtype=dtype,
+                device=args.device, kernel=args.kernel, warmup=args.warmup,
+                iters=args.iters, budget_ms=args.budget_ms, whole_ms=whole,
+            )  # fmt: skip
+            whole = row["whole_ms"]
+            rows.append(row)
+            print(_line(row, time.time() - started), flush=True)
+        _write(args.out, meta, rows)  # after every shape: a killed run keeps what it timed
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+    _write(args.out, meta, rows)
+    print(f"wrote {args.out} ({len(rows)} rows, {time.time() - started:.0f} s)")
+    return 0
+
+
+def _write(path: str, meta: dict, rows: list[dict]) -> None:
+    with open(path, "w") as f:
+        f.write('{"meta": ' + json.dumps(meta, indent=1) + ',\n "rows": [\n ')
+        f.write(",\n ".join(json.dumps(r) for r in rows) + "\n]}\n")
+
+
+def _device_name(device: str) -> str:
+    return torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu"
+
+
+def _line(row: dict, elapsed: float) -> str:
+    c = row["ceiling"]
+    return (
+        f"[{elapsed:5.0f} s] S={row['tokens']:>6} h={row['heads']}/{row['kv_heads']} "
+        f"ring {row['ring']:>2} {row['mask']:<11} {row['pass']:<7} {row['kernel']:<14} "
+        f"whole {row['whole_ms']:9.3f} ms  busiest rank {row['busiest_ms']:9.3f} ms "
+        f"({row['blocks']} calls)  ceiling {c:.3f}"
+        if c is not None
+        else f"[{elapsed:5.0f} s] {row}"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
