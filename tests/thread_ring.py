@@ -79,12 +79,13 @@ def run_ring(n: int, rank_fn) -> list:
     return results
 
 
-def ring_case(n, causal, lens, b, h, d, dtype, device, pair, layout, seed=0):
+def ring_case(n, causal, lens, b, h, d, dtype, device, pair, layout, seed=0, hold_back=False):
     """Forward + backward of every rank through the loops vs fp64 autograd of the whole sequence.
 
     lens: causal: each rank's half length (zigzag: rank r holds chunks r and 2N-1-r of a
     sequence cut at those lengths); non-causal: each rank's local length (contiguous shards).
-    Returns the max errors: out (abs), dq/dk/dv (abs / max |ref|).
+    Returns the max errors: out (abs), dq/dk/dv (abs / max |ref|). hold_back: the own block
+    held back in part (ring/diagonal.py).
     """
     from tokenring_xdit.ring.backward import block_backward
     from tokenring_xdit.ring.block_forward import BlockCall, block_forward
@@ -117,7 +118,8 @@ def ring_case(n, causal, lens, b, h, d, dtype, device, pair, layout, seed=0):
         return layout.from_bhsd(x.index_select(2, idx)).contiguous()
 
     schedule = CAUSAL_ZIGZAG if causal else NON_CAUSAL_BLOCKS
-    call = BlockCall(schedule=schedule, pair=pair, layout=layout, scale=d**-0.5)
+    call = BlockCall(schedule=schedule, pair=pair, layout=layout, scale=d**-0.5,
+                     hold_back=hold_back)  # fmt: skip
     q_lens = tuple(2 * x for x in lens) if causal else tuple(lens)
 
     def rank_fn(ring):

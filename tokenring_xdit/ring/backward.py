@@ -14,6 +14,7 @@ import torch
 
 from .block_loop import BlockCall, run_blocks
 from .comm import COUNTERS
+from .diagonal import Piece
 from .kernels import row_delta
 from .ring import Ring
 from .schedules.blocks import BlockStep, part_slice
@@ -50,7 +51,13 @@ class _Backward:
         # Sums start from step 0's block (our own Q against all our K/V: every position). A
         # position gets at most N contributions; with N = 2 the input dtype's own add (fp32
         # math, one rounding) equals an fp32 sum rounded once, so fp32 sums only from N = 3 on.
-        self.acc = torch.float32 if n > 2 else None
+        # The own block held back in part (diagonal.py) adds a term to dQ (and, causal, to
+        # dK/dV): those sums are then fp32 at N = 2 too.
+        seq = call.layout.seq_dim
+        self.split = call.own_pieces(q.shape[seq], k.shape[seq])
+        more = self.split is not None
+        self.acc = torch.float32 if n > 2 or (more and call.schedule.causal) else None
+        self.acc_q = torch.float32 if n > 2 or more else None
         self.dq = self.dk = self.dv = None
 
     def travelling(self) -> list[torch.Tensor]:
@@ -77,8 +84,48 @@ class _Backward:
         b, _, h, d = self.call.layout.dims(self.q)
         return [self.call.layout.empty(b, length, h, d, like=self.q)]
 
+    def _piece(self, p: Piece):
+        """(dq, dk, dv) of one piece of the own block (the kernel reads O itself)."""
+        call, seq = self.call, self.call.layout.seq_slice
+        rows = [seq(x, p.q) for x in (self.dout, self.q)]
+        kv = (seq(self.k, p.k), seq(self.v, p.k))
+        stats = [x[:, :, p.q].contiguous() for x in (self.lse, self.delta)]
+        return call.pair.run_backward(
+            *rows, *kv, seq(self.out, p.q), *stats, call.scale, call.layout, p.causal
+        )
+
+    def _start_split(self) -> list[torch.Tensor]:
+        """Step 0 held back in part: the head pieces' rows of dQ (disjoint, all of them) and
+        keys of dK/dV (disjoint; the rest zero until the tail's) copied into the sums."""
+        seq, split = self.call.layout.seq_slice, self.split
+        self.dq = torch.empty_like(self.q, dtype=self.acc_q or self.q.dtype)
+        kv = (self.k, self.v)
+        self.dk, self.dv = (torch.empty_like(x, dtype=self.acc or x.dtype) for x in kv)
+        if split.zero_k is not None:
+            seq(self.dk, split.zero_k).zero_()
+            seq(self.dv, split.zero_k).zero_()
+        for p in split.head:
+            dq, dk, dv = self._piece(p)
+            seq(self.dq, p.q).copy_(dq)
+            seq(self.dk, p.k).copy_(dk)
+            seq(self.dv, p.k).copy_(dv)
+        COUNTERS.kernel_calls += len(split.head) - 1
+        return [self.dq]
+
+    def tail(self, pause) -> int:
+        seq = self.call.layout.seq_slice
+        for i, p in enumerate(self.split.tail if self.split is not None else ()):
+            if i == 0:
+                pause(seq(self.q, p.q), seq(self.k, p.k))
+            for grad, acc, sl in zip(self._piece(p), (self.dq, self.dk, self.dv),
+                                     (p.q, p.k, p.k), strict=True):  # fmt: skip
+                seq(acc, sl).add_(grad)
+        return len(self.split.tail) if self.split is not None else 0
+
     def block(self, st: BlockStep, held, mask) -> list[torch.Tensor]:
         call, layout = self.call, self.call.layout
+        if st.step == 0 and self.split is not None:
+            return self._start_split()
         kv_sl = call.kv_slice(self.k, st)
         q_b, do_b, lse_b, delta_b = held
         own_out = self.out if st.step == 0 else None  # elsewhere the kernel gets delta only
@@ -102,7 +149,7 @@ class _Backward:
             self.dq, self.dk, self.dv = (
                 torch.zeros_like(x, dtype=self.acc or x.dtype) for x in qkv
             )
-        else:
+        elif self.split is None:  # (held back in part: _start_split made the sums)
             self.dq = _start(block[0], self.q, self.acc)
 
     def add(self, ret, seq: slice) -> None:

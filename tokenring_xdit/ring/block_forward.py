@@ -8,12 +8,13 @@ the chunked last return, the held-back own block, the fused merge).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from .block_loop import BlockCall, run_blocks
 from .comm import COUNTERS
+from .diagonal import Piece, Pieces
 from .kernels import empty_partial
 from .merge import PartialMerge
 from .ring import Ring
@@ -48,6 +49,11 @@ class _Forward:
     k: torch.Tensor
     v: torch.Tensor
     merge: PartialMerge | None = None
+    split: Pieces | None = field(init=False)  # the own block held back in part (diagonal.py)
+
+    def __post_init__(self) -> None:
+        seq = self.call.layout.seq_dim
+        self.split = self.call.own_pieces(self.q.shape[seq], self.k.shape[seq])
 
     def travelling(self) -> list[torch.Tensor]:
         return [self.q.contiguous()]
@@ -66,8 +72,17 @@ class _Forward:
             torch.empty(b, h, length, dtype=torch.float32, device=self.q.device),
         ]
 
+    def _piece(self, p: Piece) -> tuple[torch.Tensor, torch.Tensor]:
+        """(out, lse) of one piece of the own block."""
+        seq, call = self.call.layout.seq_slice, self.call
+        kv = (seq(self.k, p.k), seq(self.v, p.k))
+        return call.pair.run_forward(seq(self.q, p.q), *kv, call.scale, call.layout, p.causal)
+
     def block(self, st: BlockStep, held, mask) -> list[torch.Tensor]:
         call = self.call
+        if st.step == 0 and self.split is not None:  # the head pieces (their rows are disjoint)
+            COUNTERS.kernel_calls += len(self.split.head) - 1
+            return [self._piece(p) for p in self.split.head]
         kv = call.kv(self.k, self.v, st)
         out_b, lse_b = call.pair.run_forward(held[0], *kv, call.scale, call.layout, mask)
         return [out_b.contiguous(), lse_b.float().contiguous()]  # P2P needs dense buffers
@@ -75,8 +90,28 @@ class _Forward:
     def start(self, block) -> None:
         # step 0: our own Q against our own K/V. The accumulator stays fp32 throughout: a
         # causal rank merges partials of different parts, so no merge is "last" for all rows.
-        block = block if block is not None else empty_partial(self.q, self.v, self.call.layout)
-        self.merge = PartialMerge(*block, self.call.layout, self.q.dtype, eager_fused=True)
+        layout = self.call.layout
+        if self.split is not None:  # the head pieces' rows, copied into one fp32 accumulator
+            b, length, h, _ = layout.dims(self.q)
+            like = torch.empty(0, dtype=torch.float32, device=self.q.device)
+            out = layout.empty(b, length, h, self.v.shape[3], like=like)
+            lse = torch.empty(b, h, length, dtype=torch.float32, device=self.q.device)
+            for p, (o, piece_lse) in zip(self.split.head, block, strict=True):
+                layout.seq_slice(out, p.q).copy_(o)
+                lse[:, :, p.q].copy_(piece_lse)
+            self.merge = PartialMerge(out, lse, layout, self.q.dtype, eager_fused=True,
+                                      owned=True)  # fmt: skip
+            return
+        block = block if block is not None else empty_partial(self.q, self.v, layout)
+        self.merge = PartialMerge(*block, layout, self.q.dtype, eager_fused=True)
+
+    def tail(self, pause) -> int:
+        seq = self.call.layout.seq_slice
+        for i, p in enumerate(self.split.tail if self.split is not None else ()):
+            if i == 0:
+                pause(seq(self.q, p.q), seq(self.k, p.k))
+            self.merge.update(*self._piece(p), seq=p.q)
+        return len(self.split.tail) if self.split is not None else 0
 
     def add(self, ret, seq: slice) -> None:
         self.merge.update(*ret, seq=seq)

@@ -30,14 +30,16 @@ class PartialMerge:
         fused: bool = True,
         eager_fused: bool = False,
         into: tuple[torch.Tensor, torch.Tensor] | None = None,
+        owned: bool = False,
     ):
-        """`into`: (out, lse) views the result is written to (rows of a larger output)."""
+        """`into`: (out, lse) views the result is written to (rows of a larger output).
+        `owned`: block_out/block_lse are fresh fp32 buffers the merge may keep (no copy)."""
         self.layout = layout
         self.dtype = out_dtype or block_out.dtype
         many = updates is None or updates > 1
-        self.out = block_out.to(torch.float32, copy=True) if many else block_out
+        self.out = block_out if owned or not many else block_out.to(torch.float32, copy=True)
         if into is None:
-            self.lse = block_lse.to(torch.float32, copy=True)
+            self.lse = block_lse if owned else block_lse.to(torch.float32, copy=True)
             self.final: torch.Tensor | None = None
         else:
             self.final, self.lse = into
