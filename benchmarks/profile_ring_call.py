@@ -29,7 +29,7 @@ from ring_sweep import SHAPES, time_ms  # noqa: E402  (benchmarks/ is the script
 
 KINDS = (
     ("attention", ("sdpa", "flash", "fmha", "cudnn", "attn")),
-    ("nccl", ("nccl",)),
+    ("nccl", ("nccl", "gloo")),  # gloo: profile_train_call.py's CPU smoke run
     ("merge", ("merge", "triton", "logsumexp", "exp", "sigmoid")),
     ("copy", ("copy", "memcpy")),
 )
@@ -106,22 +106,25 @@ def breakdown(by_kind: dict[str, list[Interval]], calls: int) -> dict[str, float
     )
 
 
-def _kernel_ms(
-    fn, calls: int, timeline: dict | None = None, events: list | None = None
+def kernel_ms(
+    fn, calls: int, timeline: dict | None = None, events: list | None = None, cuda: bool = True
 ) -> dict[str, float]:
     """ms per call by kind; `timeline` (if given) receives breakdown() of the same window,
-    `events` (if given) every activity as [kind, stream, start_us, duration_us, name]."""
+    `events` (if given) every activity as [kind, stream, start_us, duration_us, name].
+    `cuda=False`: the CPU ops instead (nested, so only a smoke test's numbers)."""
     from torch.profiler import ProfilerActivity, profile
 
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
         for _ in range(calls):
             fn()
-        torch.cuda.synchronize()
+        sync()
     by_kind: dict[str, list] = defaultdict(list)  # the trace's GPU activities, read once
     found = []
+    device = "CUDA" if cuda else "CPU"
     for e in prof.profiler.kineto_results.events():
-        if e.device_type().name == "CUDA":
+        if e.device_type().name == device:
             kind, span = _kind(e.name()), (e.start_ns(), e.end_ns())
             by_kind[kind].append(span)
             found.append((*span, kind, e.device_resource_id(), e.name()))
@@ -162,8 +165,8 @@ def _profile_shape(
 
     call_ms = time_ms(ring, 50, 10)
     timeline: dict = {}
-    in_ring = _kernel_ms(ring, 20, timeline)
-    alone = _kernel_ms(blocks_alone, 20)
+    in_ring = kernel_ms(ring, 20, timeline)
+    alone = kernel_ms(blocks_alone, 20)
     row = dict(
         model=model,
         heads=heads,
@@ -179,7 +182,7 @@ def _profile_shape(
     )
     if events:
         row["events"] = []
-        _kernel_ms(ring, 1, events=row["events"])
+        kernel_ms(ring, 1, events=row["events"])
     row["attention_inflation"] = in_ring.get("attention", 0) / alone["attention"]
     row["exposed_ms"] = call_ms - in_ring.get("attention", 0)
     return row
