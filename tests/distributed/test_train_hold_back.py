@@ -4,9 +4,9 @@ uneven shards, bshd/bhsd, fp32/bf16, the qkv-packed call) and test_packed_docume
 packed documents, each vs exact fp64, with the option switched on in every rank's environment.
 
 Counts: the transfers are those of the loop without the split; the kernel calls per pass are
-N + 2 causal (step 0 runs two square causal pieces, the return-only row one more) and N + 1
-non-causal (one piece at step 0, one behind the last return). Packed documents keep their own
-per-step segments (no split): their kernel calls stay the plan's.
+N + 1 (step 0 runs the own block on its first heads, the return-only row on the rest), N for
+a single K/V head (no split). Packed documents keep their own per-step segments (no split):
+their kernel calls stay the plan's.
 """
 
 from __future__ import annotations
@@ -70,12 +70,12 @@ def test_held_back_matches_exact_attention(n):
 
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_held_back_moves_the_same_and_runs_its_pieces(n):
-    """Same transfers as without the split; kernel calls N + 2 (causal) or N + 1 per pass
-    (the split's pieces: one more per pass than the pieces it replaces, plus the tail)."""
+    """Same transfers as without the split; kernel calls N + 1 per pass (the own block in two
+    head pieces), N with one K/V head (nothing to split)."""
     for rank, res in enumerate(_launch(n)):
         for case in train.CASES:
             got = res["dense"][case["name"]]
-            extra = 2 if case["causal"] else 1
+            extra = 1 if case["h"] > 1 else 0
             for pass_, q_per, ret_per in (("fwd", 1, 2), ("bwd", 4, 1)):
                 c = got[pass_]
                 where = f"N={n} rank {rank} {case['name']} {pass_}"

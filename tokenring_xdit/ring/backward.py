@@ -51,13 +51,10 @@ class _Backward:
         # Sums start from step 0's block (our own Q against all our K/V: every position). A
         # position gets at most N contributions; with N = 2 the input dtype's own add (fp32
         # math, one rounding) equals an fp32 sum rounded once, so fp32 sums only from N = 3 on.
-        # The own block held back in part (diagonal.py) adds a term to dQ (and, causal, to
-        # dK/dV): those sums are then fp32 at N = 2 too.
-        seq = call.layout.seq_dim
-        self.split = call.own_pieces(q.shape[seq], k.shape[seq])
-        more = self.split is not None
-        self.acc = torch.float32 if n > 2 or (more and call.schedule.causal) else None
-        self.acc_q = torch.float32 if n > 2 or more else None
+        # Held back in part (diagonal.py), the own block is split by heads: no position gets
+        # another term, so the same rule holds.
+        self.split = call.own_pieces(q, k)
+        self.acc = torch.float32 if n > 2 else None
         self.dq = self.dk = self.dv = None
 
     def travelling(self) -> list[torch.Tensor]:
@@ -85,42 +82,39 @@ class _Backward:
         return [self.call.layout.empty(b, length, h, d, like=self.q)]
 
     def _piece(self, p: Piece):
-        """(dq, dk, dv) of one piece of the own block (the kernel reads O itself)."""
-        call, seq = self.call, self.call.layout.seq_slice
-        rows = [seq(x, p.q) for x in (self.dout, self.q)]
-        kv = (seq(self.k, p.k), seq(self.v, p.k))
-        stats = [x[:, :, p.q].contiguous() for x in (self.lse, self.delta)]
+        """(dq, dk, dv) of the own block on one piece's heads (the kernel reads O itself)."""
+        call, heads = self.call, self.call.layout.head_slice
+        qs = [heads(x, p.q) for x in (self.dout, self.q)]
+        kv = (heads(self.k, p.kv), heads(self.v, p.kv))
+        stats = (self.lse[:, p.q].contiguous(), self.delta[:, p.q].contiguous())
         return call.pair.run_backward(
-            *rows, *kv, seq(self.out, p.q), *stats, call.scale, call.layout, p.causal
+            *qs, *kv, heads(self.out, p.q), *stats, call.scale, call.layout, call.schedule.causal
         )
 
     def _start_split(self) -> list[torch.Tensor]:
-        """Step 0 held back in part: the head pieces' rows of dQ (disjoint, all of them) and
-        keys of dK/dV (disjoint; the rest zero until the tail's) copied into the sums."""
-        seq, split = self.call.layout.seq_slice, self.split
-        self.dq = torch.empty_like(self.q, dtype=self.acc_q or self.q.dtype)
-        kv = (self.k, self.v)
-        self.dk, self.dv = (torch.empty_like(x, dtype=self.acc or x.dtype) for x in kv)
-        if split.zero_k is not None:
-            seq(self.dk, split.zero_k).zero_()
-            seq(self.dv, split.zero_k).zero_()
-        for p in split.head:
-            dq, dk, dv = self._piece(p)
-            seq(self.dq, p.q).copy_(dq)
-            seq(self.dk, p.k).copy_(dk)
-            seq(self.dv, p.k).copy_(dv)
-        COUNTERS.kernel_calls += len(split.head) - 1
+        """Step 0 held back in part: the head piece's heads of dQ/dK/dV copied into the sums,
+        the tail's heads zero until their terms come (adding to zero is exact)."""
+        heads, split = self.call.layout.head_slice, self.split
+        self.dq, self.dk, self.dv = (
+            torch.empty_like(x, dtype=self.acc or x.dtype) for x in (self.q, self.k, self.v)
+        )
+        for acc, grad, hs, tail in zip(
+            (self.dq, self.dk, self.dv), self._piece(split.head), (split.head.q, split.head.kv,
+            split.head.kv), (split.tail.q, split.tail.kv, split.tail.kv), strict=True,
+        ):  # fmt: skip
+            heads(acc, hs).copy_(grad)
+            heads(acc, tail).zero_()
         return [self.dq]
 
     def tail(self, pause) -> int:
-        seq = self.call.layout.seq_slice
-        for i, p in enumerate(self.split.tail if self.split is not None else ()):
-            if i == 0:
-                pause(seq(self.q, p.q), seq(self.k, p.k))
-            for grad, acc, sl in zip(self._piece(p), (self.dq, self.dk, self.dv),
-                                     (p.q, p.k, p.k), strict=True):  # fmt: skip
-                seq(acc, sl).add_(grad)
-        return len(self.split.tail) if self.split is not None else 0
+        if self.split is None:
+            return 0
+        heads, p = self.call.layout.head_slice, self.split.tail
+        pause(heads(self.q, p.q), heads(self.k, p.kv))
+        for acc, grad, hs in zip((self.dq, self.dk, self.dv), self._piece(p), (p.q, p.kv, p.kv),
+                                 strict=True):  # fmt: skip
+            heads(acc, hs).add_(grad)
+        return 1
 
     def block(self, st: BlockStep, held, mask) -> list[torch.Tensor]:
         call, layout = self.call, self.call.layout

@@ -52,8 +52,7 @@ class _Forward:
     split: Pieces | None = field(init=False)  # the own block held back in part (diagonal.py)
 
     def __post_init__(self) -> None:
-        seq = self.call.layout.seq_dim
-        self.split = self.call.own_pieces(self.q.shape[seq], self.k.shape[seq])
+        self.split = self.call.own_pieces(self.q, self.k)
 
     def travelling(self) -> list[torch.Tensor]:
         return [self.q.contiguous()]
@@ -73,16 +72,15 @@ class _Forward:
         ]
 
     def _piece(self, p: Piece) -> tuple[torch.Tensor, torch.Tensor]:
-        """(out, lse) of one piece of the own block."""
-        seq, call = self.call.layout.seq_slice, self.call
-        kv = (seq(self.k, p.k), seq(self.v, p.k))
-        return call.pair.run_forward(seq(self.q, p.q), *kv, call.scale, call.layout, p.causal)
+        """(out, lse) of the own block on one piece's heads."""
+        call, heads = self.call, self.call.layout.head_slice
+        qkv = (heads(self.q, p.q), heads(self.k, p.kv), heads(self.v, p.kv))
+        return call.pair.run_forward(*qkv, call.scale, call.layout, call.schedule.causal)
 
     def block(self, st: BlockStep, held, mask) -> list[torch.Tensor]:
         call = self.call
-        if st.step == 0 and self.split is not None:  # the head pieces (their rows are disjoint)
-            COUNTERS.kernel_calls += len(self.split.head) - 1
-            return [self._piece(p) for p in self.split.head]
+        if st.step == 0 and self.split is not None:  # the head piece; the tail runs last
+            return list(self._piece(self.split.head))
         kv = call.kv(self.k, self.v, st)
         out_b, lse_b = call.pair.run_forward(held[0], *kv, call.scale, call.layout, mask)
         return [out_b.contiguous(), lse_b.float().contiguous()]  # P2P needs dense buffers
@@ -91,14 +89,10 @@ class _Forward:
         # step 0: our own Q against our own K/V. The accumulator stays fp32 throughout: a
         # causal rank merges partials of different parts, so no merge is "last" for all rows.
         layout = self.call.layout
-        if self.split is not None:  # the head pieces' rows, copied into one fp32 accumulator
-            b, length, h, _ = layout.dims(self.q)
-            like = torch.empty(0, dtype=torch.float32, device=self.q.device)
-            out = layout.empty(b, length, h, self.v.shape[3], like=like)
-            lse = torch.empty(b, h, length, dtype=torch.float32, device=self.q.device)
-            for p, (o, piece_lse) in zip(self.split.head, block, strict=True):
-                layout.seq_slice(out, p.q).copy_(o)
-                lse[:, :, p.q].copy_(piece_lse)
+        if self.split is not None:  # the head piece's heads; the tail's start empty
+            out, lse = empty_partial(self.q, self.v, layout, torch.float32)
+            layout.head_slice(out, self.split.head.q).copy_(block[0])
+            lse[:, self.split.head.q].copy_(block[1])
             self.merge = PartialMerge(out, lse, layout, self.q.dtype, eager_fused=True,
                                       owned=True)  # fmt: skip
             return
@@ -106,12 +100,12 @@ class _Forward:
         self.merge = PartialMerge(*block, layout, self.q.dtype, eager_fused=True)
 
     def tail(self, pause) -> int:
-        seq = self.call.layout.seq_slice
-        for i, p in enumerate(self.split.tail if self.split is not None else ()):
-            if i == 0:
-                pause(seq(self.q, p.q), seq(self.k, p.k))
-            self.merge.update(*self._piece(p), seq=p.q)
-        return len(self.split.tail) if self.split is not None else 0
+        if self.split is None:
+            return 0
+        heads, p = self.call.layout.head_slice, self.split.tail
+        pause(heads(self.q, p.q), heads(self.k, p.kv))
+        self.merge.update_heads(*self._piece(p), heads=p.q)
+        return 1
 
     def add(self, ret, seq: slice) -> None:
         self.merge.update(*ret, seq=seq)

@@ -51,12 +51,12 @@ class BlockCall:
     head_start_us: float = 0.0  # pause after a partial's post (ring/head_start.py)
     hold_back: bool = False  # part of the own block runs behind the last return (diagonal.py)
 
-    def own_pieces(self, q_len: int, k_len: int) -> Pieces | None:
+    def own_pieces(self, q: torch.Tensor, k: torch.Tensor) -> Pieces | None:
         """How the own block is split (None: it runs whole at step 0). Local to the rank: the
         own block never travels. Packed documents keep their own per-step segments."""
         if not self.hold_back or self.docs is not None:
             return None
-        return pieces(self.schedule.causal, q_len, k_len)
+        return pieces(self.layout.dims(q)[2], self.layout.dims(k)[2])
 
     def mask(self, rank: int, st: BlockStep):
         """The kernel's mask argument at this step: the causal flag, or the block's segments

@@ -1,66 +1,54 @@
-"""The own block of training held back in part: which pieces run at step 0, which run last.
+"""The own block of training held back in part: which heads run at step 0, which run last.
 
 The block loop's last row (`kernel=False`) only returns the last partial home; with nothing
 computed behind it, that transfer (the forward's (out, lse), the backward's dQ) is paid in the
 open. With `RingConfig.train_hold_back`, part of step 0's block (our own Q against our own K/V,
 which never travels) runs on that row instead, after the return is posted, so the return
-travels behind it (the inference loop does the same with its held-back rows, forward.py).
+travels behind it (the inference loop holds back rows of its own block the same way,
+forward.py).
 
-Note: the pieces of the own block (L local queries and keys; F/B = front/back half, a = L_k -
-L_k // 4). Every causal piece is square (the same tokens on both sides), so no kernel's
-alignment of a non-square causal mask matters; the head covers every query row and, causally,
-every key row, so the sums start from copies and only the tail adds.
+Note: the split is by heads, not by positions. Heads are independent, so the two pieces touch
+disjoint parts of out/lse and dQ/dK/dV: no position gets a term more than without the split
+(at ring 2 the input dtype's sums stay exact-equivalent to fp32 sums rounded once), and each
+piece keeps the block's own mask (the causal diagonal stays one square causal call, so no
+kernel's alignment of a non-square causal mask matters). Under GQA the split falls on a K/V
+head boundary (query head i uses K/V head i // g):
 
-  causal (zigzag shard: F = chunk r, B = chunk 2N-1-r)   non-causal
-              K_F      K_B                                           K[:a]    K[a:]
-    Q_F   | head     |  -      |  (nothing: F precedes B)    Q_all | head   | tail |
-    Q_B   | tail     | head    |
-          | (full)   | (causal)|
+  K/V heads | 0 .. a-1            | a .. H_kv-1           a = H_kv - H_kv // 2
+  Q heads   | 0 .. a*g-1          | a*g .. H_q-1
+  runs      | step 0 (the head)   | the return-only row, behind the last return (the tail)
 
-  Sums that gain a term: causal dQ_B and dK_F/dV_F; non-causal dQ and dK/dV[a:] (zeroed
-  first). Accumulators are fp32 wherever a position gets more than two terms, so the result is
-  rounded once, as without the split.
+The tail's parts of the sums start empty (out 0 / lse -inf, gradients 0) and take the returns
+that arrive before it; adding to an empty start is exact, so each position's terms are the same.
+A single K/V head (MQA) cannot be split: the own block then runs whole at step 0.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .schedules.blocks import BACK, FRONT, part_slice
-
 __all__ = ["Piece", "Pieces", "pieces"]
-
-# The non-causal tail: this share of the local keys (the last ones).
-NON_CAUSAL_TAIL = 0.25
 
 
 @dataclass(frozen=True)
 class Piece:
-    """Queries `q` against keys `k` (positions in the local sequences), causal or full."""
+    """The own block on query heads `q` and K/V heads `kv` (slices of the head dimension)."""
 
     q: slice
-    k: slice
-    causal: bool
+    kv: slice
 
 
 @dataclass(frozen=True)
 class Pieces:
-    head: tuple[Piece, ...]  # run at step 0; their query rows cover all queries, disjointly
-    tail: tuple[Piece, ...]  # run on the return-only row, behind the last return
-    zero_k: slice | None  # key rows no head piece covers (their sums start at zero)
+    head: Piece  # runs at step 0
+    tail: Piece  # runs on the return-only row, behind the last return
 
 
-def pieces(causal: bool, q_len: int, k_len: int) -> Pieces | None:
-    """The split of the own block, or None where it cannot be split (too short)."""
-    if causal:
-        if q_len != k_len or q_len < 2:
-            return None
-        front, back = part_slice(FRONT, q_len), part_slice(BACK, q_len)
-        head = (Piece(front, front, True), Piece(back, back, True))
-        return Pieces(head, (Piece(back, front, False),), None)
-    if k_len < 2 or q_len < 1:
+def pieces(q_heads: int, kv_heads: int) -> Pieces | None:
+    """The split of the own block by heads, or None where it cannot be split (one K/V head)."""
+    if kv_heads < 2 or q_heads % kv_heads:
         return None
-    a = k_len - max(1, round(k_len * NON_CAUSAL_TAIL))
-    rows = slice(0, q_len)
-    return Pieces((Piece(rows, slice(0, a), False),), (Piece(rows, slice(a, k_len), False),),
-                  slice(a, k_len))  # fmt: skip
+    g, a = q_heads // kv_heads, kv_heads - kv_heads // 2
+    head = Piece(slice(0, a * g), slice(0, a))
+    tail = Piece(slice(a * g, q_heads), slice(a, kv_heads))
+    return Pieces(head, tail)
