@@ -31,13 +31,17 @@ class PartialMerge:
         eager_fused: bool = False,
         into: tuple[torch.Tensor, torch.Tensor] | None = None,
         owned: bool = False,
+        in_place: bool = False,
     ):
         """`into`: (out, lse) views the result is written to (rows of a larger output).
-        `owned`: block_out/block_lse are fresh fp32 buffers the merge may keep (no copy); they
-        may hold empty rows (lse -inf) that two empty partials must leave empty, not NaN."""
+        `owned`: block_out/block_lse are fresh buffers the merge may keep (no copy: fp32, or
+        the caller's dtype with one update); they may hold empty rows (lse -inf) that two empty
+        partials must leave empty, not NaN. `in_place` (one update): the last merges write into
+        block_out itself, so rows that no partial reaches keep their start."""
         self.layout = layout
         self.dtype = out_dtype or block_out.dtype
         self._empty_rows = owned
+        self._in_place = in_place
         many = updates is None or updates > 1
         self.out = block_out if owned or not many else block_out.to(torch.float32, copy=True)
         if into is None:
@@ -69,7 +73,9 @@ class PartialMerge:
         out, lse = self.out, self.lse
         if seq is not None:
             out, lse = self.layout.seq_slice(out, seq), lse[:, :, seq]
-        if last:
+        if last and self._in_place:
+            dst = out
+        elif last:
             if self.final is None:
                 self.final = torch.empty_like(self.out, dtype=self.dtype)
             dst = self.final if seq is None else self.layout.seq_slice(self.final, seq)
