@@ -117,7 +117,8 @@ def _profile(rank, n, shape, seq, hold_back, args, cuda):
         .requires_grad_(i < 3)
         for i, hh in enumerate(heads)
     )
-    cfg = current().replace(train_hold_back=bool(hold_back))
+    # (an older package, profiled as a baseline with --hold-back 0, has no such setting)
+    cfg = current().replace(train_hold_back=True) if hold_back else current()
 
     def call():
         if causal:  # the shards are cut as zigzag shards: say so, as tokenring_xdit.shard does
