@@ -46,7 +46,7 @@ class _Backward:
 
     def __init__(self, call: BlockCall, n: int, dout, q, k, v, out, lse):
         self.call, self.q, self.k, self.v, self.out = call, q, k, v, out
-        self.dout, self.lse = dout, lse
+        self.dout, self.lse, self.n = dout, lse, n
         self.delta = row_delta(dout, out, call.layout)  # travels instead of O (fp32 per row)
         # Sums start from step 0's block (our own Q against all our K/V: every position). A
         # position gets at most N contributions; with N = 2 the input dtype's own add (fp32
@@ -93,7 +93,8 @@ class _Backward:
 
     def _start_split(self) -> list[torch.Tensor]:
         """Step 0 held back in part: the head piece's heads of dQ/dK/dV copied into the sums,
-        the tail's heads zero until their terms come (adding to zero is exact)."""
+        the tail's heads zero until their terms come (adding to zero is exact). At ring 2 no
+        dQ partial comes home before the tail runs: the tail's dQ is copied, not added."""
         heads, split = self.call.layout.head_slice, self.split
         self.dq, self.dk, self.dv = (
             torch.empty_like(x, dtype=self.acc or x.dtype) for x in (self.q, self.k, self.v)
@@ -103,7 +104,8 @@ class _Backward:
             split.head.kv), (split.tail.q, split.tail.kv, split.tail.kv), strict=True,
         ):  # fmt: skip
             heads(acc, hs).copy_(grad)
-            heads(acc, tail).zero_()
+            if acc is not self.dq or self.n > 2:
+                heads(acc, tail).zero_()
         return [self.dq]
 
     def tail(self, pause) -> int:
@@ -113,7 +115,10 @@ class _Backward:
         pause(heads(self.q, p.q), heads(self.k, p.kv))
         for acc, grad, hs in zip((self.dq, self.dk, self.dv), self._piece(p), (p.q, p.kv, p.kv),
                                  strict=True):  # fmt: skip
-            heads(acc, hs).add_(grad)
+            if acc is self.dq and self.n == 2:
+                heads(acc, hs).copy_(grad)
+            else:
+                heads(acc, hs).add_(grad)
         return 1
 
     def block(self, st: BlockStep, held, mask) -> list[torch.Tensor]:

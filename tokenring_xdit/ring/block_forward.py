@@ -96,8 +96,12 @@ class _Forward:
         layout, once = self.call.layout, self.n == 2
         args = dict(updates=1 if once else None, eager_fused=True, in_place=once)
         if self.split is not None:  # the head piece's heads; the tail's start empty
-            dtype = self.q.dtype if once else torch.float32
-            out, lse = empty_partial(self.q, self.v, layout, dtype)
+            if once:  # (at ring 2 the tail writes its heads before the return comes)
+                b, length, h, _ = layout.dims(self.q)
+                out = layout.empty(b, length, h, self.v.shape[3], like=self.q)
+                lse = torch.empty(b, h, length, dtype=torch.float32, device=self.q.device)
+            else:
+                out, lse = empty_partial(self.q, self.v, layout, torch.float32)
             layout.head_slice(out, self.split.head.q).copy_(block[0])
             lse[:, self.split.head.q].copy_(block[1])
             self.merge = PartialMerge(out, lse, layout, self.q.dtype, owned=True, **args)
