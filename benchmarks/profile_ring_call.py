@@ -213,17 +213,22 @@ def main() -> None:
             if rank == 0:
                 print(json.dumps({k: v for k, v in rows[-1].items() if k != "events"}), flush=True)
     if rank == 0:
-        meta = dict(
-            gpu=torch.cuda.get_device_name(),
-            torch=torch.__version__,
-            nccl=".".join(map(str, torch.cuda.nccl.version())),
-            nccl_env={k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")},
-            command=f"torchrun --nproc_per_node={n} benchmarks/profile_ring_call.py "
-            + " ".join(sys.argv[1:]),
-        )
-        with open(args.out, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        write_result(args.out, "profile_ring_call", n, rows)
     dist.destroy_process_group()
+
+
+def write_result(path: str, script: str, n: int, rows: list, cuda: bool = True) -> None:
+    """{"meta": machine, versions, NCCL_* settings, the command; "rows": rows} as JSON."""
+    meta = dict(
+        gpu=torch.cuda.get_device_name() if cuda else "cpu",
+        torch=torch.__version__,
+        nccl=".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
+        cudnn=torch.backends.cudnn.version() if cuda else None,
+        nccl_env={k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")},
+        command=f"torchrun --nproc_per_node={n} benchmarks/{script}.py " + " ".join(sys.argv[1:]),
+    )
+    with open(path, "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ causal GQA 32/8 and non-causal MHA 32, head size 128, bf16) and global length (-
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -37,7 +36,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # sibling scripts
 from multi_node_train import parse_shapes  # noqa: E402
-from profile_ring_call import kernel_ms  # noqa: E402
+from profile_ring_call import kernel_ms, write_result  # noqa: E402
 from replay_rank import _kernels_fn  # noqa: E402
 
 DEFAULT_SHAPES = "gqa-32-8:32:8:128:causal,mha-32:32:32:128:full"
@@ -199,16 +198,7 @@ def main() -> None:
                 if rank == 0:
                     _say(every)
     if rank == 0:
-        meta = dict(
-            gpu=torch.cuda.get_device_name() if cuda else "cpu",
-            torch=torch.__version__,
-            nccl=".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
-            cudnn=torch.backends.cudnn.version() if cuda else None,
-            command=f"torchrun --nproc_per_node={n} benchmarks/profile_train_call.py "
-            + " ".join(sys.argv[1:]),
-        )
-        with open(args.out, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        write_result(args.out, "profile_train_call", n, rows, cuda)
     dist.destroy_process_group()
 
 
