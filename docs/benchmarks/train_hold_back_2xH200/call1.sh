@@ -28,6 +28,8 @@ run old ts_old 29714 benchmarks/train_sweep.py --methods token_ring,ulysses $S -
 # one training call per rank: timeline, kernels-only ceiling, whole-sequence cuDNN / 2
 run new prof_new 29715 benchmarks/profile_train_call.py --seqs 16384 --hold-back 0 1 --out $OUT/profile_new.json
 run old prof_old 29716 benchmarks/profile_train_call.py --seqs 16384 --hold-back 0 --out $OUT/profile_old.json
+# the split's compute cost alone (one GPU, transfers free): replay with train_hold_back off / on
+PYTHONPATH=$SITE:$ROOT timeout $(left 320) python3 benchmarks/replay_rank.py --rings 2,4 --tokens 4096,8192 --hold-back --no-whole --iters 5 --out $OUT/replay_hold_back.json > $G/replay.log 2>&1; mark replay $?
 # exactness of the split on one GPU (cuDNN / torch flash on head slices), vs the unsplit loop
 PYTHONPATH=$SITE:$ROOT timeout $(left 350) python3 -m pytest -q -m gpu tests/gpu/test_gpu_training.py -k held_back > $G/gpu_test.log 2>&1; mark gpu_test $?
 # a second new/old pair of the main comparison if time is left (drift check)
