@@ -219,9 +219,10 @@ class RingConfig:
     train_hold_back: bool = _setting(
         "TRAIN_HOLD_BACK",
         False,
-        "`1`: training (and causal) calls run part of each rank's own block (step 0) after "
-        "posting the last return, so that transfer travels behind it in the forward and the "
-        "backward (ring/diagonal.py; not with packed documents)",
+        "`1`: training (and causal) calls run each rank's own block (step 0) on half of its "
+        "K/V heads after posting the last return, so that transfer travels behind it in the "
+        "forward and the backward; same results (ring/diagonal.py; not with packed documents "
+        "or one K/V head)",
         _flag,
     )
     # Local to each rank (a pause on its own stream; nothing travels differently).

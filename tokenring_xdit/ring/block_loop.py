@@ -12,8 +12,8 @@ segments instead of the causal flag; a block without any is skipped, and so are 
 its partial and the transfers of a query no later holder needs (every rank knows which from
 the agreed plan, so both ends of each transfer skip it together).
 
-Held back (`BlockCall.hold_back`, diagonal.py): step 0 runs the own block's head pieces and
-the return-only row its tail pieces, posted behind the last return; the transfers are the same.
+Held back (`BlockCall.hold_back`, diagonal.py): step 0 runs the own block on its first K/V
+heads, the return-only row on the rest, behind the last return; the transfers are the same.
 """
 
 from __future__ import annotations
