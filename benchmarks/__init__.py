@@ -38,6 +38,11 @@ SWEEPS: dict[str, tuple[str, str]] = {
         "torchrun",
         "where one TokenRing call's time goes: kernel time by kind vs the kernels alone",
     ),
+    "profile_train_call": (
+        "torchrun",
+        "where one training call's time goes, per rank: attention, NCCL and merges in the open, "
+        "GPU idle, vs the rank's kernels-only ceiling and whole-sequence cuDNN / N",
+    ),
     "multi_node_train": (
         "torchrun",
         "training across nodes: forward + backward, causal GQA and non-causal MHA, TokenRing vs "

@@ -8,7 +8,8 @@ train_sweep.py's timing, exactness check and yunchang wiring, on the shapes an i
 for: causal GQA 32 query / 8 K/V heads (Llama-3-8B) and non-causal 32 heads, head size 128
 (--shapes "name:heads:kv_heads:head_dim:causal|full,..."). Methods at ring N = all ranks:
   token_ring       tokenring_xdit.token_ring_attn_func (K/V stay home, GQA native), zigzag shards
-                   for causal calls
+                   for causal calls; token_ring_hold_back the same with train_hold_back on
+                   (only when named in --methods)
   ulysses          all-to-all heads -> sequence (torch.distributed.nn, differentiable), one local
                    SDPA call (cuDNN on a GPU; K/V heads repeated locally under GQA), all-to-all
                    back; contiguous shards (its gathered sequence must be in order)
@@ -114,16 +115,21 @@ def methods(n: int, device: str, names: list[str]) -> dict:
     from tokenring_xdit.ring import token_ring_attn_func
     from tokenring_xdit.ring.sharding import declare_zigzag
 
-    def token_ring(q, k, v, c):
+    def token_ring(q, k, v, c, **options):
         if c:  # zigzag shards cut by this script: declare them, as tokenring_xdit.shard does
             declare_zigzag(None, q.shape[1] * n)
-        return token_ring_attn_func(q, k, v, causal=c)
+        return token_ring_attn_func(q, k, v, causal=c, **options)
 
     def ulysses(q, k, v, c):
         parts = (_heads_to_seq(x, n) for x in (q, k, v))
         return _seq_to_heads(_local_attention(*parts, c), n)
 
     out = {"token_ring": token_ring, "ulysses": ulysses}
+    if "token_ring_hold_back" in names:  # RingConfig.train_hold_back on (ring/diagonal.py)
+        from tokenring_xdit.config import current
+
+        held = current().replace(train_hold_back=True)
+        out["token_ring_hold_back"] = lambda q, k, v, c: token_ring(q, k, v, c, config=held)
     if any(name.startswith("yunchang") for name in names):
         from yunchang import ring_flash_attn_func, zigzag_ring_flash_attn_func
 
@@ -137,7 +143,7 @@ def methods(n: int, device: str, names: list[str]) -> dict:
     return {k: out[k] for k in names}
 
 
-ZIGZAG = ("token_ring", "yunchang_zigzag")
+ZIGZAG = ("token_ring", "token_ring_hold_back", "yunchang_zigzag")
 
 
 def _shard(name: str, causal: bool, rank: int, n: int):

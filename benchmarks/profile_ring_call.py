@@ -29,7 +29,7 @@ from ring_sweep import SHAPES, time_ms  # noqa: E402  (benchmarks/ is the script
 
 KINDS = (
     ("attention", ("sdpa", "flash", "fmha", "cudnn", "attn")),
-    ("nccl", ("nccl",)),
+    ("nccl", ("nccl", "gloo")),  # gloo: profile_train_call.py's CPU smoke run
     ("merge", ("merge", "triton", "logsumexp", "exp", "sigmoid")),
     ("copy", ("copy", "memcpy")),
 )
@@ -107,21 +107,24 @@ def breakdown(by_kind: dict[str, list[Interval]], calls: int) -> dict[str, float
 
 
 def kernel_ms(
-    fn, calls: int, timeline: dict | None = None, events: list | None = None
+    fn, calls: int, timeline: dict | None = None, events: list | None = None, cuda: bool = True
 ) -> dict[str, float]:
     """ms per call by kind; `timeline` (if given) receives breakdown() of the same window,
-    `events` (if given) every activity as [kind, stream, start_us, duration_us, name]."""
+    `events` (if given) every activity as [kind, stream, start_us, duration_us, name].
+    `cuda=False`: the CPU ops instead (nested, so only a smoke test's numbers)."""
     from torch.profiler import ProfilerActivity, profile
 
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
         for _ in range(calls):
             fn()
-        torch.cuda.synchronize()
+        sync()
     by_kind: dict[str, list] = defaultdict(list)  # the trace's GPU activities, read once
     found = []
+    device = "CUDA" if cuda else "CPU"
     for e in prof.profiler.kineto_results.events():
-        if e.device_type().name == "CUDA":
+        if e.device_type().name == device:
             kind, span = _kind(e.name()), (e.start_ns(), e.end_ns())
             by_kind[kind].append(span)
             found.append((*span, kind, e.device_resource_id(), e.name()))
@@ -210,17 +213,22 @@ def main() -> None:
             if rank == 0:
                 print(json.dumps({k: v for k, v in rows[-1].items() if k != "events"}), flush=True)
     if rank == 0:
-        meta = dict(
-            gpu=torch.cuda.get_device_name(),
-            torch=torch.__version__,
-            nccl=".".join(map(str, torch.cuda.nccl.version())),
-            nccl_env={k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")},
-            command=f"torchrun --nproc_per_node={n} benchmarks/profile_ring_call.py "
-            + " ".join(sys.argv[1:]),
-        )
-        with open(args.out, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        write_result(args.out, "profile_ring_call", n, rows)
     dist.destroy_process_group()
+
+
+def write_result(path: str, script: str, n: int, rows: list, cuda: bool = True) -> None:
+    """{"meta": machine, versions, NCCL_* settings, the command; "rows": rows} as JSON."""
+    meta = dict(
+        gpu=torch.cuda.get_device_name() if cuda else "cpu",
+        torch=torch.__version__,
+        nccl=".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
+        cudnn=torch.backends.cudnn.version() if cuda else None,
+        nccl_env={k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")},
+        command=f"torchrun --nproc_per_node={n} benchmarks/{script}.py " + " ".join(sys.argv[1:]),
+    )
+    with open(path, "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

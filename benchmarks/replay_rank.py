@@ -12,7 +12,9 @@ So it times the rank's compute at ring N without N GPUs; communication (hidden b
 kernels on a fast fabric) is not in it.
 
 Per (N, tokens per rank T, causal), batch 1, head size 128, bf16 by default:
-- replay_ms: forward + backward of the rank (median of --iters);
+- replay_ms: forward + backward of the rank (median of --iters); with --hold-back also
+  replay_hold_back_ms, the same with the own block split by heads (ring/diagonal.py): its cost
+  without the transfers it hides (they are free here);
 - kernels_ms: the same block kernels alone (the schedule's shapes and order, forward then
   backward, nothing else): the split's pure kernel time;
 - whole_ms: SDPA cuDNN forward + backward over the whole sequence of N*T tokens;
@@ -24,6 +26,7 @@ Per (N, tokens per rank T, causal), batch 1, head size 128, bf16 by default:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import platform
@@ -149,6 +152,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--no-whole", action="store_true", help="skip the whole-sequence runs")
+    parser.add_argument("--hold-back", action="store_true", help="also replay train_hold_back")
     parser.add_argument("--out", default="replay_rank.json")
     args = parser.parse_args()
 
@@ -175,6 +179,10 @@ def main() -> None:
                            pair=pair.name, dtype=args.dtype)  # fmt: skip
                 run = _replay_fn(call, args.rank, n, q, k, v, do)
                 row["replay_ms"] = _timed(run, args.warmup, args.iters)
+                if args.hold_back:
+                    held = dataclasses.replace(call, hold_back=True)
+                    run = _replay_fn(held, args.rank, n, q, k, v, do)
+                    row["replay_hold_back_ms"] = _timed(run, args.warmup, args.iters)
                 run = _kernels_fn(call, args.rank, n, q, k, v, do)
                 row["kernels_ms"] = _timed(run, args.warmup, args.iters)
                 # the O stand-in of one travelling block of T queries (what the ring pays per

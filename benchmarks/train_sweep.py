@@ -89,6 +89,17 @@ def _impls(n: int, u: int = 1, device: str = "cuda"):
         return token_ring_attn_func(q, k, v, causal=c)
 
     impls = {"token_ring": token_ring}
+    from tokenring_xdit.config import current
+
+    if hasattr(current(), "train_hold_back"):  # (an older package, run as a baseline, has not)
+        held = current().replace(train_hold_back=True)
+
+        def token_ring_hold_back(q, k, v, c):  # the own block held back in part (diagonal.py)
+            if c:
+                declare_zigzag(None, q.shape[1] * n)
+            return token_ring_attn_func(q, k, v, causal=c, config=held)
+
+        impls["token_ring_hold_back"] = token_ring_hold_back
 
     def yunchang_zigzag(q, k, v, c):
         if not c:  # yunchang's zigzag ring is causal-only: its non-causal ring is the basic one
@@ -184,8 +195,9 @@ def _shard_for(name: str, causal: bool, rank: int, n: int, u: int):
 
 
 # methods whose causal calls take zigzag shards (torch's with head-tail load balancing)
-ZIGZAG_METHODS = ("token_ring", "yunchang_zigzag", "torch_templated_ring",
-                  "torch_templated_ring_cudnn")  # fmt: skip
+ZIGZAG_METHODS = ("token_ring", "token_ring_hold_back", "yunchang_zigzag",
+                  "torch_templated_ring", "torch_templated_ring_cudnn")  # fmt: skip
+OPT_IN = "token_ring_hold_back"  # runs only when --methods names it
 
 
 YUNCHANG_KERNEL = "flash_attn"
@@ -392,6 +404,10 @@ def main() -> None:
     on = dict(action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--one-gpu", help="time the whole sequence on one GPU (CUDA)", **on)
     parser.add_argument("--ceiling", help="time TokenRing's kernel ceiling (CUDA)", **on)
+    parser.add_argument(
+        "--methods", default="", help="comma-separated methods to run (default: all but "
+        "token_ring_hold_back, which runs only when named)",
+    )  # fmt: skip
     args = parser.parse_args()
     cuda = args.device == "cuda"
     one_gpu = cuda if args.one_gpu is None else args.one_gpu and cuda
@@ -411,8 +427,13 @@ def main() -> None:
     rank, n = dist.get_rank(), dist.get_world_size()
     setup_token_ring_group(dist.group.WORLD)
     impls = _impls(n, u, device)
+    wanted = args.methods.split(",") if args.methods else [m for m in impls if m != OPT_IN]
+    unknown = set(wanted) - set(impls)
+    if unknown:
+        raise SystemExit(f"unknown methods {sorted(unknown)}; use {', '.join(impls)}")
+    impls = {name: fn for name, fn in impls.items() if name in wanted}
     # u = 1: TokenRing is checked, as before; u > 1: every method, each on its own shards
-    checked = list(impls) if u > 1 else ["token_ring"]
+    checked = list(impls) if u > 1 else [m for m in ("token_ring", OPT_IN) if m in impls]
     rows, checks = [], {}
     for shape, (h, d) in SHAPES.items():
         for causal in (True, False):
@@ -427,7 +448,7 @@ def main() -> None:
                         if name == "token_ring":
                             raise
                         errs = dict(error=f"{type(e).__name__}: {str(e)[:200]}")
-                    checks[key if u == 1 else f"{key}/{name}"] = errs
+                    checks[key if u == 1 and name == "token_ring" else f"{key}/{name}"] = errs
             for seq in map(int, args.seqs.split(",")):
                 s_local = seq // n
                 gen = torch.Generator(device=device).manual_seed(rank)

@@ -79,12 +79,15 @@ def run_ring(n: int, rank_fn) -> list:
     return results
 
 
-def ring_case(n, causal, lens, b, h, d, dtype, device, pair, layout, seed=0):
+def ring_case(
+    n, causal, lens, b, h, d, dtype, device, pair, layout, seed=0, hold_back=False, h_kv=None
+):
     """Forward + backward of every rank through the loops vs fp64 autograd of the whole sequence.
 
     lens: causal: each rank's half length (zigzag: rank r holds chunks r and 2N-1-r of a
     sequence cut at those lengths); non-causal: each rank's local length (contiguous shards).
-    Returns the max errors: out (abs), dq/dk/dv (abs / max |ref|).
+    Returns the max errors: out (abs), dq/dk/dv (abs / max |ref|). hold_back: the own block
+    held back in part (ring/diagonal.py); h_kv: K/V heads (GQA; default h).
     """
     from tokenring_xdit.ring.backward import block_backward
     from tokenring_xdit.ring.block_forward import BlockCall, block_forward
@@ -105,10 +108,13 @@ def ring_case(n, causal, lens, b, h, d, dtype, device, pair, layout, seed=0):
         starts = [sum(lens[:r]) for r in range(n)]
         pos_of = [list(range(starts[r], starts[r] + lens[r])) for r in range(n)]
         total = sum(lens)
-    q, k, v, do = (torch.randn(b, h, total, d, generator=gen, dtype=torch.float64) for _ in "1234")
+    heads = (h, h_kv or h, h_kv or h, h)
+    q, k, v, do = (torch.randn(b, hh, total, d, generator=gen, dtype=torch.float64) for hh in heads)
     q, k, v, do = (x.to(dtype).to(device) for x in (q, k, v, do))
     ref_in = [x.double().requires_grad_() for x in (q, k, v)]
-    ref = torch.nn.functional.scaled_dot_product_attention(*ref_in, is_causal=causal)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        *ref_in, is_causal=causal, enable_gqa=h_kv is not None
+    )
     ref.backward(do.double())
     refs = [ref.detach(), *(x.grad for x in ref_in)]
 
@@ -117,7 +123,8 @@ def ring_case(n, causal, lens, b, h, d, dtype, device, pair, layout, seed=0):
         return layout.from_bhsd(x.index_select(2, idx)).contiguous()
 
     schedule = CAUSAL_ZIGZAG if causal else NON_CAUSAL_BLOCKS
-    call = BlockCall(schedule=schedule, pair=pair, layout=layout, scale=d**-0.5)
+    call = BlockCall(schedule=schedule, pair=pair, layout=layout, scale=d**-0.5,
+                     hold_back=hold_back)  # fmt: skip
     q_lens = tuple(2 * x for x in lens) if causal else tuple(lens)
 
     def rank_fn(ring):

@@ -215,6 +215,16 @@ class RingConfig:
         "ring 2 on H200)",
         _fraction_or_auto,
     )
+    # Local to each rank (the own block never travels, so ranks need not agree on it).
+    train_hold_back: bool = _setting(
+        "TRAIN_HOLD_BACK",
+        False,
+        "`1`: training (and causal) calls run each rank's own block (step 0) on half of its "
+        "K/V heads after posting the last return, so that transfer travels behind it in the "
+        "forward and the backward; same results (ring/diagonal.py; not with packed documents "
+        "or one K/V head)",
+        _flag,
+    )
     # Local to each rank (a pause on its own stream; nothing travels differently).
     comm_head_start_us: float = _setting(
         "COMM_HEAD_START_US",

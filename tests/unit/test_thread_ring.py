@@ -7,8 +7,10 @@ import pytest
 import torch
 
 from tests.thread_ring import ring_case
-from tokenring_xdit.ring.kernels import PAIRS
+from tokenring_xdit.ring.kernels import PAIRS, gqa_pair
 from tokenring_xdit.ring.layout import BHSD, BSHD
+
+BF16_TOL = {"out": 2e-2, "dq": 6e-2, "dk": 6e-2, "dv": 6e-2}  # tests/distributed/test_training
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
@@ -19,3 +21,34 @@ def test_thread_ring_matches_exact(n, causal, name):
     layout = BSHD if n % 2 else BHSD
     errs = ring_case(n, causal, lens, 2, 2, 40, torch.float32, "cpu", PAIRS[name], layout, seed=n)
     assert max(errs.values()) <= 2e-5, errs
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("name", ["cpu_flash", "math"])
+def test_thread_ring_held_back_own_block_matches_exact(n, causal, name):
+    """RingConfig.train_hold_back: the own block's first heads at step 0, the rest behind the
+    last return (ring/diagonal.py); out/dq/dk/dv as exact as without. MHA (2 heads), GQA
+    (6 query heads on 3 K/V heads: 2 run first, 1 last) and MQA (1 K/V head: no split)."""
+    lens = [3, 5, 4, 6][:n] if causal else [5, 7, 3, 6][:n]
+    layout = BSHD if n % 2 else BHSD
+    for h, h_kv in ((2, None), (6, 3), (4, 1)):
+        pair = gqa_pair(PAIRS[name], torch.device("cpu"), torch.float32, 40, 40)
+        errs = ring_case(n, causal, lens, 2, h, 40, torch.float32, "cpu", pair, layout,
+                         seed=10 + n, hold_back=True, h_kv=h_kv)  # fmt: skip
+        assert max(errs.values()) <= 2e-5, (h, h_kv, errs)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_thread_ring_held_back_bf16_within_tolerance(n, causal):
+    """bf16 inputs: split by heads, no position gets another term (ring 2 keeps its sums in
+    bf16, one rounding each), so the errors vs fp64 stay within the training tests' bf16
+    bounds."""
+    lens = [48, 40, 56][:n]
+    args = (n, causal, lens, 1, 2, 64, torch.bfloat16, "cpu", PAIRS["cpu_flash"], BSHD)
+    base = ring_case(*args, seed=3)
+    held = ring_case(*args, seed=3, hold_back=True)
+    for what, err in held.items():
+        assert err <= BF16_TOL[what], (what, held)
+        assert err <= 1.05 * base[what], (what, held, base)  # the same terms, the same sums

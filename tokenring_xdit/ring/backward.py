@@ -14,6 +14,7 @@ import torch
 
 from .block_loop import BlockCall, run_blocks
 from .comm import COUNTERS
+from .diagonal import Piece
 from .kernels import row_delta
 from .ring import Ring
 from .schedules.blocks import BlockStep, part_slice
@@ -45,11 +46,14 @@ class _Backward:
 
     def __init__(self, call: BlockCall, n: int, dout, q, k, v, out, lse):
         self.call, self.q, self.k, self.v, self.out = call, q, k, v, out
-        self.dout, self.lse = dout, lse
+        self.dout, self.lse, self.n = dout, lse, n
         self.delta = row_delta(dout, out, call.layout)  # travels instead of O (fp32 per row)
         # Sums start from step 0's block (our own Q against all our K/V: every position). A
         # position gets at most N contributions; with N = 2 the input dtype's own add (fp32
         # math, one rounding) equals an fp32 sum rounded once, so fp32 sums only from N = 3 on.
+        # Held back in part (diagonal.py), the own block is split by heads: no position gets
+        # another term, so the same rule holds.
+        self.split = call.own_pieces(q, k)
         self.acc = torch.float32 if n > 2 else None
         self.dq = self.dk = self.dv = None
 
@@ -77,8 +81,50 @@ class _Backward:
         b, _, h, d = self.call.layout.dims(self.q)
         return [self.call.layout.empty(b, length, h, d, like=self.q)]
 
+    def _piece(self, p: Piece):
+        """(dq, dk, dv) of the own block on one piece's heads (the kernel reads O itself)."""
+        call, heads = self.call, self.call.layout.head_slice
+        qs = [heads(x, p.q) for x in (self.dout, self.q)]
+        kv = (heads(self.k, p.kv), heads(self.v, p.kv))
+        stats = (self.lse[:, p.q].contiguous(), self.delta[:, p.q].contiguous())
+        return call.pair.run_backward(
+            *qs, *kv, heads(self.out, p.q), *stats, call.scale, call.layout, call.schedule.causal
+        )
+
+    def _start_split(self) -> list[torch.Tensor]:
+        """Step 0 held back in part: the head piece's heads of dQ/dK/dV copied into the sums,
+        the tail's heads zero until their terms come (adding to zero is exact). At ring 2 no
+        dQ partial comes home before the tail runs: the tail's dQ is copied, not added."""
+        heads, split = self.call.layout.head_slice, self.split
+        self.dq, self.dk, self.dv = (
+            torch.empty_like(x, dtype=self.acc or x.dtype) for x in (self.q, self.k, self.v)
+        )
+        for acc, grad, hs, tail in zip(
+            (self.dq, self.dk, self.dv), self._piece(split.head), (split.head.q, split.head.kv,
+            split.head.kv), (split.tail.q, split.tail.kv, split.tail.kv), strict=True,
+        ):  # fmt: skip
+            heads(acc, hs).copy_(grad)
+            if acc is not self.dq or self.n > 2:
+                heads(acc, tail).zero_()
+        return [self.dq]
+
+    def tail(self, pause) -> int:
+        if self.split is None:
+            return 0
+        heads, p = self.call.layout.head_slice, self.split.tail
+        pause(heads(self.q, p.q), heads(self.k, p.kv))
+        for acc, grad, hs in zip((self.dq, self.dk, self.dv), self._piece(p), (p.q, p.kv, p.kv),
+                                 strict=True):  # fmt: skip
+            if acc is self.dq and self.n == 2:
+                heads(acc, hs).copy_(grad)
+            else:
+                heads(acc, hs).add_(grad)
+        return 1
+
     def block(self, st: BlockStep, held, mask) -> list[torch.Tensor]:
         call, layout = self.call, self.call.layout
+        if st.step == 0 and self.split is not None:
+            return self._start_split()
         kv_sl = call.kv_slice(self.k, st)
         q_b, do_b, lse_b, delta_b = held
         own_out = self.out if st.step == 0 else None  # elsewhere the kernel gets delta only
@@ -102,7 +148,7 @@ class _Backward:
             self.dq, self.dk, self.dv = (
                 torch.zeros_like(x, dtype=self.acc or x.dtype) for x in qkv
             )
-        else:
+        elif self.split is None:  # (held back in part: _start_split made the sums)
             self.dq = _start(block[0], self.q, self.acc)
 
     def add(self, ret, seq: slice) -> None:

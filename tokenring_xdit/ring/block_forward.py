@@ -8,12 +8,13 @@ the chunked last return, the held-back own block, the fused merge).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from .block_loop import BlockCall, run_blocks
 from .comm import COUNTERS
+from .diagonal import Piece, Pieces
 from .kernels import empty_partial
 from .merge import PartialMerge
 from .ring import Ring
@@ -30,7 +31,7 @@ def block_forward(
     Of `ring` the loop uses rank, size and lanes() only (benchmarks/replay_rank.py and
     tests/thread_ring.py pass rings whose lanes are local)."""
     if ring.size > 1:
-        return run_blocks(call, ring, q_lens, k, _Forward(call, q, k, v))
+        return run_blocks(call, ring, q_lens, k, _Forward(call, q, k, v, ring.size))
     mask = call.mask(ring.rank, call.schedule.block_steps(ring.rank, 1)[0])
     if mask == ():
         return empty_partial(q, v, call.layout)
@@ -47,7 +48,12 @@ class _Forward:
     q: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
+    n: int  # ring size: at 2, each row merges at most one partial (its start aside)
     merge: PartialMerge | None = None
+    split: Pieces | None = field(init=False)  # the own block held back in part (diagonal.py)
+
+    def __post_init__(self) -> None:
+        self.split = self.call.own_pieces(self.q, self.k)
 
     def travelling(self) -> list[torch.Tensor]:
         return [self.q.contiguous()]
@@ -66,20 +72,58 @@ class _Forward:
             torch.empty(b, h, length, dtype=torch.float32, device=self.q.device),
         ]
 
+    def _piece(self, p: Piece) -> tuple[torch.Tensor, torch.Tensor]:
+        """(out, lse) of the own block on one piece's heads."""
+        call, heads = self.call, self.call.layout.head_slice
+        qkv = (heads(self.q, p.q), heads(self.k, p.kv), heads(self.v, p.kv))
+        return call.pair.run_forward(*qkv, call.scale, call.layout, call.schedule.causal)
+
     def block(self, st: BlockStep, held, mask) -> list[torch.Tensor]:
         call = self.call
+        if st.step == 0 and self.split is not None:  # the head piece; the tail runs last
+            return list(self._piece(self.split.head))
         kv = call.kv(self.k, self.v, st)
         out_b, lse_b = call.pair.run_forward(held[0], *kv, call.scale, call.layout, mask)
         return [out_b.contiguous(), lse_b.float().contiguous()]  # P2P needs dense buffers
 
     def start(self, block) -> None:
-        # step 0: our own Q against our own K/V. The accumulator stays fp32 throughout: a
-        # causal rank merges partials of different parts, so no merge is "last" for all rows.
-        block = block if block is not None else empty_partial(self.q, self.v, self.call.layout)
-        self.merge = PartialMerge(*block, self.call.layout, self.q.dtype, eager_fused=True)
+        # step 0: our own Q against our own K/V. From ring 3 the accumulator stays fp32
+        # throughout: a causal rank merges partials of different parts, so no merge is "last"
+        # for all rows. At ring 2 a row merges at most the one return, so that merge is its last
+        # and writes q's dtype in place (rows it does not cover keep their start): the result
+        # is the same (the start's values are exact in fp32 too; one rounding at the end),
+        # without the fp32 copy and its conversion back.
+        layout, once = self.call.layout, self.n == 2
+        args = dict(updates=1 if once else None, eager_fused=True, in_place=once)
+        if self.split is not None:  # the head piece's heads; the tail's start empty
+            if once:  # (at ring 2 the tail writes its heads before the return comes)
+                b, length, h, _ = layout.dims(self.q)
+                out = layout.empty(b, length, h, self.v.shape[3], like=self.q)
+                lse = torch.empty(b, h, length, dtype=torch.float32, device=self.q.device)
+            else:
+                out, lse = empty_partial(self.q, self.v, layout, torch.float32)
+            layout.head_slice(out, self.split.head.q).copy_(block[0])
+            lse[:, self.split.head.q].copy_(block[1])
+            self.merge = PartialMerge(out, lse, layout, self.q.dtype, owned=True, **args)
+            return
+        block = block if block is not None else empty_partial(self.q, self.v, layout)
+        self.merge = PartialMerge(*block, layout, self.q.dtype, **args)
+
+    def tail(self, pause) -> int:
+        if self.split is None:
+            return 0
+        heads, p = self.call.layout.head_slice, self.split.tail
+        pause(heads(self.q, p.q), heads(self.k, p.kv))
+        out, lse = self._piece(p)
+        if self.n == 2:  # the return comes after: the tail starts its heads
+            heads(self.merge.out, p.q).copy_(out)
+            self.merge.lse[:, p.q].copy_(lse)
+        else:
+            self.merge.update_heads(out, lse, heads=p.q)
+        return 1
 
     def add(self, ret, seq: slice) -> None:
-        self.merge.update(*ret, seq=seq)
+        self.merge.update(*ret, seq=seq, last=self.n == 2)
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.merge.result(self.q.dtype)

@@ -11,16 +11,22 @@ Packed documents (`BlockCall.docs`, a `documents.DocPlan`): a step's kernel gets
 segments instead of the causal flag; a block without any is skipped, and so are the return of
 its partial and the transfers of a query no later holder needs (every rank knows which from
 the agreed plan, so both ends of each transfer skip it together).
+
+Held back (`BlockCall.hold_back`, diagonal.py): step 0 runs the own block on its first K/V
+heads, the return-only row on the rest, behind the last return; the transfers are the same.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
 from .comm import COUNTERS
+from .diagonal import Pieces, pieces
 from .documents import DocPlan
 from .head_start import head_start
 from .kernels import KernelPair
@@ -43,6 +49,14 @@ class BlockCall:
     scale: float
     docs: DocPlan | None = None  # packed documents: the per-step segments and skips
     head_start_us: float = 0.0  # pause after a partial's post (ring/head_start.py)
+    hold_back: bool = False  # part of the own block runs behind the last return (diagonal.py)
+
+    def own_pieces(self, q: torch.Tensor, k: torch.Tensor) -> Pieces | None:
+        """How the own block is split (None: it runs whole at step 0). Local to the rank: the
+        own block never travels. Packed documents keep their own per-step segments."""
+        if not self.hold_back or self.docs is not None:
+            return None
+        return pieces(self.layout.dims(q)[2], self.layout.dims(k)[2])
 
     def mask(self, rank: int, st: BlockStep):
         """The kernel's mask argument at this step: the causal flag, or the block's segments
@@ -92,6 +106,10 @@ class Payload(Protocol):
         """Run this step's kernel on the held bundle (and sum what stays here); returns the
         partial that goes home (dense from step 1 on)."""
 
+    def tail(self, pause: Callable[[torch.Tensor, torch.Tensor], None]) -> int:
+        """Run the held-back pieces of the own block (diagonal.py), `pause(q, k)` before the
+        first, and add them to the sums; returns how many kernels ran (0: none held back)."""
+
     def start(self, block: Tensors | None) -> None:
         """Start the sums from step 0's partial (None: documents left nothing to attend)."""
 
@@ -126,6 +144,9 @@ def run_blocks(
                 head_start(call.head_start_us, call.layout, held[0], k)
             COUNTERS.kernel_calls += 1
             block = payload.block(st, held, mask)
+        elif not st.kernel:  # the return-only row: the held-back own pieces hide the return
+            sent = st.ret_send_to is not None and prev is not None
+            COUNTERS.kernel_calls += payload.tail(functools.partial(_pause, call, sent))
         q_lane.wait()
         ret_lane.wait()
         if st.step == 0:
@@ -136,6 +157,12 @@ def run_blocks(
         if st.q_send_to is not None:
             held = next_held  # None once no later step needs a query here (documents)
     return payload.result()
+
+
+def _pause(call: BlockCall, sent: bool, q: torch.Tensor, k: torch.Tensor) -> None:
+    """The head start before a held-back piece q x k: a return just posted gets its SMs first."""
+    if sent:
+        head_start(call.head_start_us, call.layout, q, k)
 
 
 def _post_q(call, rank, q_lens, st: BlockStep, lane, payload: Payload, held) -> Tensors | None:

@@ -268,7 +268,8 @@ def prepare(
     if train:
         schedule = CAUSAL_ZIGZAG if options.causal else NON_CAUSAL_BLOCKS
         plan = doc_plan(ring.docs, schedule, ring.q_lens) if ring.docs is not None else None
-        call = BlockCall(schedule, kernel.fn, layout, scale, plan, head_start_us=head_start_us)
+        call = BlockCall(schedule, kernel.fn, layout, scale, plan, head_start_us=head_start_us,
+                         hold_back=cfg.train_hold_back)  # fmt: skip
     else:
         call = _ring_call(kernel, layout, ring, scale, chunks, options, cfg, head_start_us)
     return PreparedCall(ring, call, train, layout, kernel, graphs, options.joint_kv, spec)

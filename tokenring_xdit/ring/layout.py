@@ -20,6 +20,9 @@ class Layout:
     def seq_slice(self, x: torch.Tensor, seq: slice) -> torch.Tensor:
         return x[:, seq] if self.seq_dim == 1 else x[:, :, seq]
 
+    def head_slice(self, x: torch.Tensor, heads: slice) -> torch.Tensor:
+        return x[:, heads] if self.head_dim == 1 else x[:, :, heads]
+
     def to_bhsd(self, x: torch.Tensor) -> torch.Tensor:
         return x.transpose(1, 2) if self.seq_dim == 1 else x
 

@@ -30,14 +30,22 @@ class PartialMerge:
         fused: bool = True,
         eager_fused: bool = False,
         into: tuple[torch.Tensor, torch.Tensor] | None = None,
+        owned: bool = False,
+        in_place: bool = False,
     ):
-        """`into`: (out, lse) views the result is written to (rows of a larger output)."""
+        """`into`: (out, lse) views the result is written to (rows of a larger output).
+        `owned`: block_out/block_lse are fresh buffers the merge may keep (no copy: fp32, or
+        the caller's dtype with one update); they may hold empty rows (lse -inf) that two empty
+        partials must leave empty, not NaN. `in_place` (one update): the last merges write into
+        block_out itself, so rows that no partial reaches keep their start."""
         self.layout = layout
         self.dtype = out_dtype or block_out.dtype
+        self._empty_rows = owned
+        self._in_place = in_place
         many = updates is None or updates > 1
-        self.out = block_out.to(torch.float32, copy=True) if many else block_out
+        self.out = block_out if owned or not many else block_out.to(torch.float32, copy=True)
         if into is None:
-            self.lse = block_lse.to(torch.float32, copy=True)
+            self.lse = block_lse if owned else block_lse.to(torch.float32, copy=True)
             self.final: torch.Tensor | None = None
         else:
             self.final, self.lse = into
@@ -65,7 +73,9 @@ class PartialMerge:
         out, lse = self.out, self.lse
         if seq is not None:
             out, lse = self.layout.seq_slice(out, seq), lse[:, :, seq]
-        if last:
+        if last and self._in_place:
+            dst = out
+        elif last:
             if self.final is None:
                 self.final = torch.empty_like(self.out, dtype=self.dtype)
             dst = self.final if seq is None else self.layout.seq_slice(self.final, seq)
@@ -75,14 +85,22 @@ class PartialMerge:
             dst = out
         self._merge(dst, lse, out, lse, block_out, block_lse)
 
+    def update_heads(self, block_out: torch.Tensor, block_lse: torch.Tensor, heads: slice) -> None:
+        """Merge a partial of the heads `heads` only, every position (not a last merge)."""
+        out, lse = self.layout.head_slice(self.out, heads), self.lse[:, heads]
+        self._merge(out, lse, out, lse, block_out, block_lse)
+
     def _merge(self, dst, dst_lse, a, lse_a, b, lse_b) -> None:
-        if self._fused:
+        if self._fused:  # (two empty rows stay empty there too)
             to = self.layout.to_bhsd
             fused_merge.merge2_bhsd(to(dst), dst_lse, to(a), lse_a, to(b), lse_b)
             return
         new_lse = torch.logaddexp(lse_a, lse_b)
-        weight_a = self.layout.lse_to_out(torch.exp(lse_a - new_lse))
-        weight_b = self.layout.lse_to_out(torch.exp(lse_b - new_lse))
+        top = new_lse
+        if self._empty_rows:  # exp(-inf - -inf) would be NaN: weigh against 0 there
+            top = torch.where(torch.isneginf(new_lse), torch.zeros_like(new_lse), new_lse)
+        weight_a = self.layout.lse_to_out(torch.exp(lse_a - top))
+        weight_b = self.layout.lse_to_out(torch.exp(lse_b - top))
         dst.copy_(a.float() * weight_a + b.float() * weight_b)
         dst_lse.copy_(new_lse)
 

@@ -106,11 +106,14 @@ class KeyedKernel:
         return self.fn(q, k, v, scale, layout)
 
 
-def empty_partial(q, v, layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
-    """The partial of queries that see no key: out 0 and lse -inf (the merge weighs it as
-    nothing)."""
+def empty_partial(
+    q, v, layout: Layout, dtype: torch.dtype | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The partial of queries that see no key: out 0 (in `dtype`, default q's) and lse -inf
+    (the merge weighs it as nothing)."""
     b, s_q, h, _ = layout.dims(q)
-    out = layout.empty(b, s_q, h, v.shape[3], like=q).zero_()
+    shape = (b, s_q, h, v.shape[3]) if layout.seq_dim == 1 else (b, h, s_q, v.shape[3])
+    out = torch.zeros(shape, dtype=dtype or q.dtype, device=q.device)
     return out, torch.full((b, h, s_q), float("-inf"), dtype=torch.float32, device=q.device)
 
 
