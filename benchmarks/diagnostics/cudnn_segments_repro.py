@@ -25,15 +25,17 @@ documents of 1, 299 and 400 tokens, rows 700.. outside every document):
   lens-*                   other document lengths (no 1-token document, multiples of 128,
                            64 mod 128, many short ones), and each document alone
   full-*                   the test's second block (queries 200..767 x keys 0..499, not causal)
-  poison-gaps              documents separated by NaN-filled tokens (does a call read outside
-                           its views?)
+  whole-row                one causal document over the whole block (a dense ring's call)
+  poison-gaps(-b1)         documents separated by NaN-filled tokens (does a call read outside
+                           its views?); -b1: batch 1, where dO also stays a view
   lse-tail-nan             the stats tensor cuDNN reads is followed in memory by NaN (does the
                            backward read lse past s_q?)
   offset-16B / -128B       the packed tensors start 8 / 64 elements into their allocation
   keep-alive               every call's results kept alive and compared with their clones at
                            the end (does a later call write into an earlier one's memory?)
   single-*                 one dense cuDNN call on fresh contiguous tensors (no segments at
-                           all): 1, 2, 17, 64, 100, 299 and 400 tokens causal, 568 x 500 full
+                           all): 1 to 400 tokens causal (odd, 64 mod 128, around 64 and 128),
+                           568 x 500 and 512 x 512 full
 The summary names the switches that turn "base"'s verdict around. docs/kernels-cudnn-segments.md
 ranks the hypotheses and says what each line decides.
 """
@@ -113,7 +115,7 @@ def cases() -> list[Case]:
         v(base, name="own-lse", own_lse=True),
         v(base, name="real-o", real_o=True),
         v(base, name="lens-no-1", segs=(Segment(0, 300, 0, 300, True), BASE_SEGS[2])),
-        v(base, name="lens-128k", segs=_docs((128, 256, 384))),
+        v(base, name="lens-x128", segs=_docs((128, 256, 384))),
         v(base, name="lens-64mod128", segs=_docs((64, 192, 448))),
         v(base, name="lens-many-short", segs=_docs((1, 2, 3, 5, 17, 31, 64, 77, 100, 150))),
         *(v(base, name=f"lens-alone-{s.q1 - s.q0}", segs=(s,)) for s in BASE_SEGS),
@@ -125,19 +127,28 @@ def cases() -> list[Case]:
             segs=(Segment(200, 768, 0, 500, False),),
             contiguous=True,
         ),  # fmt: skip
+        v(base, name="whole-row", segs=(Segment(0, 768, 0, 768, True),)),
         v(base, name="poison-gaps", segs=gaps, poison=True),
+        v(base, name="poison-gaps-b1", segs=gaps, poison=True, b=1),
         v(base, name="gaps-no-poison", segs=gaps),
         v(base, name="lse-tail-nan", lse_tail_nan=True),
         v(base, name="offset-16B", offset=8),
         v(base, name="offset-128B", offset=64),
         v(base, name="keep-alive", keep_alive=True),
     ]
-    singles = [(n, n, True) for n in (1, 2, 17, 64, 100, 299, 400)] + [(568, 500, False)]
+    lengths = (1, 2, 3, 8, 17, 33, 63, 64, 65, 100, 127, 129, 192, 299, 320, 400)
+    singles = [(n, n, True) for n in lengths] + [(568, 500, False), (512, 512, False)]
     for n_q, n_k, causal in singles:
         seg = Segment(0, n_q, 0, n_k, causal)
         out.append(Case(f"single-{n_q}x{n_k}{'-causal' if causal else ''}", segs=(seg,),
                         s=max(n_q, n_k), b=1, contiguous=True))  # fmt: skip
     return out
+
+
+def for_cpu(case: Case) -> Case:
+    """The case with the exact `math` kernel and 2 query heads (GQA keeps 1 K/V head): what
+    checks this script's bookkeeping without a GPU."""
+    return dataclasses.replace(case, kernel="math", h=2, h_kv=2 if case.h_kv == case.h else 1)
 
 
 def _docs(lengths) -> tuple[Segment, ...]:
@@ -326,16 +337,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="cudnn_segments_repro.json")
     parser.add_argument("--only", default="", help="comma-separated case names (default: all)")
+    parser.add_argument("--budget-s", type=float, default=105.0, help="start no case after this")
+    parser.add_argument(
+        "--cpu-check", action="store_true",
+        help="run the cases on the CPU with the exact kernel and 2 heads (checks this script)",
+    )  # fmt: skip
     args = parser.parse_args()
     t0 = time.perf_counter()
-    res: dict = {"versions": versions(), "cases": {}}
+    res: dict = {"versions": versions(), "cases": {}, "skipped": []}
     print(json.dumps(res["versions"]), flush=True)
     wanted = set(filter(None, args.only.split(",")))
     for case in cases():
+        if args.cpu_check:
+            case = for_cpu(case)
         if wanted and case.name not in wanted:
             continue
+        if time.perf_counter() - t0 > args.budget_s:
+            res["skipped"].append(case.name)
+            continue
         try:
-            r = run_case(case, "cuda")
+            r = run_case(case, "cpu" if args.cpu_check else "cuda")
         except Exception as exc:  # noqa: BLE001 - a case that raises is a result too
             r = {"verdict": f"ERROR {type(exc).__name__}: {str(exc)[:200]}",
                  "traceback": traceback.format_exc()[-1500:]}  # fmt: skip
@@ -344,6 +365,7 @@ def main() -> None:
         line = f"{case.name:24s} {errs}  {r['verdict']}"
         print(f"[{time.perf_counter() - t0:4.0f} s] {line}", flush=True)
     res["summary"] = summary(res["cases"])
+    res["summary"]["skipped_for_time"] = res["skipped"]
     print(json.dumps(res["summary"], indent=1))
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)

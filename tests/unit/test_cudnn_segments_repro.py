@@ -7,6 +7,7 @@ failing line on the GPU is the kernel's, not the repro's."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -35,9 +36,7 @@ def test_cases_are_well_formed():
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.name in PATHS], ids=lambda c: c.name)
 def test_every_path_is_exact_with_the_exact_kernel(case):
-    # fewer heads on the CPU (the GQA case keeps fewer K/V heads than query heads)
-    cpu_case = dataclasses.replace(case, kernel="math", h=2, h_kv=2 if case.h_kv == case.h else 1)
-    result = repro.run_case(cpu_case, "cpu")
+    result = repro.run_case(repro.for_cpu(case), "cpu")
     assert result["verdict"] == "ok", result
     assert not any(result[f"{n}_nan"] for n in ("out", "lse", "dq", "dk", "dv"))
 
@@ -60,9 +59,19 @@ def test_a_wrong_kernel_is_caught():
         return dq, torch.zeros_like(dk), dv
 
     broken = dataclasses.replace(MATH, backward=no_dk)
-    case = dataclasses.replace(CASES[2], kernel="math", b=1, h=2, h_kv=2)
+    case = dataclasses.replace(repro.for_cpu(CASES[2]), b=1)
     q, k, v, do = repro.inputs(case, "cpu")
     ref = repro.reference(case, q, k, v, do)
     got = repro.run_segments(case, broken, q, k, v, do, ref[1].float())
     verdict = repro.errors(got, ref, repro.covered(case.segs, case.s)[0])["verdict"]
     assert verdict == "FAIL dk"
+
+
+def test_the_script_writes_its_json(tmp_path, monkeypatch):
+    out = tmp_path / "r.json"
+    argv = ["x", "--cpu-check", "--only", "single-3x3-causal,single-2x2-causal", "--out", str(out)]
+    monkeypatch.setattr("sys.argv", argv)
+    repro.main()
+    res = json.loads(out.read_text())
+    assert set(res["cases"]) == {"single-3x3-causal", "single-2x2-causal"}
+    assert res["summary"]["single_dense_calls"] == {n: "ok" for n in res["cases"]}
