@@ -8,15 +8,19 @@ CUDNN). tests/gpu/test_gpu_packed.py saw it fail on H200 (every pair case, and t
 at N = 1 and 3) while torch flash per segment passed, so packed documents refuse it.
 
 Each line below is one case: the same segments through a per-segment loop (this file's
-`run_segments`, the product wrapper's loop with switches) against fp64 attention of each
-document alone; max |error| of out, lse, dq, dk, dv (out and grads relative to the largest
-|reference|, lse absolute) and a verdict. The backward is fed the exact lse and delta with O
-withheld (the ring's travelling-query case) unless the case says otherwise. Cases change ONE
-thing against "base" (the failing test's first block: b 2, 8 heads, 768 tokens in BSHD,
-documents of 1, 299 and 400 tokens, rows 700.. outside every document):
-  product, product-flash   the product wrapper (segments_pair) around cuDNN / torch flash, as
-                           the GPU test drives it (backward fed the forward's own lse)
-  flash-control            "base" with torch flash as the dense kernel
+`run_segments`, the product wrapper's loop with switches) calling torch's cuDNN ops on every
+block (`cudnn_op_forward/backward`: the record as it was when the failure was seen) against
+fp64 attention of each document alone; max |error| of out, lse, dq, dk, dv (out and grads
+relative to the largest |reference|, lse absolute) and a verdict. The backward is fed the
+exact lse and delta with O withheld (the ring's travelling-query case) unless the case says
+otherwise. Cases change ONE thing against "base" (the failing test's first block: b 2, 8
+heads, 768 tokens in BSHD, documents of 1, 299 and 400 tokens, rows 700.. outside every
+document):
+  product-raw, product, product-flash
+                           the product wrapper (segments_pair) as the GPU test drives it
+                           (backward fed the forward's own lse) around the raw cuDNN ops / the
+                           `cudnn` record now (one-token blocks to torch flash) / torch flash
+  fixed, flash-control     "base" with the `cudnn` record now / with torch flash
   b1, bhsd, gqa, fp16      batch 1 (dense views), the other layout, 8/2 heads, fp16
   contiguous               each segment's slices copied to fresh tensors before the call
   sync                     torch.cuda.synchronize() after every kernel call
@@ -35,7 +39,8 @@ documents of 1, 299 and 400 tokens, rows 700.. outside every document):
                            the end (does a later call write into an earlier one's memory?)
   single-*                 one dense cuDNN call on fresh contiguous tensors (no segments at
                            all): 1 to 400 tokens causal (odd, 64 mod 128, around 64 and 128),
-                           568 x 500 and 512 x 512 full
+                           568 x 500 and 512 x 512 full, and one query or one key not causal
+                           (1 x 64, 1 x 43, 64 x 1, 9 x 1: the thread ring's pieces)
 The summary names the switches that turn "base"'s verdict around. docs/kernels-cudnn-segments.md
 ranks the hypotheses and says what each line decides.
 """
@@ -58,10 +63,16 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 
 from tests.reference import exact_attention, exact_grads  # noqa: E402
 from tokenring_xdit.ring.documents import Segment  # noqa: E402
-from tokenring_xdit.ring.kernels import empty_partial, gqa_pair, row_delta  # noqa: E402
+from tokenring_xdit.ring.kernels import Kernel, empty_partial, gqa_pair, row_delta  # noqa: E402
+from tokenring_xdit.ring.kernels.sdpa import cudnn_op_backward, cudnn_op_forward  # noqa: E402
 from tokenring_xdit.ring.layout import BHSD, BSHD, Layout  # noqa: E402
 
 D = 128
+# torch's cuDNN ops on every block: the `cudnn` record as it was when the failure was seen (it
+# now sends blocks with one query or one key to torch flash)
+RAW_CUDNN = Kernel(
+    "cudnn-raw", cudnn_op_forward, cudnn_op_backward, False, devices=("cuda",), half_only=True
+)
 TOL = 4e-2  # out / grads, relative to the largest |reference| (tests/gpu/test_gpu_packed.py)
 LSE_TOL = 1e-2  # absolute
 # the failing test's first block: a 1-token document, then 299 and 400; rows 700.. see nothing
@@ -91,7 +102,9 @@ class Case:
     poison: bool = False  # NaN in every token outside the documents
     lse_tail_nan: bool = False
     keep_alive: bool = False
-    kernel: str = "cudnn"  # the dense record per segment: "cudnn", "torch_flash" (CPU: "math")
+    # the dense record per segment: "cudnn-raw" (torch's cuDNN op on every block, as the record
+    # was when the failure was seen), "cudnn" (the record now), "torch_flash"; CPU: "math"
+    kernel: str = "cudnn-raw"
     product: bool = False  # through the product's segments_pair instead of run_segments
 
 
@@ -100,9 +113,11 @@ def cases() -> list[Case]:
     v = dataclasses.replace
     gaps = (Segment(0, 299, 0, 299, True), Segment(363, 662, 363, 662, True))
     out = [
-        v(base, name="product", product=True),
+        v(base, name="product-raw", product=True),
+        v(base, name="product", product=True, kernel="cudnn"),
         v(base, name="product-flash", product=True, kernel="torch_flash"),
         base,
+        v(base, name="fixed", kernel="cudnn"),
         v(base, name="flash-control", kernel="torch_flash"),
         v(base, name="b1", b=1),
         v(base, name="bhsd", layout=BHSD),
@@ -137,7 +152,10 @@ def cases() -> list[Case]:
         v(base, name="keep-alive", keep_alive=True),
     ]
     lengths = (1, 2, 3, 8, 17, 33, 63, 64, 65, 100, 127, 129, 192, 299, 320, 400)
-    singles = [(n, n, True) for n in lengths] + [(568, 500, False), (512, 512, False)]
+    singles = [(n, n, True) for n in lengths] + [
+        (568, 500, False), (512, 512, False), (1, 64, False), (1, 43, False), (64, 1, False),
+        (9, 1, False),
+    ]  # fmt: skip
     for n_q, n_k, causal in singles:
         seg = Segment(0, n_q, 0, n_k, causal)
         out.append(Case(f"single-{n_q}x{n_k}{'-causal' if causal else ''}", segs=(seg,),
@@ -298,7 +316,7 @@ def run_case(case: Case, device) -> dict:
 
     q, k, v, do = inputs(case, device)
     ref = reference(case, q, k, v, do)
-    dense = REGISTRY[case.kernel]
+    dense = RAW_CUDNN if case.kernel == "cudnn-raw" else REGISTRY[case.kernel]
     if case.h_kv != case.h:
         dense = gqa_pair(dense, torch.device(device), case.dtype, D, D)
     if case.product:

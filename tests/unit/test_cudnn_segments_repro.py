@@ -16,15 +16,22 @@ from benchmarks.diagnostics import cudnn_segments_repro as repro
 
 CASES = repro.cases()
 # one case per code path of the loop (the other lengths run the same code with other segments)
-PATHS = {"product", "base", "b1", "bhsd", "gqa", "contiguous", "interleave", "reverse", "own-lse",
-         "real-o", "poison-gaps", "lse-tail-nan", "offset-16B", "keep-alive", "full-568x500",
-         "single-17x17-causal"}  # fmt: skip
+PATHS = {
+    "product", "product-raw", "base", "b1", "bhsd", "gqa", "contiguous", "interleave", "reverse",
+    "own-lse", "real-o", "poison-gaps", "lse-tail-nan", "offset-16B", "keep-alive",
+    "full-568x500", "single-17x17-causal",
+}  # fmt: skip
 
 
 def test_cases_are_well_formed():
     names = [c.name for c in CASES]
     assert PATHS <= set(names)
-    assert len(names) == len(set(names)) and names[:3] == ["product", "product-flash", "base"]
+    assert len(names) == len(set(names)) and names[:4] == [
+        "product-raw",
+        "product",
+        "product-flash",
+        "base",
+    ]
     for case in CASES:
         for seg in case.segs:
             assert 0 <= seg.q0 < seg.q1 <= case.s and 0 <= seg.k0 < seg.k1 <= case.s
@@ -59,7 +66,7 @@ def test_a_wrong_kernel_is_caught():
         return dq, torch.zeros_like(dk), dv
 
     broken = dataclasses.replace(MATH, backward=no_dk)
-    case = dataclasses.replace(repro.for_cpu(CASES[2]), b=1)
+    case = dataclasses.replace(repro.for_cpu(next(c for c in CASES if c.name == "base")), b=1)
     q, k, v, do = repro.inputs(case, "cpu")
     ref = repro.reference(case, q, k, v, do)
     got = repro.run_segments(case, broken, q, k, v, do, ref[1].float())
