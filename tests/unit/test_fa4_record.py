@@ -60,3 +60,16 @@ def test_flash_attn_4_alone_is_not_flash_attn_2(tmp_path, monkeypatch):
     finally:
         sys.modules.pop("flash_attn", None)
         sys.modules.pop("flash_attn.cute", None)
+
+
+def test_fa4_benchmark_times_each_ring_block_once():
+    from benchmarks.diagnostics.fa4_vs_cudnn import blocks
+
+    got = blocks([16384, 32768], [2, 4])
+    # ring 2 over 16k and ring 4 over 32k share their blocks (8k diagonal, 4k x 8k off-diagonal)
+    assert got == [
+        ("half", 2048, 4096, False), ("diag", 4096, 4096, True), ("full", 4096, 4096, False),
+        ("half", 4096, 8192, False), ("diag", 8192, 8192, True), ("full", 8192, 8192, False),
+        ("half", 8192, 16384, False), ("diag", 16384, 16384, True),
+        ("full", 16384, 16384, False),
+    ]  # fmt: skip

@@ -158,7 +158,9 @@ CUDNN = Kernel(
     "cudnn", _cudnn_forward, _cudnn_backward, False, devices=("cuda",), half_only=True,
     # tests/gpu/test_gpu_packed.py: cuDNN called per document segment failed its exactness
     # check against fp64 on 2 x H200 (every pair case; the ring too), while flash_varlen and
-    # torch_flash per segment passed; refused until that is understood (issue 33's note)
+    # torch_flash per segment passed. Every failing case had a one-key block, which now goes to
+    # torch flash (module docstring); refused until the GPU tests confirm that was the cause
+    # (docs/kernels-cudnn-segments.md)
     packed_refused="cuDNN per document segment failed its GPU exactness check; use "
     "kernel='auto' (flash_varlen), 'flash_varlen' or 'torch_flash'",
 )  # fmt: skip
