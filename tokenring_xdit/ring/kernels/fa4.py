@@ -21,9 +21,10 @@ import sys
 
 import torch
 
-from ..layout import BHSD, Layout
+from ..layout import Layout
 from ..standin import out_standin_bhsd
 from .base import Kernel
+from .flashattn import _flip as _bshd  # (b, s, h, d) views, as flash-attn takes them
 
 _ARCHS = (9, 10, 11)  # the compute-capability majors of its forward AND backward
 
@@ -53,11 +54,6 @@ def _interface():
     return interface._flash_attn_fwd, interface._flash_attn_bwd
 
 
-def _bshd(layout: Layout, *xs):
-    # flash-attn wants (b, s, h, d); transpose(1, 2) maps between the two layouts both ways
-    return tuple(x.transpose(1, 2) if layout is BHSD and x is not None else x for x in xs)
-
-
 def _check(q: torch.Tensor, k: torch.Tensor, layout: Layout, causal: bool) -> None:
     major = torch.cuda.get_device_capability(q.device)[0]
     if major not in _ARCHS:
@@ -82,7 +78,7 @@ def _forward(q, k, v, scale, layout: Layout, causal):
     return _bshd(layout, out)[0], lse
 
 
-def _backward_impl(dout, q, k, v, out, lse, delta, scale, layout: Layout, causal, deterministic):
+def _backward(dout, q, k, v, out, lse, delta, scale, layout: Layout, causal, deterministic=False):
     _check(q, k, layout, causal)
     _, bwd = _interface()
     if out is None:
@@ -94,15 +90,7 @@ def _backward_impl(dout, q, k, v, out, lse, delta, scale, layout: Layout, causal
     return _bshd(layout, dq, dk, dv)
 
 
-def _backward(*args):
-    return _backward_impl(*args, deterministic=False)
-
-
-def _backward_deterministic(*args):
-    return _backward_impl(*args, deterministic=True)
-
-
 FA4 = Kernel(
     "fa4", _forward, _backward, False, devices=("cuda",), half_only=True,
-    deterministic_backward=_backward_deterministic,
+    deterministic_backward=functools.partial(_backward, deterministic=True),
 )  # fmt: skip
