@@ -13,16 +13,18 @@ Each case prints whether the kernel took GQA itself ("native") or was expanded.
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
+
+from tokenring_xdit.ring.kernels import has_flash_attn
+from tokenring_xdit.ring.kernels.fa4 import has_fa4
 
 pytestmark = pytest.mark.gpu
 
 TOL = {torch.bfloat16: 4e-2, torch.float16: 8e-3}
 H, HK = 8, 2
-FLASH = ["flash_attn"] if importlib.util.find_spec("flash_attn") else []
+# the optional packages' kernels, where installed (flash-attn 4 alone is not flash-attn)
+FLASH = (["flash_attn"] if has_flash_attn() else []) + (["fa4"] if has_fa4() else [])
 
 
 def _exact(q, k, v, do, causal):

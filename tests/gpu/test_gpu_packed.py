@@ -3,7 +3,7 @@
 python -m pytest -m gpu tests/gpu/test_gpu_packed.py -q
 
 - `auto` picks torch's flash kernel with cu_seqlens ("flash_varlen") for bf16/fp16 on CUDA;
-- every document pair (flash_varlen, cuDNN and torch flash per segment), MHA and GQA, both
+- every document pair (flash_varlen, torch flash and cuDNN per segment), MHA and GQA, both
   layouts, on a block of random documents (causal diagonal and full off-diagonal segments, rows
   that meet no key) vs fp64 masked attention: out, lse, and dq/dk/dv fed the global lse and only
   delta (the O stand-in), as the ring feeds them;
@@ -49,6 +49,17 @@ def test_auto_picks_flash_varlen(dtype):
     assert pair.name == "flash_varlen"
 
 
+def _doc_pair(name, args):
+    """The packed-documents record of `name`; "cudnn+segments" is cuDNN per segment, which
+    doc_pair refuses until these tests pass with its one-token blocks sent to torch flash
+    (issue 42 item 4, docs/kernels-cudnn-segments.md)."""
+    from tokenring_xdit.ring.kernels import doc_pair, segments_pair, select_pair
+
+    if name == "cudnn+segments":
+        return segments_pair(select_pair("cudnn", *args, False))
+    return doc_pair(name, *args, lambda n: select_pair(n, *args, False))
+
+
 def test_cudnn_per_segment_is_refused():
     """cuDNN per document segment failed the exactness check below on 2 x H200 (4 of 4 pair
     cases; 2 of the first 3 ring cases), so packed documents refuse it with one clear error."""
@@ -61,23 +72,17 @@ def test_cudnn_per_segment_is_refused():
         )
 
 
-@pytest.mark.parametrize("name", ["flash_varlen", "torch_flash"])
+@pytest.mark.parametrize("name", ["flash_varlen", "torch_flash", "cudnn+segments"])
 @pytest.mark.parametrize("kv_heads", [8, 2])
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
 def test_document_pairs_match_exact(name, kv_heads, layout):
     from tokenring_xdit.ring.documents import Segment
-    from tokenring_xdit.ring.kernels import (
-        doc_pair,
-        gqa_pair,
-        row_delta,
-        segments_mask,
-        select_pair,
-    )
+    from tokenring_xdit.ring.kernels import gqa_pair, row_delta, segments_mask
     from tokenring_xdit.ring.layout import get_layout
 
     lay, dev, dtype, d = get_layout(layout), torch.device("cuda"), torch.bfloat16, 128
     args = (dev, dtype, d, d)
-    pair = doc_pair(name, *args, lambda n: select_pair(n, *args, False))
+    pair = _doc_pair(name, args)
     if kv_heads != 8:
         pair = gqa_pair(pair, *args)
     # diagonal-style causal runs, one full off-diagonal run, rows 700..767 see nothing
@@ -107,13 +112,12 @@ def test_document_pairs_match_exact(name, kv_heads, layout):
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("name", ["flash_varlen", "torch_flash"])
+@pytest.mark.parametrize("name", ["flash_varlen", "torch_flash", "cudnn+segments"])
 def test_thread_ring_with_documents_matches_exact(n, causal, name):
     from tests.thread_ring import run_ring
     from tokenring_xdit.ring.backward import block_backward
     from tokenring_xdit.ring.block_forward import BlockCall, block_forward
     from tokenring_xdit.ring.documents import Documents, doc_plan
-    from tokenring_xdit.ring.kernels import doc_pair, select_pair
     from tokenring_xdit.ring.layout import BSHD
     from tokenring_xdit.ring.schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
     from tokenring_xdit.ring.sharding import zigzag_positions
@@ -129,8 +133,7 @@ def test_thread_ring_with_documents_matches_exact(n, causal, name):
     gen = torch.Generator(device="cpu").manual_seed(n)
     q, k, v, do = (torch.randn(1, h, total, d, generator=gen).to(dev, dtype) for _ in "qkvo")
     ref = _ref(q, k, v, do, mask, d**-0.5)
-    args = (dev, dtype, d, d)
-    pair = doc_pair(name, *args, lambda nm: select_pair(nm, *args, False))
+    pair = _doc_pair(name, (dev, dtype, d, d))
     schedule = CAUSAL_ZIGZAG if causal else NON_CAUSAL_BLOCKS
     q_lens = (total // n,) * n
     call = BlockCall(schedule, pair, BSHD, d**-0.5, doc_plan(docs, schedule, q_lens))

@@ -11,13 +11,16 @@ import pytest
 import torch
 
 from tests.harness import run_ranks, values
+from tokenring_xdit.ring.kernels.fa4 import has_fa4
 
 pytestmark = pytest.mark.gpu
 
 BF16_TOL = 2e-2
 
 
-@pytest.mark.parametrize("name", ["cudnn", "torch_flash", "torch_efficient", "math"])
+@pytest.mark.parametrize(
+    "name", ["cudnn", "torch_flash", "torch_efficient", "math"] + (["fa4"] if has_fa4() else [])
+)
 @pytest.mark.parametrize("d", [64, 72, 128])
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
 def test_cuda_kernels_match_math(name, d, layout):

@@ -23,14 +23,16 @@ import sys
 import pytest
 import torch
 
+from tokenring_xdit.ring.kernels import has_flash_attn
+from tokenring_xdit.ring.kernels.fa4 import has_fa4
+
 pytestmark = pytest.mark.gpu
 
 TOL = {torch.bfloat16: 4e-2, torch.float16: 8e-3}
 # Every CUDA pair the ring's backward uses (fed delta, not O, away from the query's owner).
 # torch_efficient's backward was wrong even with O (H100, torch 2.11) and is not used.
-DELTA_PAIRS = ["cudnn", "torch_flash", "math"] + (
-    ["flash_attn"] if importlib.util.find_spec("flash_attn") else []
-)
+DELTA_PAIRS = ["cudnn", "torch_flash", "math"] + (["flash_attn"] if has_flash_attn() else [])
+DELTA_PAIRS += ["fa4"] if has_fa4() else []
 CASES = [(name, True) for name in DELTA_PAIRS] + [(n, False) for n in DELTA_PAIRS]
 
 

@@ -34,6 +34,7 @@ KERNEL_CHOICES = (
     "torch_efficient",
     "cpu_flash",
     "math",
+    "fa4",
 )
 METHOD_CHOICES = ("single", "tokenring", "yunchang")
 DEFAULT_TOKENS = {"cpu": 1024, "cuda": 4096}

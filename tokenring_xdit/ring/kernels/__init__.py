@@ -2,8 +2,8 @@
 
 - base.py: the `Kernel` record (forward, backward or None, deterministic, devices, dtypes,
   layouts, packed-documents support) and the calling contract; `KeyedKernel`; empty blocks.
-- exact.py, sdpa.py, flashattn.py, varlen.py: the kernels, one family per module, each
-  ending in its records.
+- exact.py, sdpa.py, flashattn.py, fa4.py, varlen.py: the kernels, one family per module,
+  each ending in its records (fa4: flash-attn 4, by name only).
 - wrappers.py: GQA, packed documents' segments and the swapped wire layout, around any record.
 - probe.py: the one probe (a tiny run compared with the exact kernel), cached.
 - registry.py: every record by name, the `auto` order, selection for inference, training,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import inspect
+import os
 
 import torch
 
@@ -15,7 +16,11 @@ from .base import Kernel
 
 
 def has_flash_attn() -> bool:
-    return importlib.util.find_spec("flash_attn") is not None
+    """Is flash-attn (2.x, `flash_attn_func`) installed? flash-attn 4 alone installs a bare
+    namespace `flash_attn` holding only its `cute` package, which does not count."""
+    spec = importlib.util.find_spec("flash_attn")
+    places = (spec.submodule_search_locations or ()) if spec is not None else ()
+    return any(os.path.exists(os.path.join(p, "flash_attn_interface.py")) for p in places)
 
 
 def _flip(layout: Layout, *xs):

@@ -11,6 +11,7 @@ import torch
 
 from .base import HALF, BlockKernel, Kernel, KeyedKernel
 from .exact import MASKED, MATH
+from .fa4 import FA4, has_fa4
 from .flashattn import FLASH_ATTN, has_flash_attn
 from .probe import works
 from .sdpa import CPU_FLASH, CUDNN, TORCH_EFFICIENT, TORCH_FLASH
@@ -21,8 +22,11 @@ log = logging.getLogger("tokenring_xdit")
 
 # Dense kernels, by the names users pass (kernel=...) and yunchang's attn_type maps to.
 REGISTRY: dict[str, Kernel] = {
-    k.name: k for k in (FLASH_ATTN, CUDNN, TORCH_FLASH, TORCH_EFFICIENT, CPU_FLASH, MATH)
+    k.name: k for k in (FLASH_ATTN, CUDNN, TORCH_FLASH, TORCH_EFFICIENT, CPU_FLASH, MATH, FA4)
 }
+# Records of optional packages: (is it installed, the pip name). `fa4` is not in `_AUTO`: by name
+# only until measured faster than cuDNN (docs/kernels-fa4.md).
+_PACKAGES = {"flash_attn": (has_flash_attn, "flash-attn"), "fa4": (has_fa4, "flash-attn-4")}
 # Kernels for packed documents only (they take the segments themselves).
 DOC_REGISTRY: dict[str, Kernel] = {k.name: k for k in (MASKED, FLASH_VARLEN)}
 DOC_KERNELS = tuple(DOC_REGISTRY)
@@ -67,6 +71,13 @@ def check_layout(record: Kernel, layout) -> None:
         raise ValueError(f"kernel {record.name!r} takes layouts {names}, not {layout.name!r}")
 
 
+def _check_installed(name: str) -> None:
+    """Refuse a record whose optional package is missing (before any ring step runs it)."""
+    installed, package = _PACKAGES.get(name, (None, None))
+    if installed is not None and not installed():
+        raise ValueError(f"kernel {name!r} needs the {package} package (pip install {package})")
+
+
 def _unknown(name) -> ValueError:
     return ValueError(f"unknown kernel {name!r}; use 'auto' or one of {sorted(REGISTRY)}")
 
@@ -79,6 +90,7 @@ def select_kernel(
         name = _first_block(device.type, dtype, d_qk, d_v)
     if name not in REGISTRY:
         raise _unknown(name)
+    _check_installed(name)
     return name, KERNELS[name]
 
 
@@ -110,10 +122,7 @@ def select_pair(
     if name not in REGISTRY:
         raise _unknown(name)
     record = _trained(REGISTRY[name], dtype)
-    if record.name == "flash_attn" and not has_flash_attn():
-        raise ValueError(
-            "kernel 'flash_attn' needs the flash-attn package (pip install flash-attn)"
-        )
+    _check_installed(record.name)
     if deterministic and not record.deterministic:
         if record.deterministic_backward is not None:
             return dataclasses.replace(

@@ -6,6 +6,11 @@ a key of q/k/v's shapes and strides only: a later call with the same q/k/v but d
 strided O or dO reuses the plan and reads them wrongly (that, not the stand-in's values, made
 the stand-in look wrong on H100). So cuDNN always gets O (or the stand-in) and dO laid out in
 q's dimension order, as torch's own forward allocates O; that is a no-op in the ring's own calls.
+
+A block with ONE query or ONE key never reaches cuDNN: torch's SDPA dispatcher does not give
+cuDNN a key length of 1 (sdp_utils' check_cudnn_tensor_shapes), and every failure of cuDNN per
+document segment on H200 had such a block (a 1-token document, or a 1-token piece of one at a
+shard boundary; docs/kernels-cudnn-segments.md). torch flash runs those tiny blocks.
 """
 
 from __future__ import annotations
@@ -76,7 +81,19 @@ def _efficient_forward(q, k, v, scale, layout: Layout, causal):
     return layout.from_bhsd(out), lse_bhs(lse, *qb.shape[:3])
 
 
+def _one_token_side(q: torch.Tensor, k: torch.Tensor, layout: Layout) -> bool:
+    """A block with one query or one key (module docstring: not for cuDNN)."""
+    return min(q.shape[layout.seq_dim], k.shape[layout.seq_dim]) == 1
+
+
 def _cudnn_forward(q, k, v, scale, layout: Layout, causal):
+    if _one_token_side(q, k, layout):
+        return flash_forward(q, k, v, scale, layout, causal)
+    return cudnn_op_forward(q, k, v, scale, layout, causal)
+
+
+def cudnn_op_forward(q, k, v, scale, layout: Layout, causal):
+    """torch's cuDNN attention op itself, whatever the block (benchmarks/diagnostics)."""
     qb, kb, vb = (layout.to_bhsd(x) for x in (q, k, v))
     out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
         qb, kb, vb, None, True, 0.0, causal, False, scale=scale
@@ -102,6 +119,13 @@ def _with_strides(x: torch.Tensor, strides: tuple[int, ...]) -> torch.Tensor:
 
 
 def _cudnn_backward(dout, q, k, v, out, lse, delta, scale, layout: Layout, causal):
+    if _one_token_side(q, k, layout):
+        return flash_backward(dout, q, k, v, out, lse, delta, scale, layout, causal)
+    return cudnn_op_backward(dout, q, k, v, out, lse, delta, scale, layout, causal)
+
+
+def cudnn_op_backward(dout, q, k, v, out, lse, delta, scale, layout: Layout, causal):
+    """torch's cuDNN attention backward op itself, whatever the block (benchmarks/diagnostics)."""
     qb, kb, vb, dob = (layout.to_bhsd(x) for x in (q, k, v, dout))
     # O and dO in q's order: torch caches cuDNN's plan by q/k/v strides only (module docstring)
     strides = _matching_strides(qb, dob.shape)
@@ -134,7 +158,9 @@ CUDNN = Kernel(
     "cudnn", _cudnn_forward, _cudnn_backward, False, devices=("cuda",), half_only=True,
     # tests/gpu/test_gpu_packed.py: cuDNN called per document segment failed its exactness
     # check against fp64 on 2 x H200 (every pair case; the ring too), while flash_varlen and
-    # torch_flash per segment passed; refused until that is understood (issue 33's note)
+    # torch_flash per segment passed. Every failing case had a one-key block, which now goes to
+    # torch flash (module docstring); refused until the GPU tests confirm that was the cause
+    # (docs/kernels-cudnn-segments.md)
     packed_refused="cuDNN per document segment failed its GPU exactness check; use "
     "kernel='auto' (flash_varlen), 'flash_varlen' or 'torch_flash'",
 )  # fmt: skip
