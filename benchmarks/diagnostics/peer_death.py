@@ -1,147 +1,261 @@
-"""A peer that dies in the middle of a TokenRing loop: what the survivor sees (issue 44).
+"""A peer that dies, hangs or raises in the middle of a TokenRing loop: what the survivor sees
+(issue 44), per path x fault x launcher, on GPUs (NCCL) or CPU (gloo).
 
-Two plain processes (no launcher that would kill the survivor), one GPU each (NCCL), or CPU
-(gloo). Rank 1 leaves with `os._exit(1)` right after posting call `--die-at`; rank 0 keeps
-calling. Printed and written as JSON: the survivor's first exception (type, message, seconds
-after the peer died), its exit code (3 when it caught TokenRingCommError and exited on purpose;
--6 is SIGABRT: torch's watchdog took it down) and the tail of its stderr.
+Two ranks run benchmarks/diagnostics/peer_worker.py (its docstring: the paths and faults); rank
+1 faults at call `--fault-at`, rank 0 keeps calling and exits 3 when it catches
+TokenRingCommError. Per scenario, as JSON: for every survivor its first error (type, message,
+call, thread), seconds from the fault to that error, exit code (-6: SIGABRT; -9: killed by this
+harness after the wall; None under torchrun when the agent stopped it), whether the message
+names the faulty rank ("global rank 1") and the step ("step N"); torchrun's exit code and the
+rank its report blames. One scenario:
 
-    python benchmarks/diagnostics/peer_death.py --mode train --timeout 8 --out peer_death.json
-    python benchmarks/diagnostics/peer_death.py --mode infer --graphs 1
-    python benchmarks/diagnostics/peer_death.py --device cpu --tokens 256
+    python benchmarks/diagnostics/peer_death.py --path train --fault die --launcher plain
+    python benchmarks/diagnostics/peer_death.py --path infer_graphed --fault hang \
+        --launcher torchrun --out hang.json
+    python benchmarks/diagnostics/peer_death.py --device cpu --tokens 256 --deadline 3
 
-tests/gpu/test_gpu_peer_death.py asserts on its results.
+A list of scenarios (`--matrix gpu` or `cpu`: GPU_MATRIX / CPU_MATRIX below), `--jobs` at a
+time, within `--budget` seconds (scenarios not started by then are listed as not run):
+
+    python benchmarks/diagnostics/peer_death.py --matrix gpu --jobs 3 --budget 330 --out m.json
+
+tests/gpu/test_gpu_peer_death.py and tests/distributed/test_peer_death.py assert on results.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
-import subprocess
+import re
 import sys
+import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.harness import plain_ranks  # noqa: E402
+from benchmarks.diagnostics import peer_launch  # noqa: E402
+from benchmarks.diagnostics.peer_worker import EXIT_NAMED, FAULTS, PATHS  # noqa: E402
 
-PROGRAM = r"""
-import json, os, sys, time, torch, torch.distributed as dist
-MODE, DIE_AT, TOKENS, CALLS, DEVICE = {mode!r}, {die_at}, {tokens}, {calls}, {device!r}
-dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo")
-rank = dist.get_rank()
-device = torch.device("cuda", rank) if DEVICE == "cuda" else torch.device("cpu")
-if DEVICE == "cuda":
-    torch.cuda.set_device(device)
-dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
-import tokenring_xdit as tr
-from tokenring_xdit.ring.comm import TokenRingCommError
-torch.manual_seed(0)
-def say(**what):
-    print("EVENT " + json.dumps(dict(what, rank=rank, t=time.time())), flush=True)
-x = torch.randn(1, TOKENS, 32, 128, device=device, dtype=dtype)
-kv = torch.randn(1, TOKENS, 8, 128, device=device, dtype=dtype)
-q = tr.shard(x, None, causal=True).requires_grad_(MODE == "train")
-k = tr.shard(kv, None, causal=True).requires_grad_(MODE == "train")
-v = tr.shard(kv, None, causal=True).requires_grad_(MODE == "train")
-try:
-    for i in range(CALLS):
-        if MODE == "train":
-            out = tr.token_ring_attn_func(q, k, v, causal=True)
-            out.float().square().mean().backward()
-        else:
-            with torch.no_grad():
-                out = tr.token_ring_attn(q, k, v)[0]
-        if rank == 1 and i == DIE_AT:
-            say(event="died", call=i)
-            os._exit(1)
-        if i % 10 == 9:
-            loss = out.float().mean().item()  # where a training loop blocks on the GPU
-    say(event="finished")
-except TokenRingCommError as exc:
-    say(event="error", type=type(exc).__name__, message=str(exc)[:600], call=i)
-    sys.exit(3)
-except BaseException as exc:
-    say(event="error", type=type(exc).__name__, message=str(exc)[:600], call=i)
-    raise
-"""
+LAUNCHERS = ("plain", "torchrun", "fork")
+STAYS = ("hang", "hang_mid", "raise_stay")  # the faulty process stays alive
 
 
-def run(
-    mode: str = "train",
-    die_at: int = 30,
-    tokens: int = 16384,
-    calls: int = 400,
-    device: str = "cuda",
-    timeout: float = 8.0,
-    graphs: int = 1,
-    wall: float = 150.0,
-    env: dict[str, str] | None = None,
-) -> dict:
-    """Run the scenario once; the survivor's outcome as a dict."""
-    program = PROGRAM.format(mode=mode, die_at=die_at, tokens=tokens, calls=calls, device=device)
-    procs = plain_ranks(
-        program,
-        2,
-        {"TOKENRING_XDIT_TIMEOUT": str(timeout), "TOKENRING_XDIT_CUDA_GRAPHS": str(graphs)}
-        | (env or {}),
+@dataclass(frozen=True)
+class Scenario:
+    path: str = "train"
+    fault: str = "die"
+    launcher: str = "plain"
+    device: str = "cuda"
+    tokens: int = 16384
+    heads: int = 32
+    calls: int = 400
+    fault_at: int = 30
+    deadline: float = 8.0
+    warmup_deadline: float | None = None
+    compile_backend: str = "inductor"
+    max_restarts: int = 0
+    wall: float = 120.0
+    faulty: int = 1
+
+    @property
+    def name(self) -> str:
+        return f"{self.path}-{self.fault}-{self.launcher}-{self.device}"
+
+    def argv(self, events: Path) -> list[str]:
+        argv = ["--path", self.path, "--fault", self.fault, "--fault-at", str(self.fault_at),
+                "--faulty", str(self.faulty), "--calls", str(self.calls), "--tokens",
+                str(self.tokens), "--heads", str(self.heads), "--deadline", str(self.deadline),
+                "--compile-backend", self.compile_backend, "--events", str(events),
+                "--device", self.device]  # fmt: skip
+        if self.warmup_deadline is not None:
+            argv += ["--warmup-deadline", str(self.warmup_deadline)]
+        return argv
+
+
+def _g(path: str, fault: str, launcher: str = "plain", **kw) -> Scenario:
+    return Scenario(path, fault, launcher, **kw)
+
+
+# Every GPU scenario, about 6 min at --jobs 3 on 2 GPUs (each ~30-60 s: start, warm-up, deadline 8)
+GPU_MATRIX = (
+    *(_g("infer_graphed", f) for f in ("die", "hang", "raise_exit", "raise_stay")),
+    *(_g("infer_eager", f) for f in ("die", "die_mid", "hang", "raise_exit")),
+    *(_g("train", f) for f in ("die", "die_mid", "hang", "hang_mid", "raise_exit", "raise_stay")),
+    *(_g("compiled", f, fault_at=10) for f in ("die", "hang")),
+    *(_g("ipc", f) for f in ("die", "hang")),
+    *(_g("packed", f) for f in ("die", "hang")),
+    *(_g("train", f, "torchrun") for f in ("die", "hang", "raise_exit")),
+    *(_g("infer_graphed", f, "torchrun") for f in ("die", "hang")),
+)
+# The CPU (gloo) matrix of tests/distributed/test_peer_death.py: tiny, deadline 3 s, a long
+# warm-up deadline (first calls and the compile may lag on busy cores), aot_eager compiles.
+CPU = dict(device="cpu", tokens=64, heads=4, calls=60, fault_at=4, deadline=3.0,
+           warmup_deadline=60.0, compile_backend="aot_eager", wall=90.0)  # fmt: skip
+CPU_MATRIX = (
+    *(_g(p, f, "fork", **CPU) for p in ("train", "infer_eager", "compiled", "packed")
+      for f in FAULTS),  # fmt: skip
+    *(_g("train", f, "torchrun", **CPU) for f in ("die", "hang", "raise_exit", "raise_stay")),
+    _g("train", "die_mid", "plain", **CPU),
+)
+
+
+def outcome(scenario: Scenario, folder: Path, done: peer_launch.Launched, wall_s: float) -> dict:
+    """The scenario's result: the old single-survivor fields plus one entry per survivor."""
+    events = _events(folder)
+    fault = next((e for e in events if e["event"] == "fault"), None)
+    fault_t = fault["t"] if fault else None
+    text = "\n".join(done.output.values())
+    torchrun = scenario.launcher == "torchrun"
+    survivors = []
+    for rank in sorted({0, 1} - {scenario.faulty}):
+        mine = [e for e in events if e["rank"] == rank]
+        first = next((e for e in mine if e["event"] == "error"), None)
+        message = first["message"] if first else ""
+        code = done.exit_codes.get(rank)
+        exiting = next((e for e in mine if e["event"] == "exiting"), None)
+        if torchrun and code is None and exiting and any(e["event"] == "atexit" for e in mine):
+            code = exiting["code"] if rank not in done.killed else None  # exited, not listed
+        own = done.output.get(rank, text)
+        survivors.append(dict(
+            rank=rank,
+            first_error=first and {k: first[k] for k in ("type", "message", "call", "thread")},
+            delay_s=None if first is None or fault_t is None else round(first["t"] - fault_t, 3),
+            exit_code=code,
+            stopped_by_launcher=torchrun and exiting is None and first is None,
+            exit_after_error_s=_exit_after(mine, first),
+            reached_atexit=any(e["event"] == "atexit" for e in mine),
+            killed_by_harness=rank in done.killed,
+            sigabrt=code == -6 or "terminate called" in own or "SIGABRT" in own,
+            core=bool(done.cores.get(rank)) or "core dumped" in own,
+            names_rank=bool(re.search(rf"global rank {scenario.faulty}\b", message)),
+            names_step=bool(re.search(r"\bstep \d+", message)),
+            finished=any(e["event"] == "finished" for e in mine),
+        ))  # fmt: skip
+    s0 = survivors[0]
+    result = dataclasses.asdict(scenario) | dict(
+        name=scenario.name,
+        mode=scenario.path,  # the old field names, kept
+        timeout_s=scenario.deadline,
+        graphs=int(scenario.path not in ("infer_eager",)),
+        fault_event=fault and {k: fault.get(k) for k in ("fault", "call", "where")},
+        faulty_exit_code=done.exit_codes.get(scenario.faulty),
+        survivors=survivors,
+        survivor_exit_code=s0["exit_code"],
+        survivor_error=s0["first_error"],
+        error_after_death_s=s0["delay_s"],
+        survivor_finished=s0["finished"],
+        sigabrt=any(s["sigabrt"] for s in survivors),
+        wall_s=round(wall_s, 2),
+        stderr_tail=text[-2500:],
     )
+    if torchrun:
+        result["torchrun"] = dict(
+            rc=done.launcher_rc,
+            root_cause_rank=peer_launch.torchrun_root_cause(text),
+            failures=peer_launch.torchrun_failures(text),
+            exit_after_fault_s=None if fault_t is None or done.launcher_exit_s is None
+            else round(done.launcher_exit_s - fault_t, 2),
+        )  # fmt: skip
+    return result
+
+
+def _events(folder: Path) -> list[dict]:
+    found = []
+    for f in sorted(folder.glob("rank*.jsonl")):
+        for line in f.read_text().splitlines():
+            try:
+                found.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass  # a line cut by the process's death
+    return sorted(found, key=lambda e: e["t"])
+
+
+def _exit_after(mine: list[dict], first: dict | None) -> float | None:
+    last = next((e for e in reversed(mine) if e["event"] == "atexit"), None)
+    return None if first is None or last is None else round(last["t"] - first["t"], 3)
+
+
+def run(scenario: Scenario) -> dict:
+    """Run one scenario (plain or torchrun; fork goes through run_many)."""
+    if scenario.launcher == "fork":
+        return run_many([scenario])[0]
+    with tempfile.TemporaryDirectory(prefix="peer_death_") as tmp:
+        folder = Path(tmp)
+        start = time.time()
+        launch = peer_launch.launch_torchrun if scenario.launcher == "torchrun" else (
+            peer_launch.launch_plain)  # fmt: skip
+        done = launch(scenario, scenario.argv(folder))
+        return outcome(scenario, folder, done, time.time() - start)
+
+
+def run_many(scenarios: list[Scenario], jobs: int = 1, budget: float | None = None) -> list:
+    """Every scenario's result, in order: fork scenarios together from one server, the others
+    `jobs` at a time; those not started within `budget` seconds: {"name", "not_run": True}."""
     start = time.time()
-    outs = []
-    for p in procs:
-        try:
-            out, err = p.communicate(timeout=max(wall - (time.time() - start), 1))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out, err = p.communicate()
-        outs.append((p.returncode, out, err))
-    events = [
-        json.loads(line[6:])
-        for _, out, _ in outs
-        for line in out.splitlines()
-        if line.startswith("EVENT ")
-    ]
-    died = next((e["t"] for e in events if e["event"] == "died"), None)
-    first = next((e for e in events if e["rank"] == 0 and e["event"] == "error"), None)
-    code, _, err = outs[0]
-    return dict(
-        mode=mode,
-        device=device,
-        tokens=tokens,
-        timeout_s=timeout,
-        graphs=graphs,
-        env=env or {},
-        survivor_exit_code=code,
-        survivor_error=first and {k: first[k] for k in ("type", "message", "call")},
-        error_after_death_s=None if first is None or died is None else first["t"] - died,
-        survivor_finished=any(e["rank"] == 0 and e["event"] == "finished" for e in events),
-        sigabrt="terminate called" in err or code == -6,
-        wall_s=time.time() - start,
-        stderr_tail=err[-1500:],
-    )
+    results: dict[int, dict] = {}
+    forked = [i for i, s in enumerate(scenarios) if s.launcher == "fork"]
+    if forked:
+        with tempfile.TemporaryDirectory(prefix="peer_death_") as tmp:
+            folders = {i: Path(tmp) / str(i) for i in forked}
+            batch = []
+            for i in forked:
+                folders[i].mkdir()
+                batch.append((str(i), scenarios[i], scenarios[i].argv(folders[i]), folders[i]))
+            wall = max(scenarios[i].wall for i in forked)
+            done = peer_launch.launch_forked(batch, wall)
+            for i in forked:
+                results[i] = outcome(scenarios[i], folders[i], done[str(i)], time.time() - start)
+
+    def one(i: int) -> tuple[int, dict]:
+        if budget is not None and time.time() - start > budget:
+            return i, {"name": scenarios[i].name, "not_run": True}
+        return i, run(scenarios[i])
+
+    rest = [i for i in range(len(scenarios)) if i not in results]
+    with ThreadPoolExecutor(max(jobs, 1)) as pool:
+        results.update(pool.map(one, rest))
+    return [results[i] for i in range(len(scenarios))]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--mode", choices=("train", "infer"), default="train")
-    parser.add_argument("--die-at", type=int, default=30)
-    parser.add_argument("--tokens", type=int, default=16384)
-    parser.add_argument("--calls", type=int, default=400)
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    parser.add_argument("--timeout", type=float, default=8.0, help="TOKENRING_XDIT_TIMEOUT")
-    parser.add_argument("--graphs", type=int, default=1, help="TOKENRING_XDIT_CUDA_GRAPHS")
-    parser.add_argument("--wall", type=float, default=150.0, help="kill both after this")
-    parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
-    result = run(
-        args.mode, args.die_at, args.tokens, args.calls, args.device, args.timeout,
-        args.graphs, args.wall,
-    )  # fmt: skip
-    result["machine"] = platform.node()
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--path", choices=PATHS, default="train")
+    p.add_argument("--fault", choices=FAULTS, default="die")
+    p.add_argument("--launcher", choices=LAUNCHERS, default="plain")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--fault-at", "--die-at", dest="fault_at", type=int, default=30)
+    p.add_argument("--tokens", type=int, default=16384)
+    p.add_argument("--calls", type=int, default=400)
+    p.add_argument("--deadline", "--timeout", dest="deadline", type=float, default=8.0,
+                   help="TOKENRING_XDIT_TIMEOUT")  # fmt: skip
+    p.add_argument("--max-restarts", type=int, default=0, help="torchrun's")
+    p.add_argument("--wall", type=float, default=120.0, help="kill everything after this")
+    p.add_argument("--matrix", choices=("gpu", "cpu"), help="run that list instead")
+    p.add_argument("--jobs", type=int, default=1, help="matrix: scenarios at a time")
+    p.add_argument("--budget", type=float, help="matrix: start no scenario after this (s)")
+    p.add_argument("--out", type=Path)
+    args = p.parse_args()
+    start = time.time()
+    if args.matrix:
+        scenarios = list(GPU_MATRIX if args.matrix == "gpu" else CPU_MATRIX)
+        result: dict = dict(matrix=args.matrix, jobs=args.jobs, budget_s=args.budget,
+                            scenarios=run_many(scenarios, args.jobs, args.budget))  # fmt: skip
+    else:
+        result = run(Scenario(
+            args.path, args.fault, args.launcher, args.device, args.tokens, calls=args.calls,
+            fault_at=args.fault_at, deadline=args.deadline, max_restarts=args.max_restarts,
+            wall=args.wall,
+        ))  # fmt: skip
+    result |= dict(machine=platform.node(), total_wall_s=round(time.time() - start, 1),
+                   command=" ".join(sys.argv))  # fmt: skip
     text = json.dumps(result, indent=1)
     print(text)
     if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text + "\n")
 
 
