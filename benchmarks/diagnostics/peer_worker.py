@@ -106,14 +106,15 @@ def _step_fn(args, torch, tr):
         kw = {"cu_seqlens": [0, args.tokens // 3, args.tokens // 2, args.tokens]}
         kw = kw if args.path == "packed" else {}
 
-        def attn(q, k, v):
+        def ring(q, k, v):
             return tr.token_ring_attn_func(q, k, v, causal=True, **kw) * 2.0
 
+        attn = ring
         if args.path == "compiled":
 
             class Attention(torch.nn.Module):
                 def forward(self, q, k, v):
-                    return attn(q, k, v)
+                    return ring(q, k, v)
 
             attn = torch.compile(Attention(), backend=args.compile_backend)
 
@@ -160,6 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     if faulty and args.fault.endswith("_mid"):
         _fault_inside(events, args.fault, state)
     code, i = 0, -1
+    dist.barrier()  # every rank starts its first call (and makes the ring) together
     try:
         for i in range(args.calls):
             if i == args.fault_at:  # past the warm-up: every rank here, the real deadline on
