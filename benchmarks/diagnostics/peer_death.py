@@ -80,25 +80,38 @@ def _g(path: str, fault: str, launcher: str = "plain", **kw) -> Scenario:
     return Scenario(path, fault, launcher, **kw)
 
 
-# Every GPU scenario, about 6 min at --jobs 3 on 2 GPUs (each ~30-60 s: start, warm-up, deadline 8)
+# Every GPU scenario, compiled first (Inductor): about 6 min at --jobs 4 on 2 GPUs (each ~30-60
+# s: start, warm-up, deadline 8, exit; a scenario still running at its wall is killed).
 GPU_MATRIX = (
-    *(_g("infer_graphed", f) for f in ("die", "hang", "raise_exit", "raise_stay")),
-    *(_g("infer_eager", f) for f in ("die", "die_mid", "hang", "raise_exit")),
-    *(_g("train", f) for f in ("die", "die_mid", "hang", "hang_mid", "raise_exit", "raise_stay")),
-    *(_g("compiled", f, fault_at=10) for f in ("die", "hang")),
-    *(_g("ipc", f) for f in ("die", "hang")),
-    *(_g("packed", f) for f in ("die", "hang")),
-    *(_g("train", f, "torchrun") for f in ("die", "hang", "raise_exit")),
-    *(_g("infer_graphed", f, "torchrun") for f in ("die", "hang")),
+    *(_g("compiled", f, fault_at=10, wall=150.0) for f in ("die", "hang")),
+    *(_g("infer_graphed", f, wall=90.0) for f in ("die", "hang", "raise_exit", "raise_stay")),
+    *(_g("infer_eager", f, wall=90.0) for f in ("die", "die_mid", "hang", "raise_exit")),
+    *(
+        _g("train", f, wall=90.0)
+        for f in ("die", "die_mid", "hang", "hang_mid", "raise_exit", "raise_stay")
+    ),  # fmt: skip
+    *(_g("ipc", f, wall=90.0) for f in ("die", "hang")),
+    *(_g("packed", f, wall=90.0) for f in ("die", "hang")),
+    *(_g("train", f, "torchrun", wall=90.0) for f in ("die", "hang", "raise_exit")),
+    *(_g("infer_graphed", f, "torchrun", wall=90.0) for f in ("die", "hang")),
 )
 # The CPU (gloo) matrix of tests/distributed/test_peer_death.py: tiny, deadline 3 s, aot_eager
 # compiles (Inductor's C++ build would dominate on 2 cores).
 CPU = dict(device="cpu", tokens=64, heads=4, calls=60, fault_at=4, deadline=3.0,
-           compile_backend="aot_eager", wall=60.0)  # fmt: skip
-CPU_MATRIX = (
-    *(_g(p, f, "fork", **CPU) for p in ("train", "infer_eager", "compiled", "packed")
-      for f in FAULTS),  # fmt: skip
-    *(_g("train", f, "torchrun", **CPU) for f in ("die", "hang", "raise_exit", "raise_stay")),
+           compile_backend="eager", wall=60.0)  # fmt: skip
+CPU_MATRIX = (  # longest first (compiling takes ~20 s on 2 busy cores)
+    *(_g("compiled", f, "fork", **CPU) for f in ("die_mid", "hang")),
+    *(_g("train", f, "fork", **CPU) for f in FAULTS),
+    *(
+        _g(p, f, "fork", **CPU)
+        for p, f in (
+            ("infer_eager", "die_mid"),
+            ("infer_eager", "hang"),
+            ("packed", "die_mid"),
+            ("packed", "raise_exit"),
+        )
+    ),  # fmt: skip
+    *(_g("train", f, "torchrun", **CPU) for f in ("die", "hang")),
     _g("train", "die_mid", "plain", **CPU),
 )
 
@@ -136,21 +149,25 @@ def outcome(scenario: Scenario, folder: Path, done: peer_launch.Launched, wall_s
             finished=any(e["event"] == "finished" for e in mine),
         ))  # fmt: skip
     s0 = survivors[0]
-    result = dataclasses.asdict(scenario) | dict(
-        name=scenario.name,
-        mode=scenario.path,  # the old field names, kept
-        timeout_s=scenario.deadline,
-        graphs=int(scenario.path not in ("infer_eager",)),
-        fault_event=fault and {k: fault.get(k) for k in ("fault", "call", "where")},
-        faulty_exit_code=done.exit_codes.get(scenario.faulty),
-        survivors=survivors,
-        survivor_exit_code=s0["exit_code"],
-        survivor_error=s0["first_error"],
-        error_after_death_s=s0["delay_s"],
-        survivor_finished=s0["finished"],
-        sigabrt=any(s["sigabrt"] for s in survivors),
-        wall_s=round(wall_s, 2),
-        stderr_tail=text[-2500:],
+    result = (
+        dataclasses.asdict(scenario)
+        | dict(
+            name=scenario.name,
+            mode=scenario.path,  # the old field names, kept
+            timeout_s=scenario.deadline,
+            graphs=int(scenario.path not in ("infer_eager",)),
+            fault_event=fault and {k: fault.get(k) for k in ("fault", "call", "where")},
+            faulty_exit_code=done.exit_codes.get(scenario.faulty),
+            survivors=survivors,
+            survivor_exit_code=s0["exit_code"],
+            survivor_error=s0["first_error"],
+            error_after_death_s=s0["delay_s"],
+            survivor_finished=s0["finished"],
+            sigabrt=any(s["sigabrt"] for s in survivors),
+            wall_s=round(wall_s, 2),
+            timeline=_timeline(events),
+            stderr_tail=text[-2500:],
+        )
     )
     if torchrun:
         result["torchrun"] = dict(
@@ -175,6 +192,14 @@ def _events(folder: Path) -> list[dict]:
     return sorted(found, key=lambda e: e["t"])
 
 
+def _timeline(events: list[dict]) -> list[str]:
+    """Every event as "rank R event +seconds" from the first rank's start (its process's
+    start of init_process_group)."""
+    starts = [e["t0"] for e in events if e["event"] == "started"]
+    t0 = min(starts) if starts else (events[0]["t"] if events else 0.0)
+    return [f"rank {e['rank']} {e['event']} +{e['t'] - t0:.2f}" for e in events]
+
+
 def _exit_after(mine: list[dict], first: dict | None) -> float | None:
     last = next((e for e in reversed(mine) if e["event"] == "atexit"), None)
     return None if first is None or last is None else round(last["t"] - first["t"], 3)
@@ -193,9 +218,11 @@ def run(scenario: Scenario) -> dict:
         return outcome(scenario, folder, done, time.time() - start)
 
 
-def run_many(scenarios: list[Scenario], jobs: int = 1, budget: float | None = None) -> list:
-    """Every scenario's result, in order, `jobs` at a time (the fork scenarios together, as one
-    job from one server); those not started within `budget` s: {"name", "not_run": True}."""
+def run_many(
+    scenarios: list[Scenario], jobs: int = 1, budget: float | None = None, forks: int = 4
+) -> list:
+    """Every scenario's result, in order, `jobs` at a time (the fork scenarios as one job: one
+    server, `forks` at a time); those not started within `budget` s: {"name", "not_run": True}."""
     start = time.time()
     forked = [i for i, s in enumerate(scenarios) if s.launcher == "fork"]
 
@@ -206,7 +233,8 @@ def run_many(scenarios: list[Scenario], jobs: int = 1, budget: float | None = No
             for i in forked:
                 folders[i].mkdir()
                 batch.append((str(i), scenarios[i], scenarios[i].argv(folders[i]), folders[i]))
-            done = peer_launch.launch_forked(batch, max(scenarios[i].wall for i in forked))
+            wall = max(scenarios[i].wall for i in forked)
+            done = peer_launch.launch_forked(batch, wall, forks)
             wall = time.time() - start
             return {i: outcome(scenarios[i], folders[i], done[str(i)], wall) for i in forked}
 

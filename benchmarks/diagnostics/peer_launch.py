@@ -81,8 +81,8 @@ def launch_plain(scenario, argv: list[str]) -> Launched:
 def launch_torchrun(scenario, argv: list[str]) -> Launched:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            f"--max-restarts={scenario.max_restarts}", str(WORKER), *argv]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=_env(scenario), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+    out = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, env=_env(scenario), start_new_session=True, **out)
     sink: list[str] = []
     reader = _drain(proc, sink)
     killed = _supervise({-1: proc}, {-1}, scenario.wall, group=True)
@@ -151,21 +151,29 @@ FORK_SERVER = r"""
 import json, os, signal, sys, time
 import torch, torch.distributed, tokenring_xdit  # once; every rank below is a fork of this
 from benchmarks.diagnostics.peer_worker import main
-jobs, wall = json.loads(sys.argv[1]), float(sys.argv[2])
-pids = {}
-for job in jobs:
-    pid = os.fork()
-    if pid == 0:
-        os.setpgid(0, 0)
-        fd = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.environ.update(job["env"])
-        main(job["argv"])  # leaves through SystemExit: this interpreter's normal exit
-        sys.exit(0)
-    pids[pid] = job
-status, killed, since, start = {}, [], {}, time.monotonic()
-while len(status) < len(pids):
+jobs, wall, at_once = json.loads(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+keys = list(dict.fromkeys(j["key"] for j in jobs))
+pids, status, killed, since, started = {}, {}, [], {}, {}
+
+def start(key):
+    started[key] = time.monotonic()
+    for job in (j for j in jobs if j["key"] == key):
+        pid = os.fork()
+        if pid == 0:
+            fd = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            os.environ.update(job["env"])
+            main(job["argv"])  # leaves through SystemExit: this interpreter's normal exit
+            sys.exit(0)
+        pids[pid] = job
+
+def running():
+    return {j["key"] for p, j in pids.items() if p not in status}
+
+while keys or len(status) < len(pids):
+    while keys and len(running()) < at_once:
+        start(keys.pop(0))
     pid, st = os.waitpid(-1, os.WNOHANG)
     if pid:
         status[pid] = st
@@ -174,10 +182,11 @@ while len(status) < len(pids):
     for pid, job in pids.items():
         if pid in status:
             continue
-        mates = [p for p, j in pids.items() if j["key"] == job["key"] and j["survivor"]]
+        key = job["key"]
+        mates = [p for p, j in pids.items() if j["key"] == key and j["survivor"]]
         if all(p in status for p in mates):
-            since.setdefault(job["key"], now)
-        if now - since.get(job["key"], now) > AFTER or now - start > wall:
+            since.setdefault(key, now)
+        if now - since.get(key, now) > AFTER or now - started[key] > wall:
             killed.append(pid)
             os.kill(pid, signal.SIGKILL)
     time.sleep(0.05)
@@ -187,9 +196,10 @@ print(json.dumps([dict(key=j["key"], rank=j["rank"], code=os.waitstatus_to_exitc
 """.replace("AFTER", str(AFTER_SURVIVORS_S))
 
 
-def launch_forked(jobs: list[tuple], wall: float) -> dict[str, Launched]:
-    """Several scenarios at once from one fork server: jobs of (key, scenario, argv, folder);
-    each scenario's two ranks meet on their own port. Launched per key."""
+def launch_forked(jobs: list[tuple], wall: float, at_once: int = 4) -> dict[str, Launched]:
+    """Several scenarios from one fork server, `at_once` at a time: jobs of (key, scenario,
+    argv, folder); each scenario's two ranks meet on their own port; `wall` is per scenario.
+    Launched per key."""
     import socket
 
     spec = []
@@ -204,8 +214,9 @@ def launch_forked(jobs: list[tuple], wall: float) -> dict[str, Launched]:
             spec.append(dict(key=key, rank=r, env=env, argv=argv, log=log,
                              survivor=r != scenario.faulty))  # fmt: skip
     env = _env(jobs[0][1]) if jobs else dict(os.environ)
-    proc = subprocess.run([sys.executable, "-c", FORK_SERVER, json.dumps(spec), str(wall)],
-                          env=env, capture_output=True, text=True, timeout=wall + 60)  # fmt: skip
+    cmd = [sys.executable, "-c", FORK_SERVER, json.dumps(spec), str(wall), str(at_once)]
+    limit = wall * len(jobs) + 60
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=limit)
     if proc.returncode != 0:
         raise RuntimeError(f"fork server failed ({proc.returncode}): {proc.stderr[-2000:]}")
     out: dict[str, Launched] = {key: Launched() for key, *_ in jobs}

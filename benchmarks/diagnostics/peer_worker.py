@@ -142,6 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch.distributed as dist
 
     cuda = args.device == "cuda"
+    t0 = time.time()
     dist.init_process_group("nccl" if cuda else "gloo")
     rank = dist.get_rank()
     device = torch.device("cpu")
@@ -149,6 +150,7 @@ def main(argv: list[str] | None = None) -> None:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
         torch.cuda.set_device(device)
     events = Events(args.events, rank)
+    events.say("started", t0=t0)
     atexit.register(lambda: events.say("atexit"))  # first registered: runs last
     import tokenring_xdit as tr
     from tokenring_xdit.ring.comm import TokenRingCommError
