@@ -60,17 +60,20 @@ class Scenario:
     max_restarts: int = 0
     wall: float = 120.0
     faulty: int = 1
+    then: str = "exit"  # or "continue": the survivor first works on a group of its own
 
     @property
     def name(self) -> str:
-        return f"{self.path}-{self.fault}-{self.launcher}-{self.device}"
+        extra = "-continue" if self.then == "continue" else ""
+        extra += f"-restarts{self.max_restarts}" if self.max_restarts else ""
+        return f"{self.path}-{self.fault}-{self.launcher}-{self.device}{extra}"
 
     def argv(self, events: Path) -> list[str]:
         argv = ["--path", self.path, "--fault", self.fault, "--fault-at", str(self.fault_at),
                 "--faulty", str(self.faulty), "--calls", str(self.calls), "--tokens",
                 str(self.tokens), "--heads", str(self.heads), "--deadline", str(self.deadline),
                 "--compile-backend", self.compile_backend, "--events", str(events),
-                "--device", self.device]  # fmt: skip
+                "--device", self.device, "--then", self.then]  # fmt: skip
         if self.warmup_deadline is not None:
             argv += ["--warmup-deadline", str(self.warmup_deadline)]
         return argv
@@ -92,7 +95,9 @@ GPU_MATRIX = (
     ),  # fmt: skip
     *(_g("ipc", f, wall=90.0) for f in ("die", "hang")),
     *(_g("packed", f, wall=90.0) for f in ("die", "hang")),
+    *(_g(p, "die", then="continue", wall=90.0) for p in ("infer_graphed", "train")),
     *(_g("train", f, "torchrun", wall=90.0) for f in ("die", "hang", "raise_exit")),
+    _g("train", "die", "torchrun", max_restarts=1, wall=120.0),
     *(_g("infer_graphed", f, "torchrun", wall=90.0) for f in ("die", "hang")),
 )
 # The CPU (gloo) matrix of tests/distributed/test_peer_death.py: tiny, deadline 3 s, aot_eager
@@ -102,6 +107,7 @@ CPU = dict(device="cpu", tokens=64, heads=4, calls=60, fault_at=4, deadline=3.0,
 CPU_MATRIX = (  # longest first (compiling takes ~20 s on 2 busy cores)
     *(_g("compiled", f, "fork", **CPU) for f in ("die_mid", "hang")),
     *(_g("train", f, "fork", **CPU) for f in FAULTS),
+    _g("train", "die_mid", "fork", then="continue", **CPU),
     *(
         _g(p, f, "fork", **CPU)
         for p, f in (
@@ -121,7 +127,7 @@ def outcome(scenario: Scenario, folder: Path, done: peer_launch.Launched, wall_s
     events = _events(folder)
     fault = next((e for e in events if e["event"] == "fault"), None)
     fault_t = fault["t"] if fault else None
-    text = "\n".join(done.output.values())
+    text = done.output.get(-1) or "\n".join(done.output.values())
     torchrun = scenario.launcher == "torchrun"
     survivors = []
     for rank in sorted({0, 1} - {scenario.faulty}):
@@ -140,6 +146,8 @@ def outcome(scenario: Scenario, folder: Path, done: peer_launch.Launched, wall_s
             exit_code=code,
             stopped_by_launcher=torchrun and exiting is None and first is None,
             exit_after_error_s=_exit_after(mine, first),
+            gone_after_error_s=None if first is None or rank not in done.ended
+            else round(done.ended[rank] - first["t"], 3),  # fmt: skip
             reached_atexit=any(e["event"] == "atexit" for e in mine),
             killed_by_harness=rank in done.killed,
             sigabrt=code == -6 or "terminate called" in own or "SIGABRT" in own,
@@ -147,6 +155,8 @@ def outcome(scenario: Scenario, folder: Path, done: peer_launch.Launched, wall_s
             names_rank=bool(re.search(rf"global rank {scenario.faulty}\b", message)),
             names_step=bool(re.search(r"\bstep \d+", message)),
             finished=any(e["event"] == "finished" for e in mine),
+            continued=next(({k: e.get(k) for k in ("ok", "error")} for e in mine
+                            if e["event"] == "continued"), None),  # fmt: skip
         ))  # fmt: skip
     s0 = survivors[0]
     result = (
@@ -214,7 +224,7 @@ def run(scenario: Scenario) -> dict:
         start = time.time()
         launch = peer_launch.launch_torchrun if scenario.launcher == "torchrun" else (
             peer_launch.launch_plain)  # fmt: skip
-        done = launch(scenario, scenario.argv(folder))
+        done = launch(scenario, scenario.argv(folder), folder)
         return outcome(scenario, folder, done, time.time() - start)
 
 
@@ -286,6 +296,8 @@ def problems(result: dict) -> list[str]:
             found.append(who + f"exit code {s['exit_code']}, not {EXIT_NAMED}")
         if s["killed_by_harness"]:
             found.append(who + "still running at the wall: killed")
+        if result["then"] == "continue" and not (s["continued"] or {}).get("ok"):
+            found.append(who + f"could not keep working on its own group: {s['continued']}")
     if torchrun:
         tr = result["torchrun"]
         blamed = result["faulty"] if peer_exits else 0

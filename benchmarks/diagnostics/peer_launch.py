@@ -43,6 +43,7 @@ class Launched:
     output: dict[int, str] = field(default_factory=dict)  # rank -> stdout+stderr (-1: launcher)
     launcher_rc: int | None = None  # torchrun's own exit code
     launcher_exit_s: float | None = None  # when torchrun exited, time.time()
+    ended: dict[int, float] = field(default_factory=dict)  # rank -> when seen gone, time.time()
 
 
 def _env(scenario, base: dict | None = None) -> dict[str, str]:
@@ -60,7 +61,7 @@ def _drain(proc: subprocess.Popen, sink: list[str]) -> threading.Thread:
     return t
 
 
-def launch_plain(scenario, argv: list[str]) -> Launched:
+def launch_plain(scenario, argv: list[str], folder: Path) -> Launched:
     program = f"from benchmarks.diagnostics.peer_worker import main\nmain({argv!r})\n"
     env = _env(scenario)
     env = {k: v for k, v in env.items() if k not in os.environ or os.environ[k] != v}
@@ -68,7 +69,8 @@ def launch_plain(scenario, argv: list[str]) -> Launched:
     sinks: list[list[str]] = [[] for _ in procs]
     readers = [_drain(p, s) for p, s in zip(procs, sinks, strict=True)]
     done = Launched()
-    killed = _supervise(dict(enumerate(procs)), {0, 1} - {scenario.faulty}, scenario.wall)
+    killed = _supervise(dict(enumerate(procs)), {0, 1} - {scenario.faulty}, scenario.wall,
+                        ended=done.ended)  # fmt: skip
     for r, (p, reader) in enumerate(zip(procs, readers, strict=True)):
         reader.join(5)
         done.exit_codes[r] = p.returncode
@@ -78,9 +80,12 @@ def launch_plain(scenario, argv: list[str]) -> Launched:
     return done
 
 
-def launch_torchrun(scenario, argv: list[str]) -> Launched:
+def launch_torchrun(scenario, argv: list[str], folder: Path) -> Launched:
+    """torchrun's own output (its report) and, per rank, the worker's (`--tee`: also on the
+    console; files under `folder/torchrun/`)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           f"--max-restarts={scenario.max_restarts}", str(WORKER), *argv]  # fmt: skip
+           f"--max-restarts={scenario.max_restarts}", "--tee=3",
+           f"--log-dir={folder / 'torchrun'}", str(WORKER), *argv]  # fmt: skip
     out = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     proc = subprocess.Popen(cmd, env=_env(scenario), start_new_session=True, **out)
     sink: list[str] = []
@@ -93,6 +98,9 @@ def launch_torchrun(scenario, argv: list[str]) -> Launched:
     done.killed = [0, 1] if killed else []
     for rank, code in torchrun_failures(text).items():
         done.exit_codes[rank] = code
+    for r in range(2):
+        logs = sorted((folder / "torchrun").glob(f"**/attempt_*/{r}/*.log"))
+        done.output[r] = "".join(f.read_text(errors="replace") for f in logs)
     return done
 
 
@@ -110,11 +118,16 @@ def torchrun_root_cause(text: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _supervise(procs: dict, survivors: set, wall: float, group: bool = False) -> list:
+def _supervise(
+    procs: dict, survivors: set, wall: float, group: bool = False, ended: dict | None = None
+) -> list:
     """Wait until all exit; kill the rest 1 s after the survivors exited, everything at `wall`.
-    Returns the keys killed."""
-    start, since, killed = time.monotonic(), None, []
+    Returns the keys killed; `ended` gets each key's time.time() when it was seen gone."""
+    start, since, killed, ended = time.monotonic(), None, [], {} if ended is None else ended
     while any(p.poll() is None for p in procs.values()):
+        for key, p in procs.items():
+            if key not in ended and p.returncode is not None:
+                ended[key] = time.time()
         now = time.monotonic()
         if since is None and all(procs[s].poll() is not None for s in survivors):
             since = now
@@ -128,6 +141,8 @@ def _supervise(procs: dict, survivors: set, wall: float, group: bool = False) ->
                 p.wait()
             break
         time.sleep(0.05)
+    for key in procs:
+        ended.setdefault(key, time.time())
     return killed
 
 
@@ -148,12 +163,13 @@ def _kill(proc: subprocess.Popen, group: bool) -> None:
 
 
 FORK_SERVER = r"""
-import json, os, signal, sys, time
-import torch, torch.distributed, tokenring_xdit  # once; every rank below is a fork of this
+import gc, json, os, signal, sys, time
+import torch, torch.distributed, torch._dynamo, tokenring_xdit  # once; each rank is a fork
 from benchmarks.diagnostics.peer_worker import main
+gc.freeze()  # the children's collections then leave the shared pages alone (copy-on-write)
 jobs, wall, at_once = json.loads(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
 keys = list(dict.fromkeys(j["key"] for j in jobs))
-pids, status, killed, since, started = {}, {}, [], {}, {}
+pids, status, killed, since, started, ended = {}, {}, [], {}, {}, {}
 
 def start(key):
     started[key] = time.monotonic()
@@ -176,7 +192,7 @@ while keys or len(status) < len(pids):
         start(keys.pop(0))
     pid, st = os.waitpid(-1, os.WNOHANG)
     if pid:
-        status[pid] = st
+        status[pid], ended[pid] = st, time.time()
         continue
     now = time.monotonic()
     for pid, job in pids.items():
@@ -191,7 +207,7 @@ while keys or len(status) < len(pids):
             os.kill(pid, signal.SIGKILL)
     time.sleep(0.05)
 print(json.dumps([dict(key=j["key"], rank=j["rank"], code=os.waitstatus_to_exitcode(status[p]),
-                       core=os.WCOREDUMP(status[p]), killed=p in killed)
+                       core=os.WCOREDUMP(status[p]), killed=p in killed, ended=ended[p])
                   for p, j in pids.items()]))
 """.replace("AFTER", str(AFTER_SURVIVORS_S))
 
@@ -224,6 +240,7 @@ def launch_forked(jobs: list[tuple], wall: float, at_once: int = 4) -> dict[str,
     for row in json.loads(proc.stdout.strip().splitlines()[-1]):
         done, r = out[row["key"]], row["rank"]
         done.exit_codes[r], done.cores[r] = row["code"], row["core"]
+        done.ended[r] = row["ended"]
         if row["killed"]:
             done.killed.append(r)
         log = folders[row["key"]] / f"rank{r}.log"

@@ -50,6 +50,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
                         "CPUs; the ring's communicators are made with it)")  # fmt: skip
     p.add_argument("--compile-backend", default="inductor")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--then", choices=("exit", "continue"), default="exit",
+                   help="the survivor after its error: exit 3, or first work on a group of "
+                        "its own (a ring of one and an all_reduce), then exit 3")  # fmt: skip
     p.add_argument("--events", type=Path, required=True, help="folder of the event files")
     return p.parse_args(argv)
 
@@ -183,6 +186,8 @@ def main(argv: list[str] | None = None) -> None:
         events.say("error", type=type(exc).__name__, message=str(exc)[:1500], call=i,
                    thread=threading.current_thread().name)  # fmt: skip
         code = EXIT_NAMED
+        if args.then == "continue":
+            _continue(events, torch, dist, tr, device, (q, k, v))
     except Exception as exc:
         events.say("error", type=type(exc).__name__, message=str(exc)[:1500], call=i,
                    thread=threading.current_thread().name)  # fmt: skip
@@ -192,6 +197,22 @@ def main(argv: list[str] | None = None) -> None:
         raise
     events.say("exiting", code=code)
     sys.exit(code)
+
+
+def _continue(events: Events, torch, dist, tr, device, qkv) -> None:
+    """After the error: work on a group without the faulty rank (a ring of one, a collective)."""
+    try:
+        solo = dist.new_group([dist.get_rank()], use_local_synchronization=True)
+        with torch.no_grad():
+            q, k, v = (x.detach() for x in qkv)
+            out = tr.token_ring_attn(q, k, v, group=solo)[0]
+            total = out.float().sum().reshape(1)
+            dist.all_reduce(total, group=solo)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        events.say("continued", ok=bool(torch.isfinite(total).all()))
+    except Exception as exc:  # what the survivor cannot do any more: recorded, not raised
+        events.say("continued", ok=False, error=f"{type(exc).__name__}: {str(exc)[:300]}")
 
 
 def _fault_after(events: Events, fault: str, call: int) -> None:

@@ -6,7 +6,7 @@ a peer that hangs is stopped after the survivor raised and exited 3.
 
 The scenarios are peer_death.py's CPU_MATRIX (paths x faults x launchers, real gloo ranks, tiny
 sizes), run once for the module: the plain-process ones forked from one server that imported
-torch once (the same worker program, `python -c` costs ~2 s of CPU per rank), six at a time,
+torch once (the same worker program, `python -c` costs ~2 s of CPU per rank), eight at a time,
 next to the torchrun ones and one `python -c` pair. Each test asserts one scenario's verdict
 (`peer_death.problems`: the rules above).
 """
@@ -24,7 +24,7 @@ from benchmarks.diagnostics.peer_death import CPU_MATRIX, run_many  # noqa: E402
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, dict]:
-    return {r["name"]: r for r in run_many(list(CPU_MATRIX), jobs=4, forks=6)}
+    return {r["name"]: r for r in run_many(list(CPU_MATRIX), jobs=4, forks=8)}
 
 
 @pytest.mark.timeout(400)
