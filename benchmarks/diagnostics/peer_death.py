@@ -311,6 +311,50 @@ def problems(result: dict) -> list[str]:
     return found
 
 
+KINDS = (  # what part of TokenRing raised, from the message
+    ("input check", r"input check"),
+    ("transfer at step {}", r"transfer at step (\d+)"),
+    ("watchdog (deadline)", r"did not finish within"),
+    ("ring unusable", r"unusable after an earlier failure"),
+    ("communicator setup", r"could not create the communicators"),
+)
+
+
+def _kind(message: str) -> str:
+    for label, pattern in KINDS:
+        m = re.search(pattern, message)
+        if m:
+            return label.format(*m.groups())
+    return message[:60]
+
+
+def table(results: list[dict]) -> str:
+    """Markdown rows of a matrix's results (docs/troubleshooting.md's peer-death tables)."""
+    rows = ["| path | fault | launcher | survivor's first error (s after the fault) | names "
+            "rank / step | survivor's exit | torchrun: rc, blamed rank | verdict |",
+            "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in results:
+        if r.get("not_run"):
+            rows.append(f"| {r['name']} | | | not run (budget) | | | | |")
+            continue
+        s = r["survivors"][0]
+        err = s["first_error"]
+        first = f"`{err['type']}`, {_kind(err['message'])} ({s['delay_s']:.2f} s)" if err else (
+            "none")  # fmt: skip
+        exit_ = "stopped by the agent" if s["stopped_by_launcher"] else f"{s['exit_code']}"
+        exit_ = "SIGABRT" if s["sigabrt"] else exit_
+        if s["killed_by_harness"]:
+            exit_ += " (killed at the wall)"
+        tr = r.get("torchrun")
+        trun = f"{tr['rc']}, rank {tr['root_cause_rank']}" if tr else ""
+        then = " (then works on)" if r["then"] == "continue" else ""
+        verdict = "ok" if not r["problems"] else "; ".join(p[:80] for p in r["problems"])
+        rows.append(f"| {r['path']}{then} | {r['fault']} | {r['launcher']} | {first} | "
+                    f"{'yes' if s['names_rank'] else 'no'} / {'yes' if s['names_step'] else 'no'}"
+                    f" | {exit_} | {trun} | {verdict} |")  # fmt: skip
+    return "\n".join(rows)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--path", choices=PATHS, default="train")
@@ -328,7 +372,11 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=1, help="matrix: scenarios at a time")
     p.add_argument("--budget", type=float, help="matrix: start no scenario after this (s)")
     p.add_argument("--out", type=Path)
+    p.add_argument("--table", type=Path, help="print a matrix JSON as markdown rows, and stop")
     args = p.parse_args()
+    if args.table:
+        print(table(json.loads(args.table.read_text())["scenarios"]))
+        return
     start = time.time()
     if args.matrix:
         scenarios = list(GPU_MATRIX if args.matrix == "gpu" else CPU_MATRIX)
