@@ -17,7 +17,7 @@ rank its report blames. One scenario:
 A list of scenarios (`--matrix gpu` or `cpu`: GPU_MATRIX / CPU_MATRIX below), `--jobs` at a
 time, within `--budget` seconds (scenarios not started by then are listed as not run):
 
-    python benchmarks/diagnostics/peer_death.py --matrix gpu --jobs 5 --budget 240 --out m.json
+    python benchmarks/diagnostics/peer_death.py --matrix gpu --jobs 6 --budget 240 --out m.json
 
 tests/gpu/test_gpu_peer_death.py and tests/distributed/test_peer_death.py assert on results.
 """
@@ -61,11 +61,13 @@ class Scenario:
     wall: float = 120.0
     faulty: int = 1
     then: str = "exit"  # or "continue": the survivor first works on a group of its own
+    deadline_from: str = "env"  # or "group": init_process_group(timeout=deadline), no variable
 
     @property
     def name(self) -> str:
         extra = "-continue" if self.then == "continue" else ""
         extra += f"-restarts{self.max_restarts}" if self.max_restarts else ""
+        extra += "-grouptimeout" if self.deadline_from == "group" else ""
         return f"{self.path}-{self.fault}-{self.launcher}-{self.device}{extra}"
 
     def argv(self, events: Path) -> list[str]:
@@ -73,7 +75,8 @@ class Scenario:
                 "--faulty", str(self.faulty), "--calls", str(self.calls), "--tokens",
                 str(self.tokens), "--heads", str(self.heads), "--deadline", str(self.deadline),
                 "--compile-backend", self.compile_backend, "--events", str(events),
-                "--device", self.device, "--then", self.then]  # fmt: skip
+                "--device", self.device, "--then", self.then,
+                "--deadline-from", self.deadline_from]  # fmt: skip
         if self.warmup_deadline is not None:
             argv += ["--warmup-deadline", str(self.warmup_deadline)]
         return argv
@@ -86,7 +89,7 @@ def _g(path: str, fault: str, launcher: str = "plain", **kw) -> Scenario:
 # Every GPU scenario (2 GPUs, NCCL; bf16, 16k tokens, 32 heads, deadline 8 s), the longest
 # first. Each takes ~35 s (start, 30 warm-up calls, deadline, exit); one whose survivor gets no
 # error ends at torch's own NCCL timeout (SIGABRT, ~30 s after the fault) or is killed at its
-# wall. About 6 min at --jobs 5.
+# wall. About 6 min at --jobs 6.
 GPU = dict(wall=75.0)
 GPU_MATRIX = (
     *(_g("compiled", f, fault_at=10, wall=150.0) for f in ("die", "hang")),
@@ -100,6 +103,10 @@ GPU_MATRIX = (
     *(_g("ipc", f, **GPU) for f in ("die", "hang")),
     *(_g("packed", f, **GPU) for f in ("die", "hang")),
     *(_g(p, "die", then="continue", **GPU) for p in ("infer_graphed", "train")),
+    *(
+        _g(p, f, deadline_from="group", **GPU)
+        for p, f in (("infer_graphed", "hang"), ("train", "die"))
+    ),  # fmt: skip
     *(_g("train", f, "torchrun", **GPU) for f in ("die", "hang", "raise_exit")),
     *(_g("infer_graphed", f, "torchrun", **GPU) for f in ("die", "hang")),
 )
@@ -112,6 +119,7 @@ CPU_MATRIX = (  # longest first (compiling)
     *(_g("compiled", f, "fork", **CPU) for f in ("die_mid", "hang")),
     *(_g("train", f, "fork", **CPU) for f in FAULTS),
     _g("train", "die_mid", "fork", then="continue", **CPU),
+    _g("train", "hang", "fork", deadline_from="group", **CPU),
     *(
         _g(p, f, "fork", **CPU)
         for p, f in (
@@ -348,6 +356,7 @@ def table(results: list[dict]) -> str:
         tr = r.get("torchrun")
         trun = f"{tr['rc']}, rank {tr['root_cause_rank']}" if tr else ""
         then = " (then works on)" if r["then"] == "continue" else ""
+        then += " (group timeout, no variable)" if r.get("deadline_from") == "group" else ""
         verdict = "ok" if not r["problems"] else "; ".join(p[:80] for p in r["problems"])
         rows.append(f"| {r['path']}{then} | {r['fault']} | {r['launcher']} | {first} | "
                     f"{'yes' if s['names_rank'] else 'no'} / {'yes' if s['names_step'] else 'no'}"

@@ -26,6 +26,7 @@ import os
 import sys
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 
 PATHS = ("train", "infer_graphed", "infer_eager", "compiled", "ipc", "packed")
@@ -45,6 +46,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--deadline", type=float, default=8.0, help="TOKENRING_XDIT_TIMEOUT")
+    p.add_argument("--deadline-from", choices=("env", "group"), default="env",
+                   help="group: leave TOKENRING_XDIT_TIMEOUT unset and give the deadline to "
+                        "init_process_group(timeout=...) instead")  # fmt: skip
     p.add_argument("--warmup-deadline", type=float, default=None,
                    help="deadline of the calls before --fault-at (slow first calls on busy "
                         "CPUs; the ring's communicators are made with it)")  # fmt: skip
@@ -137,7 +141,10 @@ def _step_fn(args, torch, tr):
 
 def main(argv: list[str] | None = None) -> None:
     args = _args(argv)
-    os.environ["TOKENRING_XDIT_TIMEOUT"] = str(args.warmup_deadline or args.deadline)
+    from_env = args.deadline_from == "env"
+    os.environ.pop("TOKENRING_XDIT_TIMEOUT", None)
+    if from_env:
+        os.environ["TOKENRING_XDIT_TIMEOUT"] = str(args.warmup_deadline or args.deadline)
     os.environ["TOKENRING_XDIT_CUDA_GRAPHS"] = "0" if args.path == "infer_eager" else "1"
     if args.path == "ipc":
         os.environ["TOKENRING_XDIT_TRANSPORT"] = "ipc"
@@ -146,7 +153,8 @@ def main(argv: list[str] | None = None) -> None:
 
     cuda = args.device == "cuda"
     t0 = time.time()
-    dist.init_process_group("nccl" if cuda else "gloo")
+    timeout = None if from_env else timedelta(seconds=args.deadline)
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timeout)
     rank = dist.get_rank()
     device = torch.device("cpu")
     if cuda:
@@ -173,7 +181,8 @@ def main(argv: list[str] | None = None) -> None:
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 dist.barrier()
-                os.environ["TOKENRING_XDIT_TIMEOUT"] = str(args.deadline)
+                if from_env:
+                    os.environ["TOKENRING_XDIT_TIMEOUT"] = str(args.deadline)
                 events.say("ready", call=i)
             state.update(armed=faulty and i == args.fault_at, call=i)
             out = step(q, k, v)

@@ -2,7 +2,7 @@
 TokenRingCommError in the thread that called, within the deadline (8 s) + 6 s, naming the faulty
 rank and the step, and exits with the program's code (3), no SIGABRT; under torchrun the agent's
 report names the right rank (issue 44). One test per scenario of peer_death.py's GPU_MATRIX
-(path x fault x launcher; the rules: `peer_death.problems`), all run once for the module, five
+(path x fault x launcher; the rules: `peer_death.problems`), all run once for the module, six
 at a time (about 6 minutes). Without 2 GPUs every case is skipped (a skip is not a pass).
 
 XFAIL lists the scenarios expected to fail today, strict: a fixed one then fails as XPASS and
@@ -56,6 +56,8 @@ XFAIL: dict[str, str] = {
     "packed-hang-plain-cuda": EAGER,
     "infer_graphed-die-plain-cuda-continue": WATCHDOG,
     "train-die-plain-cuda-continue": EAGER,
+    "infer_graphed-hang-plain-cuda-grouptimeout": WATCHDOG,
+    "train-die-plain-cuda-grouptimeout": EAGER,
     "train-hang-torchrun-cuda": EAGER,
     "infer_graphed-hang-torchrun-cuda": WATCHDOG,
 }
@@ -63,7 +65,7 @@ XFAIL: dict[str, str] = {
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, dict]:
-    return {r["name"]: r for r in run_many(list(GPU_MATRIX), jobs=5)}
+    return {r["name"]: r for r in run_many(list(GPU_MATRIX), jobs=6)}
 
 
 def _case(name: str):
