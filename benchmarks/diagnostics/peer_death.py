@@ -367,6 +367,9 @@ def table(results: list[dict]) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--path", choices=PATHS, default="train")
+    p.add_argument("--mode", choices=("train", "infer"), help="old name: infer is --path "
+                   "infer_graphed, or infer_eager with --graphs 0")  # fmt: skip
+    p.add_argument("--graphs", type=int, default=1, help="old: with --mode infer")
     p.add_argument("--fault", choices=FAULTS, default="die")
     p.add_argument("--launcher", choices=LAUNCHERS, default="plain")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -392,6 +395,9 @@ def main() -> None:
         result: dict = dict(matrix=args.matrix, jobs=args.jobs, budget_s=args.budget,
                             scenarios=run_many(scenarios, args.jobs, args.budget))  # fmt: skip
     else:
+        if args.mode:
+            graphed = "infer_graphed" if args.graphs else "infer_eager"
+            args.path = "train" if args.mode == "train" else graphed
         result = run(Scenario(
             args.path, args.fault, args.launcher, args.device, args.tokens, calls=args.calls,
             fault_at=args.fault_at, deadline=args.deadline, max_restarts=args.max_restarts,
