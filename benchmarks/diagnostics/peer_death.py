@@ -62,6 +62,7 @@ class Scenario:
     faulty: int = 1
     then: str = "exit"  # or "continue": the survivor first works on a group of its own
     deadline_from: str = "env"  # or "group": init_process_group(timeout=deadline), no variable
+    env: tuple[tuple[str, str], ...] = ()  # more environment for the ranks (e.g. NCCL settings)
 
     @property
     def name(self) -> str:
@@ -381,6 +382,8 @@ def main() -> None:
     p.add_argument("--deadline", "--timeout", dest="deadline", type=float, default=8.0,
                    help="TOKENRING_XDIT_TIMEOUT")  # fmt: skip
     p.add_argument("--max-restarts", type=int, default=0, help="torchrun's")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="more environment for the ranks (repeat)")  # fmt: skip
     p.add_argument("--wall", type=float, default=120.0, help="kill everything after this")
     p.add_argument("--matrix", choices=("gpu", "cpu"), help="run that list instead")
     p.add_argument("--jobs", type=int, default=1, help="matrix: scenarios at a time")
@@ -403,7 +406,7 @@ def main() -> None:
         result = run(Scenario(
             args.path, args.fault, args.launcher, args.device, args.tokens, calls=args.calls,
             fault_at=args.fault_at, deadline=args.deadline, max_restarts=args.max_restarts,
-            wall=args.wall,
+            wall=args.wall, env=tuple(tuple(e.split("=", 1)) for e in args.env),
         ))  # fmt: skip
     result |= dict(machine=platform.node(), total_wall_s=round(time.time() - start, 1),
                    command=" ".join(sys.argv))  # fmt: skip

@@ -50,6 +50,7 @@ def _env(scenario, base: dict | None = None) -> dict[str, str]:
     env = dict(base or os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env["OMP_NUM_THREADS"] = "1"
+    env.update(dict(scenario.env))
     if scenario.device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
     return env
@@ -225,7 +226,7 @@ def launch_forked(jobs: list[tuple], wall: float, at_once: int = 4) -> dict[str,
             port = s.getsockname()[1]
         for r in range(2):
             env = dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2",
-                       RANK=str(r), LOCAL_RANK=str(r))  # fmt: skip
+                       RANK=str(r), LOCAL_RANK=str(r), **dict(scenario.env))  # fmt: skip
             log = str(Path(folder) / f"rank{r}.log")
             spec.append(dict(key=key, rank=r, env=env, argv=argv, log=log,
                              survivor=r != scenario.faulty))  # fmt: skip
