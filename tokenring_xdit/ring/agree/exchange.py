@@ -51,9 +51,11 @@ def exchange(comms: RingComms, rank: int, header: Header) -> list[Header]:
         work = dist.all_gather(everyone, mine, group=comms.check, async_op=True)
         work.wait(comms.deadline)
     except RuntimeError as exc:
+        others = [g for r, g in enumerate(comms.ranks) if r != rank]
+        who = f"global rank {others[0]}" if len(others) == 1 else f"one of global ranks {others}"
         message = (
-            f"TokenRing input check failed on {describe_peer(comms, rank)}: a rank of the ring "
-            f"(global ranks {list(comms.ranks)}) did not take part within "
+            f"TokenRing input check (before step 0) failed on {describe_peer(comms, rank)}: "
+            f"{who} of the ring (global ranks {list(comms.ranks)}) did not take part within "
             f"{comms.deadline.total_seconds():.0f} s "
             f"({str(exc).strip().splitlines()[0][:200]}); likely causes: that rank raised or "
             "exited before this call (see its log), called TokenRing fewer times, passed a "

@@ -1,0 +1,164 @@
+"""Soak: many TokenRing calls over cycling lengths, inference (CUDA graphs on) and training mixed;
+does memory stay flat? (issue 44, item 3)
+
+One cycle = for each of the 5 lengths, `--infer` inference calls (replays of that length's graph
+after the first) then `--train` training calls (forward + backward: one call each), so with the
+defaults 5 x (80 + 20) = 500 calls per cycle and 20 cycles = 10^4 calls. Every `--sample-every`
+calls (default: one cycle) each rank records torch.cuda.memory_allocated, memory_reserved and
+its host RSS; rank 0 writes every rank's samples as JSON.
+
+Verdict, per rank and per measure (GPU allocated, GPU reserved, host RSS): "flat" when the last
+sample is less than 1 % above the sample at the end of the first cycle (every length, both modes
+and every graph have been made by then); "grew" otherwise. The JSON's verdict is "flat" only if
+every rank's every measure is.
+
+    torchrun --nproc_per_node=2 benchmarks/diagnostics/soak.py --out soak.json
+    torchrun --nproc_per_node=2 benchmarks/diagnostics/soak.py --device cpu --calls 50 \
+        --sample-every 10 --infer 4 --train 1 --lengths 16,24,32,40,48 --heads 2 --out s.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+GROWTH_LIMIT = 0.01  # "flat": the last sample < 1 % above the first cycle's end
+MEASURES = ("gpu_allocated", "gpu_reserved", "host_rss")
+
+
+def _args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--calls", type=int, default=10_000)
+    p.add_argument("--lengths", default="4096,6144,8192,12288,16384", help="whole sequences")
+    p.add_argument("--infer", type=int, default=80, help="inference calls per length per cycle")
+    p.add_argument("--train", type=int, default=20, help="training calls per length per cycle")
+    p.add_argument("--sample-every", type=int, default=None, help="default: one cycle")
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--out", type=Path)
+    return p.parse_args()
+
+
+def host_rss() -> int:
+    """This process's resident set size in bytes (Linux)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def sample(calls: int, cuda: bool, start: float) -> dict:
+    return dict(
+        calls=calls,
+        seconds=round(time.monotonic() - start, 2),
+        gpu_allocated=torch.cuda.memory_allocated() if cuda else 0,
+        gpu_reserved=torch.cuda.memory_reserved() if cuda else 0,
+        host_rss=host_rss(),
+    )
+
+
+def verdict(samples: list[dict], first_cycle_calls: int) -> dict:
+    """Growth of each measure from the first sample at or after the first cycle to the last
+    sample; "flat" when each is < GROWTH_LIMIT (a measure that is 0 throughout is flat)."""
+    steady = [s for s in samples if s["calls"] >= first_cycle_calls]
+    if len(steady) < 2:
+        return {"verdict": "too short", "growth": {}}
+    base, last = steady[0], steady[-1]
+    growth = {m: (last[m] - base[m]) / base[m] if base[m] else 0.0 for m in MEASURES}
+    peak = {m: max(s[m] for s in steady) for m in MEASURES}
+    flat = all(g < GROWTH_LIMIT for g in growth.values())
+    return {"verdict": "flat" if flat else "grew", "growth": growth, "base": base, "peak": peak}
+
+
+def main() -> None:
+    args = _args()
+    cuda = args.device == "cuda"
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank = dist.get_rank()
+    device = torch.device("cpu")
+    if cuda:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+        torch.cuda.set_device(device)
+    os.environ.setdefault("TOKENRING_XDIT_CUDA_GRAPHS", "1")
+    import tokenring_xdit as tr
+
+    dtype = torch.bfloat16 if cuda else torch.float32
+    lengths = [int(x) for x in args.lengths.split(",")]
+    per_cycle = len(lengths) * (args.infer + args.train)
+    every = args.sample_every or per_cycle
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    kv_heads = max(args.heads // 4, 1)
+    inputs = {}
+    for n in lengths:  # made once: the loop itself must allocate nothing that stays
+        full = [torch.randn(1, n, h, args.head_dim, generator=gen) for h in (args.heads, kv_heads,
+                                                                            kv_heads)]  # fmt: skip
+        inputs[n] = [tr.shard(x.to(device, dtype), None, causal=True) for x in full]
+    train_inputs = {n: [x.clone().requires_grad_(True) for x in xs] for n, xs in inputs.items()}
+    schedule = [(n, train) for n in lengths for train in [False] * args.infer + [True] * args.train]
+    samples, start, calls, finite = [], time.monotonic(), 0, True
+    while calls < args.calls:
+        for n, train in schedule:
+            if train:
+                q, k, v = train_inputs[n]
+                out = tr.token_ring_attn_func(q, k, v, causal=True)
+                out.float().square().mean().backward()
+                q.grad = k.grad = v.grad = None
+            else:
+                with torch.no_grad():
+                    out = tr.token_ring_attn(*inputs[n], causal=True)[0]
+            calls += 1
+            if calls % every == 0:
+                finite = finite and bool(torch.isfinite(out).all())  # syncs: done before sampling
+                samples.append(sample(calls, cuda, start))
+            if calls >= args.calls:
+                break
+    if cuda:
+        torch.cuda.synchronize()
+    elapsed = time.monotonic() - start
+    everyone: list = [None] * dist.get_world_size()
+    from tokenring_xdit.ring.graphs import RING_GRAPHS
+
+    mine = dict(rank=rank, samples=samples, finite=finite, graph_stats=str(RING_GRAPHS.stats))
+    dist.all_gather_object(everyone, mine)
+    if rank == 0:
+        ranks = [dict(r, **verdict(r["samples"], per_cycle)) for r in everyone]
+        flat = all(r["verdict"] == "flat" for r in ranks)
+
+        result = dict(
+            verdict="flat" if flat else "grew",
+            rule=f"per rank and measure ({', '.join(MEASURES)}): last sample < "
+            f"{GROWTH_LIMIT:.0%} above the first sample at or after one cycle ({per_cycle} "
+            "calls)",
+            calls=calls,
+            cycles=calls / per_cycle,
+            calls_per_cycle=per_cycle,
+            lengths=lengths,
+            infer_per_length=args.infer,
+            train_per_length=args.train,
+            heads=args.heads,
+            head_dim=args.head_dim,
+            device=str(device),
+            dtype=str(dtype),
+            seconds=round(elapsed, 1),
+            calls_per_s=round(calls / elapsed, 1),
+            ranks=ranks,
+            machine=platform.node(),
+            gpu=torch.cuda.get_device_name() if cuda else None,
+            world_size=dist.get_world_size(),
+        )
+        text = json.dumps(result, indent=1, default=str)
+        print(text)
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(text + "\n")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
