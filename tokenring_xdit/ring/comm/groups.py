@@ -121,6 +121,8 @@ class RingComms:
     # flight; the deadline's watchdog takes them with the call and names the first step whose
     # transfers never completed
     marks: list = field(default_factory=list, repr=False)
+    # graph key -> the marks its capture recorded (graph nodes): a replay hands them to watch()
+    replay_marks: dict = field(default_factory=dict, repr=False)
 
     def fail(self, why: str) -> None:
         if self.failed is None:

@@ -103,10 +103,11 @@ class TorchLane:
                     work.wait(timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
             except RuntimeError as exc:
                 raise self._error(about, exc) from exc
-        if self._mark and pending and not torch.cuda.is_current_stream_capturing():
+        if self._mark and pending:
             # where the stream stands once this step's transfers are done: a step whose mark
-            # never completes is the one the deadline's error names (comm/watchdog.py)
-            event = torch.cuda.Event()
+            # never completes is the one the deadline's error names (comm/watchdog.py). In a
+            # capture the event is a node of the graph (external), re-recorded by each replay.
+            event = torch.cuda.Event(external=torch.cuda.is_current_stream_capturing())
             event.record()
             marks = self.comms.marks
             marks.append((event, (self.name,) + pending[-1][1]))
