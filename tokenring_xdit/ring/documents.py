@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .doc_layout import DOCUMENTS, LAYOUTS, ROW, check_total, local_pieces, piece_segments, tile
 from .schedules.blocks import ALL, FRONT, BlockStep
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "doc_plan",
     "documents_from_position_ids",
     "document_work",
+    "pick_layout",
 ]
 
 
@@ -126,7 +128,7 @@ class Segment:
 
 
 def _local_ranges(rank: int, q_lens: tuple[int, ...], zigzag: bool) -> list[tuple[int, int]]:
-    """Global token ranges of `rank`'s shard, in its local order."""
+    """Global token ranges of `rank`'s shard in the row's split, in its local order."""
     if zigzag:
         n, c = len(q_lens), q_lens[rank] // 2
         back = 2 * n - 1 - rank
@@ -135,12 +137,14 @@ def _local_ranges(rank: int, q_lens: tuple[int, ...], zigzag: bool) -> list[tupl
     return [(start, start + q_lens[rank])]
 
 
-def _part_ranges(ranges: list[tuple[int, int]], part: str) -> list[tuple[int, int]]:
+def _part_ranges(ranges: list, part: str) -> list:
+    """The ranges (or pieces) of `part` of a local shard: FRONT the first half, BACK the rest."""
     if part == ALL:
         return ranges
-    if len(ranges) != 2:
+    if len(ranges) % 2:
         raise ValueError(f"a {part!r} part needs a zigzag shard")
-    return [ranges[0] if part == FRONT else ranges[1]]
+    half = len(ranges) // 2
+    return ranges[:half] if part == FRONT else ranges[half:]
 
 
 def _runs(docs: Documents, ranges: list[tuple[int, int]]) -> dict[int, tuple[int, int]]:
@@ -162,7 +166,7 @@ def _runs(docs: Documents, ranges: list[tuple[int, int]]) -> dict[int, tuple[int
 
 
 def block_segments(docs: Documents, q_ranges, k_ranges, causal: bool) -> tuple[Segment, ...]:
-    """The segments of one block (empty: the block has no pair to attend)."""
+    """The segments of one block of the row's split (empty: no pair to attend)."""
     q_runs, k_runs = _runs(docs, q_ranges), _runs(docs, k_ranges)
     segs = []
     for doc, (q0, q1) in q_runs.items():
@@ -181,12 +185,14 @@ def block_segments(docs: Documents, q_ranges, k_ranges, causal: bool) -> tuple[S
 class DocPlan:
     """Per (rank, step) of a block schedule: the kernel's segments and which transfers run.
 
-    Pure and equal on every rank (built from the agreed documents, lengths and schedule)."""
+    Pure and equal on every rank (built from the agreed documents, lengths, schedule and
+    layout: the row's split or `doc_layout.DOCUMENTS`)."""
 
     docs: Documents
     size: int
     segments: tuple[tuple[tuple[Segment, ...], ...], ...]  # [rank][step]; () = skipped
     steps: tuple[tuple[BlockStep, ...], ...]  # [rank] the schedule's rows
+    split: str = ROW
 
     def block(self, rank: int, step: int) -> tuple[Segment, ...]:
         return self.segments[rank][step] if step < self.size else ()
@@ -217,11 +223,15 @@ class DocPlan:
 
 
 @functools.lru_cache(maxsize=64)
-def doc_plan(docs: Documents, schedule, q_lens: tuple[int, ...]) -> DocPlan:
-    """The DocPlan of `schedule` (a block schedule) over shards of `q_lens` tokens."""
+def doc_plan(docs: Documents, schedule, q_lens: tuple[int, ...], split: str = ROW) -> DocPlan:
+    """The DocPlan of `schedule` (a block schedule) over shards of `q_lens` tokens cut in
+    layout `split` (the row's split, or DOCUMENTS: every document cut in 2N pieces)."""
     n = len(q_lens)
-    zigzag = bool(schedule.causal) and n > 1
-    ranges = [_local_ranges(r, q_lens, zigzag) for r in range(n)]
+    if split == DOCUMENTS:
+        check_total(docs.total, n)
+        ranges = [local_pieces(docs.bounds, r, n) for r in range(n)]
+    else:
+        ranges = [_local_ranges(r, q_lens, bool(schedule.causal) and n > 1) for r in range(n)]
     steps = tuple(schedule.block_steps(r, n) for r in range(n))
     segments = []
     for r in range(n):
@@ -232,24 +242,21 @@ def doc_plan(docs: Documents, schedule, q_lens: tuple[int, ...]) -> DocPlan:
                 continue
             q_ranges = _part_ranges(ranges[st.q_owner], st.q_part)
             k_ranges = _part_ranges(ranges[r], st.kv_part)
-            row.append(block_segments(docs, q_ranges, k_ranges, st.causal))
+            if split == DOCUMENTS:
+                found = piece_segments(tile(q_ranges), tile(k_ranges), bool(schedule.causal))
+                row.append(tuple(Segment(*s) for s in found))
+            else:
+                row.append(block_segments(docs, q_ranges, k_ranges, st.causal))
         segments.append(tuple(row))
-    return DocPlan(docs, n, tuple(segments), steps)
+    return DocPlan(docs, n, tuple(segments), steps, split)
 
 
-def document_work(cu_seqlens, world_size: int, causal: bool = True) -> dict:
-    """Load-balance report of a packed sequence over a ring of `world_size` (TokenRing's zigzag
-    when causal, contiguous shards otherwise): per rank, the attended (query, key) pairs, kernel
-    calls and query transfers; and the spread (max / mean pairs) and the dense total it replaces.
-    """
-    from .schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
+# documents win `auto` only by more than this spread: the row's zigzag skips the blocks and the
+# transfers of documents that stay inside a chunk, which the documents layout never can
+AUTO_MARGIN = 0.02
 
-    docs = Documents.of(cu_seqlens)
-    n, total = world_size, docs.total
-    if total % (2 * n if causal else n):
-        raise ValueError(f"{total} tokens do not split evenly over {n} ranks; pad the sequence")
-    q_lens = (total // n,) * n
-    plan = doc_plan(docs, CAUSAL_ZIGZAG if causal else NON_CAUSAL_BLOCKS, q_lens)
+
+def _work(plan: DocPlan, n: int, causal: bool) -> dict:
     ranks = []
     for r in range(n):
         blocks = [plan.block(r, t) for t in range(n)]
@@ -264,15 +271,62 @@ def document_work(cu_seqlens, world_size: int, causal: bool = True) -> dict:
         )
     pairs = [x["pairs"] for x in ranks]
     mean = sum(pairs) / n
+    return {
+        "ranks": ranks,
+        "pairs_total": sum(pairs),
+        "spread": (max(pairs) / mean) if mean else 1.0,
+    }
+
+
+def document_work(cu_seqlens, world_size: int, causal: bool = True, layout: str = ROW) -> dict:
+    """Load-balance report of a packed sequence over a ring of `world_size` without running
+    anything. Top level: the layout `layout` ("zigzag": the row's split, TokenRing's zigzag when
+    causal and contiguous shards otherwise; "documents"; "auto": the one `auto` picks): per rank
+    the attended (query, key) pairs, kernel calls, segments, query transfers and returns, the
+    spread (max / mean pairs) and the dense total it replaces. "layouts" holds the report of
+    each layout (None where the documents layout cannot cut the row: T not a multiple of 2N),
+    "auto" the layout `shard(..., layout="auto")` picks."""
+    from .schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
+
+    docs = Documents.of(cu_seqlens)
+    n, total = world_size, docs.total
+    if total % (2 * n if causal else n):
+        raise ValueError(f"{total} tokens do not split evenly over {n} ranks; pad the sequence")
+    schedule = CAUSAL_ZIGZAG if causal else NON_CAUSAL_BLOCKS
+    q_lens = (total // n,) * n
+    layouts = {ROW: _work(doc_plan(docs, schedule, q_lens), n, causal), DOCUMENTS: None}
+    if total % (2 * n) == 0:
+        layouts[DOCUMENTS] = _work(doc_plan(docs, schedule, q_lens, DOCUMENTS), n, causal)
+    auto = _pick(layouts)
+    if layout not in (*LAYOUTS, "auto"):
+        raise ValueError(f"layout must be 'auto', 'zigzag' or 'documents', got {layout!r}")
+    chosen = layouts[auto if layout == "auto" else layout]
+    if chosen is None:
+        check_total(total, n)
     dense = total * (total + 1) // 2 if causal else total * total
     return {
         "documents": docs.count,
         "tokens": total,
-        "ranks": ranks,
-        "pairs_total": sum(pairs),
+        "layout": auto if layout == "auto" else layout,
+        **chosen,
         "dense_pairs": dense,
-        "spread": (max(pairs) / mean) if mean else 1.0,
+        "layouts": layouts,
+        "auto": auto,
     }
+
+
+def _pick(layouts: dict) -> str:
+    row, per_doc = layouts[ROW], layouts[DOCUMENTS]
+    if per_doc is not None and per_doc["spread"] < row["spread"] - AUTO_MARGIN:
+        return DOCUMENTS
+    return ROW
+
+
+def pick_layout(docs: Documents, world_size: int, causal: bool) -> str:
+    """The layout `auto` picks for `docs` over `world_size` ranks (every rank picks alike)."""
+    if world_size == 1:
+        return ROW
+    return document_work(docs.bounds, world_size, causal)["auto"]
 
 
 # --- documents from the local shards' position ids (agreed in ring/agree/) ----------------------
