@@ -125,8 +125,8 @@ def _errors(rank: int, n: int) -> dict:
         "undeclared": call(
             shard(full, causal=True), causal=True, cu_seqlens=[0, s - 1, s], doc_layout="documents"
         ),
-        "split_differs": call(
-            per_doc, cu_seqlens=cu, doc_layout="documents" if rank == 0 else "zigzag"
+        "split_differs": call(  # (no declaration for these documents)
+            per_doc, cu_seqlens=[0, 2, s], doc_layout="documents" if rank == 0 else "zigzag"
         ),
         "by_position_ids": call(per_doc, position_ids=torch.arange(4), doc_layout="documents"),
         # 3 tokens on every rank: 3N is no multiple of 2N
@@ -192,7 +192,7 @@ EXPECT = {
     "told_documents": "cut in the 'zigzag' layout",
     "told_zigzag": "cut in the 'documents' layout",
     "undeclared": "documents layout needs proof",
-    "split_differs": "packed documents' layout",
+    "split_differs": "layout (what shard() declared for them, or doc_layout=) differs across",
     "by_position_ids": "needs the documents as cu_seqlens",
     "odd_rows": "multiple of 2N",
     "shard_odd": "multiple of 2 x",
