@@ -108,7 +108,10 @@ def test_document_pairs_match_exact(name, kv_heads, layout):
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("name", ["flash_varlen", "torch_flash"])
-def test_thread_ring_with_documents_matches_exact(n, causal, name):
+@pytest.mark.parametrize("split", ["zigzag", "documents"])
+def test_thread_ring_with_documents_matches_exact(n, causal, name, split):
+    """Every rank's loops on one GPU; `split`: the row's zigzag or the documents layout (every
+    document in 2N pieces: a query piece meets two key pieces in one block, merged)."""
     from tests.thread_ring import run_ring
     from tokenring_xdit.ring.backward import block_backward
     from tokenring_xdit.ring.block_forward import BlockCall, block_forward
@@ -116,7 +119,7 @@ def test_thread_ring_with_documents_matches_exact(n, causal, name):
     from tokenring_xdit.ring.kernels import doc_pair, select_pair
     from tokenring_xdit.ring.layout import BSHD
     from tokenring_xdit.ring.schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
-    from tokenring_xdit.ring.sharding import zigzag_positions
+    from tokenring_xdit.ring.sharding import shard_positions, zigzag_positions
 
     rng = random.Random(n * 2 + causal)
     dev, dtype, d, h, total = torch.device("cuda"), torch.bfloat16, 128, 4, 2 * n * 192
@@ -133,9 +136,12 @@ def test_thread_ring_with_documents_matches_exact(n, causal, name):
     pair = doc_pair(name, *args, lambda nm: select_pair(nm, *args, False))
     schedule = CAUSAL_ZIGZAG if causal else NON_CAUSAL_BLOCKS
     q_lens = (total // n,) * n
-    call = BlockCall(schedule, pair, BSHD, d**-0.5, doc_plan(docs, schedule, q_lens))
+    call = BlockCall(schedule, pair, BSHD, d**-0.5, doc_plan(docs, schedule, q_lens, split))
 
     def positions(r):
+        if split == "documents":
+            cut = {"causal": causal, "cu_seqlens": docs.bounds, "layout": split, "device": dev}
+            return shard_positions(total, r, n, **cut)
         if causal and n > 1:
             return zigzag_positions(total, r, n, device=dev)
         return torch.arange(r * total // n, (r + 1) * total // n, device=dev)

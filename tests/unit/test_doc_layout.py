@@ -184,3 +184,45 @@ def test_runs_join_interleaved_segments():
     )  # fmt: skip
     runs = segment_runs(segs)
     assert sorted((g[0].q0, g[0].k0, len(g)) for g in runs) == [(0, 0, 4), (4, 0, 2)]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("causal", [True, False])
+def test_thread_ring_per_segment_kernel_matches_exact(n, causal):
+    """Every rank's real loops (threads of one process) in the documents layout with a dense
+    kernel called once per segment, whose second partial of a query piece is merged (the GPU
+    fallback's path; the CPU's own kernel is `masked`): fp64 out, dq, dk, dv equal exact ones."""
+    from tests.thread_ring import run_ring
+    from tokenring_xdit.ring.backward import block_backward
+    from tokenring_xdit.ring.block_forward import BlockCall, block_forward
+    from tokenring_xdit.ring.sharding import shard_positions
+
+    total, h, d = 2 * n * 7, 2, 8
+    docs = Documents((0, 1, 9, 10, 23, total))  # lengths 1, 8, 1, 13, ...: none divides by 2N
+    doc = torch.tensor([docs.doc_at(i) for i in range(total)])
+    allowed = doc[:, None] == doc[None, :]
+    if causal:
+        allowed &= torch.ones(total, total, dtype=torch.bool).tril()
+    gen = torch.Generator().manual_seed(n)
+    q, k, v, do = (torch.randn(1, total, h, d, generator=gen, dtype=torch.float64) for _ in "qkvo")
+    ins = [x.clone().requires_grad_() for x in (q, k, v)]
+    scores = (ins[0].transpose(1, 2) @ ins[1].permute(0, 2, 3, 1)) * d**-0.5
+    probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1)
+    ref_out = (probs @ ins[2].transpose(1, 2)).transpose(1, 2)
+    ref_out.backward(do)
+    schedule = CAUSAL_ZIGZAG if causal else NON_CAUSAL_BLOCKS
+    q_lens = (total // n,) * n
+    plan = doc_plan(docs, schedule, q_lens, DOCUMENTS)
+    call = BlockCall(schedule, segments_pair(PAIRS["math"]), BSHD, d**-0.5, plan)
+    pos = [shard_positions(total, r, n, causal=causal, cu_seqlens=docs.bounds,
+                           layout=DOCUMENTS) for r in range(n)]  # fmt: skip
+
+    def rank_fn(ring):
+        ql, kl, vl, dol = (x[:, pos[ring.rank]].contiguous() for x in (q, k, v, do))
+        out, lse = block_forward(call, ring, q_lens, ql, kl, vl)
+        return [out, *block_backward(call, ring, q_lens, dol, ql, kl, vl, out, lse)]
+
+    results = run_ring(n, rank_fn)
+    for i, want in enumerate((ref_out, *(x.grad for x in ins))):
+        for r, res in enumerate(results):
+            torch.testing.assert_close(res[i], want[:, pos[r]].detach(), rtol=1e-5, atol=1e-5)
