@@ -33,11 +33,14 @@ Everything here is pure (no torch), equal on every rank for equal documents.
 from __future__ import annotations
 
 import functools
-from collections import defaultdict
+from itertools import accumulate
+from typing import NamedTuple
+
+from .schedules.blocks import ALL, FRONT
 
 __all__ = [
-    "ROW", "DOCUMENTS", "LAYOUTS", "check_total", "piece_lengths", "local_pieces",
-    "local_positions", "piece_segments",
+    "ROW", "DOCUMENTS", "LAYOUTS", "Segment", "check_total", "piece_lengths", "local_pieces",
+    "local_positions", "block_pieces",
 ]  # fmt: skip
 
 ROW, DOCUMENTS = (
@@ -45,6 +48,23 @@ ROW, DOCUMENTS = (
     "documents",
 )  # ROW: the row's own split (zigzag; contiguous if not causal)
 LAYOUTS = (ROW, DOCUMENTS)
+
+
+class Segment(NamedTuple):
+    """Queries [q0, q1) of a tile against keys [k0, k1) of a tile, one document; `causal`:
+    the same tokens on both sides, masked causally (else every key is visible). (A named tuple:
+    a packed row of many documents has ~10^5 of them per plan; this is the cheap record.)"""
+
+    q0: int
+    q1: int
+    k0: int
+    k1: int
+    causal: bool
+
+    @property
+    def pairs(self) -> int:
+        n_q, n_k = self.q1 - self.q0, self.k1 - self.k0
+        return n_q * (n_q + 1) // 2 if self.causal else n_q * n_k
 
 
 def check_total(total: int, world_size: int) -> None:
@@ -79,12 +99,10 @@ def local_pieces(
     the front half (slot r of every document) then the back half (slot 2N-1-r)."""
     check_total(bounds[-1], world_size)
     lens = piece_lengths(bounds, world_size)
-    front, back = rank, 2 * world_size - 1 - rank
+    starts = [tuple(accumulate(x, initial=a)) for x, a in zip(lens, bounds[:-1], strict=True)]
     out = []
-    for slot in (front, back):
-        for d, start in enumerate(bounds[:-1]):
-            g0 = start + sum(lens[d][:slot])
-            out.append((d, slot, g0, g0 + lens[d][slot]))
+    for slot in (rank, 2 * world_size - 1 - rank):
+        out += [(d, slot, at[slot], at[slot + 1]) for d, at in enumerate(starts)]
     return tuple(out)
 
 
@@ -93,33 +111,37 @@ def local_positions(bounds: tuple[int, ...], rank: int, world_size: int) -> list
     return [i for _, _, g0, g1 in local_pieces(bounds, rank, world_size) for i in range(g0, g1)]
 
 
-def tile(pieces) -> list[tuple[int, int, int, int]]:
-    """(document, slot, start, end) with start/end in tile coordinates (pieces concatenated)."""
-    out, offset = [], 0
+@functools.lru_cache(maxsize=256)
+def _tile(bounds: tuple[int, ...], rank: int, world_size: int, part: str):
+    """The non-empty pieces of `part` of a rank's shard in tile coordinates: in tile order as
+    (document, slot, start, end), and per document as (slot, start, end)."""
+    pieces = local_pieces(bounds, rank, world_size)
+    half = len(pieces) // 2
+    if part != ALL:
+        pieces = pieces[:half] if part == FRONT else pieces[half:]
+    ordered, by_doc, offset = [], [[] for _ in range(half)], 0
     for d, slot, g0, g1 in pieces:
-        out.append((d, slot, offset, offset + g1 - g0))
+        if g1 > g0:
+            ordered.append((d, slot, offset, offset + g1 - g0))
+            by_doc[d].append((slot, offset, offset + g1 - g0))
         offset += g1 - g0
-    return out
+    return ordered, by_doc
 
 
-def piece_segments(q_tile, k_tile, causal: bool):
-    """(q0, q1, k0, k1, causal) of every same-document pair of non-empty pieces that attend:
-    query slot a against key slot b is full if a > b (or the call is not causal), causal if
-    a == b (the same tokens on both sides: the diagonal block), nothing if a < b. Ordered so
-    that abutting pieces follow each other (one varlen call per run, kernels/varlen.py)."""
-    keys = defaultdict(list)
-    for d, b, k0, k1 in k_tile:
-        if k1 > k0:
-            keys[d].append((b, k0, k1))
+def block_pieces(bounds, world_size: int, q: tuple[int, str], kv: tuple[int, str], causal: bool):
+    """The segments of one block in the documents layout: the `q` = (owner, part) tile against
+    the `kv` = (rank, part) tile. Per document, query slot a against key slot b is full if
+    a > b (or the call is not causal), causal if a == b (the same tokens on both sides: the
+    diagonal block), nothing if a < b. In query-tile order."""
+    ordered, _ = _tile(bounds, q[0], world_size, q[1])
+    _, keys = _tile(bounds, kv[0], world_size, kv[1])
     segs = []
-    for d, a, q0, q1 in q_tile:
-        if q1 == q0:
-            continue
-        for b, k0, k1 in keys.get(d, ()):
+    for d, a, q0, q1 in ordered:
+        for b, k0, k1 in keys[d]:
             if not causal or a > b:
-                segs.append((q0, q1, k0, k1, False))
+                segs.append(Segment(q0, q1, k0, k1, False))
             elif a == b:
                 if (q0, q1) != (k0, k1):
                     raise AssertionError("a causal piece must hold the same tokens on both sides")
-                segs.append((q0, q1, k0, k1, True))
-    return segs
+                segs.append(Segment(q0, q1, k0, k1, True))
+    return tuple(segs)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .doc_layout import DOCUMENTS, LAYOUTS, ROW, check_total, local_pieces, piece_segments, tile
+from .doc_layout import DOCUMENTS, LAYOUTS, ROW, Segment, block_pieces, check_total
 from .schedules.blocks import ALL, FRONT, BlockStep
 
 __all__ = [
@@ -107,23 +107,6 @@ def documents_from_position_ids(position_ids: torch.Tensor) -> Documents:
     return Documents(tuple(starts.tolist()) + (p.numel(),))
 
 
-@dataclass(frozen=True)
-class Segment:
-    """Queries [q0, q1) of a tile against keys [k0, k1) of a tile, one document; `causal`:
-    the same tokens on both sides, masked causally (else every key is visible)."""
-
-    q0: int
-    q1: int
-    k0: int
-    k1: int
-    causal: bool
-
-    @property
-    def pairs(self) -> int:
-        n_q, n_k = self.q1 - self.q0, self.k1 - self.k0
-        return n_q * (n_q + 1) // 2 if self.causal else n_q * n_k
-
-
 # --- where a rank's tokens are --------------------------------------------------------------
 
 
@@ -137,14 +120,12 @@ def _local_ranges(rank: int, q_lens: tuple[int, ...], zigzag: bool) -> list[tupl
     return [(start, start + q_lens[rank])]
 
 
-def _part_ranges(ranges: list, part: str) -> list:
-    """The ranges (or pieces) of `part` of a local shard: FRONT the first half, BACK the rest."""
+def _part_ranges(ranges: list[tuple[int, int]], part: str) -> list[tuple[int, int]]:
     if part == ALL:
         return ranges
-    if len(ranges) % 2:
+    if len(ranges) != 2:
         raise ValueError(f"a {part!r} part needs a zigzag shard")
-    half = len(ranges) // 2
-    return ranges[:half] if part == FRONT else ranges[half:]
+    return [ranges[0] if part == FRONT else ranges[1]]
 
 
 def _runs(docs: Documents, ranges: list[tuple[int, int]]) -> dict[int, tuple[int, int]]:
@@ -229,7 +210,6 @@ def doc_plan(docs: Documents, schedule, q_lens: tuple[int, ...], split: str = RO
     n = len(q_lens)
     if split == DOCUMENTS:
         check_total(docs.total, n)
-        ranges = [local_pieces(docs.bounds, r, n) for r in range(n)]
     else:
         ranges = [_local_ranges(r, q_lens, bool(schedule.causal) and n > 1) for r in range(n)]
     steps = tuple(schedule.block_steps(r, n) for r in range(n))
@@ -240,13 +220,13 @@ def doc_plan(docs: Documents, schedule, q_lens: tuple[int, ...], split: str = RO
             if not st.kernel:
                 row.append(())
                 continue
+            if split == DOCUMENTS:
+                q, kv = (st.q_owner, st.q_part), (r, st.kv_part)
+                row.append(block_pieces(docs.bounds, n, q, kv, bool(schedule.causal)))
+                continue
             q_ranges = _part_ranges(ranges[st.q_owner], st.q_part)
             k_ranges = _part_ranges(ranges[r], st.kv_part)
-            if split == DOCUMENTS:
-                found = piece_segments(tile(q_ranges), tile(k_ranges), bool(schedule.causal))
-                row.append(tuple(Segment(*s) for s in found))
-            else:
-                row.append(block_segments(docs, q_ranges, k_ranges, st.causal))
+            row.append(block_segments(docs, q_ranges, k_ranges, st.causal))
         segments.append(tuple(row))
     return DocPlan(docs, n, tuple(segments), steps, split)
 
