@@ -1,6 +1,6 @@
-"""The documents layout without a process group: the piece rule, the plan covers every
-same-document pair once, the balance it promises (spread <= 1.10) on realistic rows, and the
-kernels' merge of a query piece that meets two key pieces in one block."""
+"""The documents layout without a process group: the piece rule, the balance it promises
+(spread <= 1.10) on realistic rows, and the kernels' merge of a query piece that meets two key
+pieces in one block (the plan's coverage of every pair: tests/unit/test_documents.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from tokenring_xdit.ring.doc_layout import (
     piece_lengths,
 )
 from tokenring_xdit.ring.documents import Documents, Segment, doc_plan, document_work
-from tokenring_xdit.ring.kernels import MASKED, PAIRS, segment_runs, segments_mask, segments_pair
+from tokenring_xdit.ring.kernels import MASKED, PAIRS, segment_runs, segments_pair
 from tokenring_xdit.ring.layout import BHSD, BSHD
 from tokenring_xdit.ring.schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
 
@@ -55,33 +55,6 @@ def test_pieces_keep_every_token_in_order_and_equal_halves(n):
 def test_total_must_divide_by_2n():
     with pytest.raises(ValueError, match="multiple of 2 x 3 = 6"):
         local_pieces((0, 5, 10), 0, 3)
-
-
-@pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
-@pytest.mark.parametrize("causal", [True, False])
-def test_plan_covers_each_document_pair_exactly_once(n, causal):
-    rng = random.Random(n * 10 + causal)
-    for _ in range(15):
-        total = 2 * n * rng.randint(1, 6)
-        docs = Documents(_random_bounds(rng, total))
-        schedule = CAUSAL_ZIGZAG if causal else NON_CAUSAL_BLOCKS
-        plan = doc_plan(docs, schedule, (total // n,) * n, DOCUMENTS)
-        pos = [torch.tensor(local_positions(docs.bounds, r, n)) for r in range(n)]
-        seen = torch.zeros(total, total, dtype=torch.int64)
-        for r in range(n):
-            for st in plan.steps[r][:n]:
-                q_pos, k_pos = pos[st.q_owner], pos[r]
-                half_q, half_k = len(q_pos) // 2, len(k_pos) // 2
-                q_tile = {"all": q_pos, "front": q_pos[:half_q], "back": q_pos[half_q:]}
-                k_tile = {"all": k_pos, "front": k_pos[:half_k], "back": k_pos[half_k:]}
-                qt, kt = q_tile[st.q_part], k_tile[st.kv_part]
-                allowed = segments_mask(plan.block(r, st.step), len(qt), len(kt), "cpu")
-                seen[qt[:, None], kt[None, :]] += allowed.long()
-        doc = torch.tensor([docs.doc_at(i) for i in range(total)])
-        want = doc[:, None] == doc[None, :]
-        if causal:
-            want &= torch.ones(total, total, dtype=torch.bool).tril()
-        assert torch.equal(seen, want.long()), (n, docs)
 
 
 # --- the balance: spread <= 1.10 where the row's zigzag is far off --------------------------
