@@ -17,6 +17,11 @@ later holder needs stops travelling (`DocPlan`, which every rank computes alike 
 layout). Off the diagonal a zigzag block meets at most one document (the one reaching across
 the chunks between the tiles), so the work left is the diagonal's per-document triangles plus
 one rectangle per document that crosses a chunk boundary.
+
+In the documents layout (doc_layout.py: every document cut into 2N pieces) a tile is a list of
+pieces instead, each inside one document, and a block's segments come from `block_pieces`: per
+document a full rectangle or a causal diagonal, several documents per block; `document_work`
+reports both layouts and which one `auto` picks.
 """
 
 from __future__ import annotations
