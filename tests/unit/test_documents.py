@@ -9,15 +9,12 @@ import random
 import pytest
 import torch
 
-from tokenring_xdit.ring.documents import (
-    Documents,
-    Segment,
-    doc_plan,
-    document_work,
+from tokenring_xdit.ring.doc_claims import (
     documents_from_claims,
     documents_from_position_ids,
     local_claims,
 )
+from tokenring_xdit.ring.documents import Documents, Segment, doc_plan, document_work
 from tokenring_xdit.ring.kernels import MASKED, PAIRS, segment_runs, segments_mask, segments_pair
 from tokenring_xdit.ring.layout import BHSD, BSHD
 from tokenring_xdit.ring.schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS

@@ -47,7 +47,8 @@ import torch
 import torch.distributed as dist
 
 from ..ring.api import token_ring_attn_func
-from ..ring.documents import Documents, documents_from_position_ids
+from ..ring.doc_claims import documents_from_position_ids
+from ..ring.documents import Documents
 from ..ring.sharding import shard
 
 __all__ = ["NAME", "register", "unregister", "shard_batch", "ring_loss", "sync_gradients"]

@@ -15,8 +15,9 @@ import torch.distributed as dist
 from ...config import CommSettings
 from ..comm import RingComms, RingPosition, TokenRingCommError, comms_of
 from ..comm.groups import describe_peer
+from ..doc_claims import claim_count, documents_from_claims, local_claims
 from ..doc_layout import DOCUMENTS
-from ..documents import Documents, claim_count, documents_from_claims, local_claims
+from ..documents import Documents
 from ..layout import wire_swapped
 from ..ring import Ring
 from ..sharding import BAD_POSITIONS, NO_PROOF, proof_of
