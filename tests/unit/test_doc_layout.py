@@ -63,6 +63,23 @@ def test_total_must_divide_by_2n():
         local_pieces((0, 5, 10), 0, 3)
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("causal", [True, False])
+def test_lazy_plan_knows_which_blocks_attend_without_making_them(n, causal):
+    """The documents plan makes a block's segments when asked; whether the others attend comes
+    from the documents of their pieces, and it must equal what making them would say."""
+    rng = random.Random(7 * n + causal)
+    schedule = CAUSAL_ZIGZAG if causal else NON_CAUSAL_BLOCKS
+    for _ in range(25):
+        total = 2 * n * rng.randint(1, 8)
+        docs = Documents(_random_bounds(rng, total))
+        plan = doc_plan.__wrapped__(docs, schedule, (total // n,) * n, DOCUMENTS)  # uncached
+        said = [[plan.attends(r, t) for t in range(n + 1)] for r in range(n)]
+        assert all(plan.steps[r][t].causal for r, t in plan._made)  # only diagonals were made
+        made = [[bool(plan.block(r, t)) for t in range(n + 1)] for r in range(n)]
+        assert said == made, (n, docs)
+
+
 # --- the balance: spread <= 1.10 where the row's zigzag is far off --------------------------
 
 

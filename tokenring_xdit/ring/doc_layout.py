@@ -40,7 +40,7 @@ from .schedules.blocks import ALL, FRONT
 
 __all__ = [
     "ROW", "DOCUMENTS", "LAYOUTS", "Segment", "check_total", "piece_lengths", "local_pieces",
-    "local_positions", "block_pieces",
+    "local_positions", "block_pieces", "pieces_meet",
 ]  # fmt: skip
 
 ROW, DOCUMENTS = (
@@ -125,7 +125,16 @@ def _tile(bounds: tuple[int, ...], rank: int, world_size: int, part: str):
             ordered.append((d, slot, offset, offset + g1 - g0))
             by_doc[d].append((slot, offset, offset + g1 - g0))
         offset += g1 - g0
-    return ordered, by_doc
+    return ordered, by_doc, frozenset(d for d, _, _, _ in ordered)
+
+
+def pieces_meet(bounds, world_size: int, q: tuple[int, str], kv: tuple[int, str]) -> bool:
+    """Whether the `q` and `kv` tiles (as in `block_pieces`) share a document. Off the
+    diagonal every pair of pieces that meet attends (the zigzag schedule pairs query slots
+    after key slots, or the call is not causal), so this is whether the block attends."""
+    return not _tile(bounds, q[0], world_size, q[1])[2].isdisjoint(
+        _tile(bounds, kv[0], world_size, kv[1])[2]
+    )
 
 
 def block_pieces(bounds, world_size: int, q: tuple[int, str], kv: tuple[int, str], causal: bool):
@@ -133,8 +142,8 @@ def block_pieces(bounds, world_size: int, q: tuple[int, str], kv: tuple[int, str
     the `kv` = (rank, part) tile. Per document, query slot a against key slot b is full if
     a > b (or the call is not causal), causal if a == b (the same tokens on both sides: the
     diagonal block), nothing if a < b. In query-tile order."""
-    ordered, _ = _tile(bounds, q[0], world_size, q[1])
-    _, keys = _tile(bounds, kv[0], world_size, kv[1])
+    ordered = _tile(bounds, q[0], world_size, q[1])[0]
+    keys = _tile(bounds, kv[0], world_size, kv[1])[1]
     segs = []
     for d, a, q0, q1 in ordered:
         for b, k0, k1 in keys[d]:

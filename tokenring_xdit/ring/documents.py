@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import bisect
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from .doc_layout import DOCUMENTS, LAYOUTS, ROW, Segment, block_pieces, check_total
+from .doc_layout import DOCUMENTS, LAYOUTS, ROW, Segment, block_pieces, check_total, pieces_meet
 from .schedules.blocks import ALL, FRONT, BlockStep
 
 __all__ = [
@@ -145,22 +145,46 @@ class DocPlan:
     """Per (rank, step) of a block schedule: the kernel's segments and which transfers run.
 
     Pure and equal on every rank (built from the agreed documents, lengths, schedule and
-    layout: the row's split or `doc_layout.DOCUMENTS`)."""
+    layout: the row's split or `doc_layout.DOCUMENTS`). In the documents layout a block's
+    segments are made when first asked for (a block holds ~2 per document; a rank runs only
+    its own blocks and asks of the others only whether they attend, which the documents of
+    their pieces answer: `doc_layout.pieces_meet`)."""
 
     docs: Documents
     size: int
-    segments: tuple[tuple[tuple[Segment, ...], ...], ...]  # [rank][step]; () = skipped
+    segments: tuple[tuple[tuple[Segment, ...], ...], ...] | None  # [rank][step]; () = skipped
     steps: tuple[tuple[BlockStep, ...], ...]  # [rank] the schedule's rows
     split: str = ROW
+    causal: bool = False  # the schedule's (the documents layout's rule needs it)
+    _made: dict = field(default_factory=dict, compare=False, repr=False)  # lazy blocks
 
     def block(self, rank: int, step: int) -> tuple[Segment, ...]:
-        return self.segments[rank][step] if step < self.size else ()
+        if step >= self.size:
+            return ()
+        if self.segments is not None:
+            return self.segments[rank][step]
+        found = self._made.get((rank, step))
+        if found is None:
+            st = self.steps[rank][step]
+            q, kv = (st.q_owner, st.q_part), (rank, st.kv_part)
+            found = block_pieces(self.docs.bounds, self.size, q, kv, self.causal)
+            self._made[(rank, step)] = found
+        return found
+
+    def attends(self, rank: int, step: int) -> bool:
+        """Whether the block of `rank` at `step` has a segment (without making it off the
+        diagonal in the documents layout, where every pair of pieces that meet attends)."""
+        if self.segments is not None or step >= self.size or self.steps[rank][step].causal:
+            return bool(self.block(rank, step))
+        st = self.steps[rank][step]
+        q, kv = (st.q_owner, st.q_part), (rank, st.kv_part)
+        return pieces_meet(self.docs.bounds, self.size, q, kv)
 
     def q_needed(self, owner: int, after: int) -> bool:
         """Does any holder of `owner`'s query run a kernel on it after step `after`? (At step t
         rank r holds the query of r + t: the zigzag moves Q to r-1; the non-causal table to
         r+1, so its holder is owner + t.)"""
-        return any(self.block(self._holder(owner, t), t) for t in range(after + 1, self.size))
+        return any(self.attends(self._holder(owner, t), t) for t in range(after + 1, self.size))
 
     def _holder(self, owner: int, t: int) -> int:
         for r in range(self.size):  # tiny loops: N <= a few dozen
@@ -175,10 +199,10 @@ class DocPlan:
         return st.q_recv_from is not None and self.q_needed(st.q_recv_owner, st.step)
 
     def ret_send(self, rank: int, st: BlockStep) -> bool:
-        return st.ret_send_to is not None and bool(self.block(rank, st.step - 1))
+        return st.ret_send_to is not None and self.attends(rank, st.step - 1)
 
     def ret_recv(self, rank: int, st: BlockStep) -> bool:
-        return st.ret_recv_from is not None and bool(self.block(st.ret_recv_from, st.step - 1))
+        return st.ret_recv_from is not None and self.attends(st.ret_recv_from, st.step - 1)
 
 
 @functools.lru_cache(maxsize=64)
@@ -186,21 +210,17 @@ def doc_plan(docs: Documents, schedule, q_lens: tuple[int, ...], split: str = RO
     """The DocPlan of `schedule` (a block schedule) over shards of `q_lens` tokens cut in
     layout `split` (the row's split, or DOCUMENTS: every document cut in 2N pieces)."""
     n = len(q_lens)
+    steps = tuple(schedule.block_steps(r, n) for r in range(n))
     if split == DOCUMENTS:
         check_total(docs.total, n)
-    else:
-        ranges = [_local_ranges(r, q_lens, bool(schedule.causal) and n > 1) for r in range(n)]
-    steps = tuple(schedule.block_steps(r, n) for r in range(n))
+        return DocPlan(docs, n, None, steps, split, bool(schedule.causal))
+    ranges = [_local_ranges(r, q_lens, bool(schedule.causal) and n > 1) for r in range(n)]
     segments = []
     for r in range(n):
         row = []
         for st in steps[r]:
             if not st.kernel:
                 row.append(())
-                continue
-            if split == DOCUMENTS:
-                q, kv = (st.q_owner, st.q_part), (r, st.kv_part)
-                row.append(block_pieces(docs.bounds, n, q, kv, bool(schedule.causal)))
                 continue
             q_ranges = _part_ranges(ranges[st.q_owner], st.q_part)
             k_ranges = _part_ranges(ranges[r], st.kv_part)
