@@ -14,6 +14,7 @@ from tokenring_xdit.ring.doc_layout import (
     local_pieces,
     local_positions,
     piece_lengths,
+    piece_pairs,
 )
 from tokenring_xdit.ring.documents import (
     AUTO_MARGIN,
@@ -21,6 +22,7 @@ from tokenring_xdit.ring.documents import (
     Segment,
     doc_plan,
     document_work,
+    pick_layout,
 )
 from tokenring_xdit.ring.kernels import MASKED, PAIRS, segment_runs, segments_pair
 from tokenring_xdit.ring.layout import BHSD, BSHD
@@ -78,6 +80,21 @@ def test_lazy_plan_knows_which_blocks_attend_without_making_them(n, causal):
         assert all(plan.steps[r][t].causal for r, t in plan._made)  # only diagonals were made
         made = [[bool(plan.block(r, t)) for t in range(n + 1)] for r in range(n)]
         assert said == made, (n, docs)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("causal", [True, False])
+def test_auto_predicts_from_piece_lengths_what_the_plan_says(n, causal):
+    """`shard`'s auto asks pick_layout for every new row: it counts the documents layout's
+    pairs from the piece lengths (piece_pairs), which must equal the plan's, and picks what
+    document_work reports."""
+    rng = random.Random(11 * n + causal)
+    for _ in range(25):
+        total = 2 * n * rng.randint(1, 8)
+        docs = Documents(_random_bounds(rng, total))
+        report = document_work(docs.bounds, n, causal=causal, layout=DOCUMENTS)
+        assert piece_pairs(docs.bounds, n, causal) == [r["pairs"] for r in report["ranks"]]
+        assert pick_layout(docs, n, causal) == (report["auto"] if n > 1 else "zigzag")
 
 
 # --- the balance: spread <= 1.10 where the row's zigzag is far off --------------------------

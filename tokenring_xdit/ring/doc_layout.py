@@ -40,7 +40,7 @@ from .schedules.blocks import ALL, FRONT
 
 __all__ = [
     "ROW", "DOCUMENTS", "LAYOUTS", "Segment", "check_total", "piece_lengths", "local_pieces",
-    "local_positions", "block_pieces", "pieces_meet",
+    "local_positions", "block_pieces", "pieces_meet", "piece_pairs",
 ]  # fmt: skip
 
 ROW, DOCUMENTS = (
@@ -104,6 +104,21 @@ def local_pieces(
     for slot in (rank, 2 * world_size - 1 - rank):
         out += [(d, slot, at[slot], at[slot + 1]) for d, at in enumerate(starts)]
     return tuple(out)
+
+
+def piece_pairs(bounds: tuple[int, ...], world_size: int, causal: bool) -> list[int]:
+    """The (query, key) pairs each rank attends in the documents layout (its keys against every
+    query that comes by), from the piece lengths alone: O(documents x N), no plan."""
+    slots, work = 2 * world_size, [0] * world_size
+    for lens in piece_lengths(bounds, world_size):
+        later = list(accumulate(reversed(lens)))[::-1] + [0]  # later[a]: tokens in slots >= a
+        for r in range(world_size):
+            for b in (r, slots - 1 - r):
+                if causal:
+                    work[r] += lens[b] * (lens[b] + 1) // 2 + later[b + 1] * lens[b]
+                else:
+                    work[r] += later[0] * lens[b]
+    return work
 
 
 def local_positions(bounds: tuple[int, ...], rank: int, world_size: int) -> list[int]:

@@ -32,7 +32,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .doc_layout import DOCUMENTS, LAYOUTS, ROW, Segment, block_pieces, check_total, pieces_meet
+from .doc_layout import (
+    DOCUMENTS,
+    LAYOUTS,
+    ROW,
+    Segment,
+    block_pieces,
+    check_total,
+    piece_pairs,
+    pieces_meet,
+)
 from .schedules.blocks import ALL, FRONT, BlockStep
 
 __all__ = [
@@ -250,12 +259,12 @@ def _work(plan: DocPlan, n: int, causal: bool) -> dict:
             }
         )
     pairs = [x["pairs"] for x in ranks]
-    mean = sum(pairs) / n
-    return {
-        "ranks": ranks,
-        "pairs_total": sum(pairs),
-        "spread": (max(pairs) / mean) if mean else 1.0,
-    }
+    return {"ranks": ranks, "pairs_total": sum(pairs), "spread": _spread(pairs)}
+
+
+def _spread(pairs: list[int]) -> float:
+    mean = sum(pairs) / len(pairs)
+    return (max(pairs) / mean) if mean else 1.0
 
 
 def document_work(cu_seqlens, world_size: int, causal: bool = True, layout: str = ROW) -> dict:
@@ -266,18 +275,16 @@ def document_work(cu_seqlens, world_size: int, causal: bool = True, layout: str 
     spread (max / mean pairs) and the dense total it replaces. "layouts" holds the report of
     each layout (None where the documents layout cannot cut the row: T not a multiple of 2N),
     "auto" the layout `shard(..., layout="auto")` picks."""
-    from .schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
-
     docs = Documents.of(cu_seqlens)
     n, total = world_size, docs.total
     if total % (2 * n if causal else n):
         raise ValueError(f"{total} tokens do not split evenly over {n} ranks; pad the sequence")
-    schedule = CAUSAL_ZIGZAG if causal else NON_CAUSAL_BLOCKS
-    q_lens = (total // n,) * n
+    schedule, q_lens = _schedule(causal), (total // n,) * n
     layouts = {ROW: _work(doc_plan(docs, schedule, q_lens), n, causal), DOCUMENTS: None}
     if total % (2 * n) == 0:
         layouts[DOCUMENTS] = _work(doc_plan(docs, schedule, q_lens, DOCUMENTS), n, causal)
-    auto = _pick(layouts)
+    per_doc = layouts[DOCUMENTS]
+    auto = _pick(layouts[ROW]["spread"], per_doc["spread"] if per_doc else None)
     if layout not in (*LAYOUTS, "auto"):
         raise ValueError(f"layout must be 'auto', 'zigzag' or 'documents', got {layout!r}")
     chosen = layouts[auto if layout == "auto" else layout]
@@ -295,15 +302,26 @@ def document_work(cu_seqlens, world_size: int, causal: bool = True, layout: str 
     }
 
 
-def _pick(layouts: dict) -> str:
-    row, per_doc = layouts[ROW], layouts[DOCUMENTS]
-    if per_doc is not None and per_doc["spread"] < row["spread"] - AUTO_MARGIN:
+def _schedule(causal: bool):
+    from .schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
+
+    return CAUSAL_ZIGZAG if causal else NON_CAUSAL_BLOCKS
+
+
+def _pick(row_spread: float, documents_spread: float | None) -> str:
+    if documents_spread is not None and documents_spread < row_spread - AUTO_MARGIN:
         return DOCUMENTS
     return ROW
 
 
 def pick_layout(docs: Documents, world_size: int, causal: bool) -> str:
-    """The layout `auto` picks for `docs` over `world_size` ranks (every rank picks alike)."""
-    if world_size == 1:
+    """The layout `auto` picks for `docs` over `world_size` ranks (every rank picks alike):
+    the row's spread from its plan, the documents layout's from its piece lengths (no plan:
+    `shard` asks this for every new row)."""
+    n = world_size
+    if n == 1:
         return ROW
-    return document_work(docs.bounds, world_size, causal)["auto"]
+    row = _work(doc_plan(docs, _schedule(causal), (docs.total // n,) * n), n, causal)["spread"]
+    if docs.total % (2 * n):
+        return ROW
+    return _pick(row, _spread(piece_pairs(docs.bounds, n, causal)))
