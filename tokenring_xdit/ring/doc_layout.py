@@ -43,10 +43,8 @@ __all__ = [
     "local_positions", "block_pieces", "pieces_meet", "piece_pairs",
 ]  # fmt: skip
 
-ROW, DOCUMENTS = (
-    "zigzag",
-    "documents",
-)  # ROW: the row's own split (zigzag; contiguous if not causal)
+# ROW: the row's own split (the zigzag; contiguous shards when not causal)
+ROW, DOCUMENTS = "zigzag", "documents"
 LAYOUTS = (ROW, DOCUMENTS)
 
 
