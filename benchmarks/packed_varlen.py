@@ -19,7 +19,8 @@ Every number is forward + backward (CUDA events, median of --iters after --warmu
   cuDNN once per document);
 - replay_N_<pair>: every rank of a ring of N replayed on this GPU with the real loops and local
   lanes (benchmarks/replay_rank.py: compute only, no transfers): max and mean over ranks, and
-  max / ideal_ring_N; plus the plan's per-rank attended pairs (`document_work`).
+  max / ideal_ring_N; plus the plan's per-rank attended pairs (`document_work`), for each
+  --layout (the row's zigzag, the documents layout, or what `auto` picks).
 """
 
 from __future__ import annotations
@@ -129,6 +130,16 @@ def _single_gpu(cu, q, k, v, do, args) -> dict:
 
 
 def _replays(cu, q, k, v, do, rings, args) -> dict:
+    res = {}
+    for layout in args.layout.split(","):
+        res.update(_replays_of(layout, cu, q, k, v, do, rings, args))
+    return res
+
+
+def _replays_of(layout, cu, q, k, v, do, rings, args) -> dict:
+    """The work report and the replayed ranks of one layout ("zigzag": keys work_N and
+    replay_N_<pair> as before; "documents" / "auto": work_N_<layout>, replay_N_<layout>_<pair>,
+    where auto runs the layout `shard(..., layout="auto")` picks)."""
     from tokenring_xdit.ring.backward import block_backward
     from tokenring_xdit.ring.block_forward import BlockCall, block_forward
     from tokenring_xdit.ring.documents import Documents, doc_plan, document_work
@@ -142,17 +153,19 @@ def _replays(cu, q, k, v, do, rings, args) -> dict:
     for n in rings:
         if total % (2 * n):
             continue
-        report = document_work(cu, n, causal=True)
-        res[f"work_{n}"] = {
+        report = document_work(cu, n, causal=True, layout=layout)
+        tag = "" if layout == "zigzag" else f"_{layout}"
+        res[f"work_{n}{tag}"] = {
+            "layout": report["layout"],
             "spread": report["spread"],
             "pairs_per_rank": [r["pairs"] for r in report["ranks"]],
             "kernel_calls": [r["kernel_calls"] for r in report["ranks"]],
             "q_transfers": [r["q_transfers"] for r in report["ranks"]],
             "pairs_vs_dense": report["pairs_total"] / report["dense_pairs"],
         }
-        print(f"  work N={n}: {res[f'work_{n}']}", flush=True)
+        print(f"  work N={n} {layout}: {res[f'work_{n}{tag}']}", flush=True)
         q_lens = (total // n,) * n
-        plan = doc_plan(Documents(tuple(cu)), CAUSAL_ZIGZAG, q_lens)
+        plan = doc_plan(Documents(tuple(cu)), CAUSAL_ZIGZAG, q_lens, report["layout"])
         for kernel in ("flash_varlen", "cudnn"):
             pair = gqa_pair(doc_pair(kernel, *pa, lambda nm: select_pair(nm, *pa, False)), *pa)
             call = BlockCall(CAUSAL_ZIGZAG, pair, BSHD, D**-0.5, plan)
@@ -167,8 +180,8 @@ def _replays(cu, q, k, v, do, rings, args) -> dict:
                     block_backward(call, ring, q_lens, dol, ql, kl, vl, out, lse)
 
                 per_rank.append(_timed(run, args.warmup, args.iters))
-            res[f"replay_{n}_{pair.name}"] = {"max_ms": max(per_rank), "ranks_ms": per_rank}
-            print(f"  replay N={n} {pair.name}: {per_rank}", flush=True)
+            res[f"replay_{n}{tag}_{pair.name}"] = {"max_ms": max(per_rank), "ranks_ms": per_rank}
+            print(f"  replay N={n} {layout} {pair.name}: {per_rank}", flush=True)
     return res
 
 
@@ -179,6 +192,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--layout",
+        default="zigzag,documents",
+        help="comma-separated layouts of the replayed rings: zigzag (the row's), documents "
+        "(every document in 2N pieces), auto (what shard(..., layout='auto') picks)",
+    )
     parser.add_argument("--out", default="packed_varlen.json")
     args = parser.parse_args()
     rings = [int(x) for x in args.rings.split(",") if x]

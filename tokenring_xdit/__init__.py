@@ -2,9 +2,10 @@
 
 Importing this package is cheap (no torch, no host library): the `.pth` bootstrap imports it in
 every interpreter. The public names below load their modules on first use: the ring call and
-its sharding (token_ring_attn*, shard/unshard, zigzag_positions, setup_token_ring_group), the
-ring a host runs (set_ring_impl: xDiT's and diffusers' ring), CPU mode (enable_cpu_mode),
-transformers' attention (register_transformers), patching (install/uninstall).
+its sharding (token_ring_attn*, shard/unshard, zigzag_positions / shard_positions,
+setup_token_ring_group), the ring a host runs (set_ring_impl: xDiT's and diffusers' ring), CPU
+mode (enable_cpu_mode), transformers' attention (register_transformers), patching
+(install/uninstall).
 
 Package map: config.py (RingConfig, the only reader of the environment; _envflags.py: what the
 start-up hook _bootstrap.py shares with it), ring/ (the algorithm, host-agnostic), planner/ (the
@@ -34,6 +35,7 @@ _LAZY = {
     "disable_cpu_mode": "tokenring_xdit.patches.cpu_mode",
     "register_transformers": ("tokenring_xdit.integrations.transformers", "register"),
     "zigzag_positions": "tokenring_xdit.ring.sharding",
+    "shard_positions": "tokenring_xdit.ring.sharding",
 }
 
 __all__ = [*_LAZY, "__version__"]

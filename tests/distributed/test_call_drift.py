@@ -1,6 +1,7 @@
 """Drift guard: eager and compiled TokenRing calls are prepared the same way (ring/call.py).
 
-For every call option (documents by cu_seqlens and by position ids, timeout, kernel name,
+For every call option (documents by cu_seqlens and by position ids, in the documents layout
+declared by shard() or asked for by doc_layout, timeout, kernel name,
 layouts including the swapped-storage wire layout, GQA, causal, deterministic, joint K/V, final
 pieces, scale) one ring of 2 gloo ranks runs the call eagerly and under
 torch.compile(fullgraph=True), recording what `prepare` hands to `agree`: the header every rank
@@ -53,6 +54,10 @@ def _cases(torch, n):
          "bshd"),
         ("position-ids-causal-train", {"position_ids": ids, "causal": True}, True, H, True, "bshd"),
         ("position-ids-infer", {"position_ids": ids}, False, H, False, "bshd"),
+        ("documents-causal-train", {"cu_seqlens": [0, 5, total], "causal": True}, True, HK, True,
+         "documents"),
+        ("documents-explicit-infer", {"cu_seqlens": [0, 5, total], "doc_layout": "documents"},
+         False, H, False, "documents"),
         ("joint-infer", {"joint": "rear"}, False, H, False, "bshd"),
         ("joint-front-infer", {"joint": "front"}, False, H, False, "bshd"),
     ]  # fmt: skip
@@ -64,6 +69,7 @@ REFUSED = [
     ("bad-strategy", {"joint": "middle"}, False),
     ("bad-kernel", {"kernel": "no_such_kernel"}, False),
     ("bad-cu-seqlens", {"cu_seqlens": [0, 4]}, True),
+    ("bad-doc-layout", {"cu_seqlens": [0, 4, 16], "doc_layout": "rows"}, True),
     ("bad-chunks", {"final_chunks": 0}, False),
 ]
 
@@ -92,7 +98,8 @@ def _inputs(torch, rank, n, seed, kv_heads, causal, form):
 
     gen = torch.Generator().manual_seed(seed)
     full = [torch.randn(1, S * n, h, D, generator=gen) for h in (H, kv_heads, kv_heads, H)]
-    mine = [shard(x, causal=causal) for x in full]  # declares the zigzag split when causal
+    cut = {"cu_seqlens": [0, 5, S * n], "layout": "documents"} if form == "documents" else {}
+    mine = [shard(x, causal=causal, **cut) for x in full]  # declares the split it cuts
     if form == "bhsd":
         return [x.transpose(1, 2).contiguous() for x in mine]
     if form == "swapped":  # (b, h, s, d) views of (b, s, h, d) storage: the wire layout vote
@@ -271,6 +278,9 @@ def test_header_records_the_option():
     assert header["kernel-math-infer"][2] == "math"
     assert header["gqa-infer"][0] != header["plain-infer"][0]
     assert header["swapped-wire-infer"][0] != header["bhsd-infer"][0]  # the storage vote
+    # the documents layout: declared by shard (causal) or asked for (doc_layout), agreed
+    assert header["documents-causal-train"][0][-1] == header["documents-explicit-infer"][0][-1]
+    assert header["documents-causal-train"][0][-1] != header["cu-seqlens-causal-train"][0][-1]
 
 
 @pytest.mark.parametrize("name", [r[0] for r in REFUSED])

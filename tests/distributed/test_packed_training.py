@@ -6,7 +6,8 @@ batch size 1, one document crossing every shard boundary, length-1 documents): s
 the packed position ids to `shard_batch`, step 2 cu_seqlens. The reference is one process
 running each document ALONE through the same model (SDPA): the loss summed over every
 document's tokens over the total count, so it does not depend on transformers' own packing
-detection. Loss and every parameter gradient are compared at every step.
+detection. Loss and every parameter gradient are compared at every step, with the batch cut in
+the row's zigzag and in the documents layout (every document in 2N pieces).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ SEQ = 24  # divides by 2N for N = 2, 3
 PACKINGS = ([5, 1, 9, 3, 6], [1, 13, 1, 1, 8])  # document lengths of the two steps
 LOSS_TOL = 1e-6
 GRAD_REL_TOL = 1e-4
+LAYOUTS = ("zigzag", "documents")  # shard_batch(layout=): the row's zigzag, documents in 2N pieces
 
 
 def _llama(impl: str):
@@ -48,7 +50,7 @@ def _batches(torch):
     return out
 
 
-def _train(torch, ring: bool):
+def _train(torch, ring: bool, layout: str = "zigzag"):
     from tokenring_xdit.integrations import transformers as tr_hf
 
     model = _llama("token_ring" if ring else "sdpa")
@@ -57,7 +59,7 @@ def _train(torch, ring: bool):
     for step, (ids, pos, cu) in enumerate(_batches(torch)):
         if ring:
             packed = {"position_ids": pos} if step == 0 else {"cu_seqlens": cu}
-            batch = tr_hf.shard_batch(ids, **packed)
+            batch = tr_hf.shard_batch(ids, layout=layout, **packed)
             labels = batch.pop("shift_labels")
             loss = tr_hf.ring_loss(model(**batch).logits, labels)
         else:  # every document alone, its tokens' summed loss over the whole count
@@ -110,21 +112,22 @@ def _worker(rank, n):
 
     torch.set_num_threads(1)
     tr_hf.register()
-    ring_losses, ring_grads = _train(torch, ring=True)
     ref_losses, ref_grads = _train(torch, ring=False)
-    worst = 0.0
-    for got, want in zip(ring_grads, ref_grads, strict=True):
-        for name, g in want.items():
-            scale = g.abs().max().clamp_min(1e-6)
-            worst = max(worst, ((got[name] - g).abs().max() / scale).item())
-    return {
-        "loss_err": max(abs(a - b) for a, b in zip(ring_losses, ref_losses, strict=True)),
-        "grad_rel_err": worst,
-        "losses": ring_losses,
-        "params": len(ref_grads[0]),
-        "refusal": _refusal(torch),
-        "unpacked_loss": _unpacked_loss(torch),
-    }
+    out = {"refusal": _refusal(torch), "unpacked_loss": _unpacked_loss(torch)}
+    for layout in LAYOUTS:
+        ring_losses, ring_grads = _train(torch, ring=True, layout=layout)
+        worst = 0.0
+        for got, want in zip(ring_grads, ref_grads, strict=True):
+            for name, g in want.items():
+                scale = g.abs().max().clamp_min(1e-6)
+                worst = max(worst, ((got[name] - g).abs().max() / scale).item())
+        out[layout] = {
+            "loss_err": max(abs(a - b) for a, b in zip(ring_losses, ref_losses, strict=True)),
+            "grad_rel_err": worst,
+            "losses": ring_losses,
+            "params": len(ref_grads[0]),
+        }
+    return out
 
 
 @functools.cache
@@ -132,10 +135,12 @@ def _launch(n):
     return values(run_ranks(_worker, n, timeout=300))
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("n", [2, 3])
-def test_packed_llama_training_matches_one_process(n):
-    for rank, got in enumerate(_launch(n)):
-        print(f"N={n} rank {rank}: loss err {got['loss_err']:.3g}, grad rel err "
+def test_packed_llama_training_matches_one_process(n, layout):
+    for rank, res in enumerate(_launch(n)):
+        got = {**res[layout], "unpacked_loss": res["unpacked_loss"]}
+        print(f"N={n} {layout} rank {rank}: loss err {got['loss_err']:.3g}, grad rel err "
               f"{got['grad_rel_err']:.3g}, losses {got['losses']}, unpacked "
               f"{got['unpacked_loss']:.6f}")  # fmt: skip
         assert got["params"] > 10, got

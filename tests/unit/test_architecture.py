@@ -266,11 +266,12 @@ def test_public_names_are_lazy_and_the_old_paths_still_work():
     from tokenring_xdit.hosts.selection import set_xdit_ring_impl
     from tokenring_xdit.integrations.transformers import register
     from tokenring_xdit.patches import xfuser_cpu
-    from tokenring_xdit.ring.sharding import zigzag_positions
+    from tokenring_xdit.ring.sharding import shard_positions, zigzag_positions
 
     assert tokenring_xdit.set_ring_impl is set_xdit_ring_impl
     assert tokenring_xdit.register_transformers is register
     assert tokenring_xdit.zigzag_positions is zigzag_positions
+    assert tokenring_xdit.shard_positions is shard_positions
     with pytest.raises(ValueError, match="xfuser, diffusers"):
         tokenring_xdit.enable_cpu_mode("vllm")
     assert callable(xfuser_cpu.enable)

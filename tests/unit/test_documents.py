@@ -1,5 +1,6 @@
-"""Packed documents without a process group: the plan covers every same-document pair once, the
-per-segment kernel equals the masked one, the load report adds up, claims rebuild documents."""
+"""Packed documents without a process group: the plan covers every same-document pair once (in
+either layout), the per-segment kernel equals the masked one, the load report adds up, claims
+rebuild documents."""
 
 from __future__ import annotations
 
@@ -8,19 +9,16 @@ import random
 import pytest
 import torch
 
-from tokenring_xdit.ring.documents import (
-    Documents,
-    Segment,
-    doc_plan,
-    document_work,
+from tokenring_xdit.ring.doc_claims import (
     documents_from_claims,
     documents_from_position_ids,
     local_claims,
 )
+from tokenring_xdit.ring.documents import Documents, Segment, doc_plan, document_work
 from tokenring_xdit.ring.kernels import MASKED, PAIRS, segment_runs, segments_mask, segments_pair
 from tokenring_xdit.ring.layout import BHSD, BSHD
 from tokenring_xdit.ring.schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
-from tokenring_xdit.ring.sharding import zigzag_positions
+from tokenring_xdit.ring.sharding import shard_positions, zigzag_positions
 
 
 def _random_docs(rng: random.Random, total: int) -> Documents:
@@ -28,24 +26,23 @@ def _random_docs(rng: random.Random, total: int) -> Documents:
     return Documents((0, *sorted(rng.sample(range(1, total), count - 1)), total))
 
 
+@pytest.mark.parametrize("split", ["zigzag", "documents"])
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("causal", [True, False])
-def test_plan_covers_each_document_pair_exactly_once(n, causal):
+def test_plan_covers_each_document_pair_exactly_once(n, causal, split):
+    """In the row's split and in the documents layout (ring/doc_layout.py) alike."""
     rng = random.Random(n * 10 + causal)
     for _ in range(20):
         total = 2 * n * rng.randint(1, 6)
         docs = _random_docs(rng, total)
         schedule = CAUSAL_ZIGZAG if causal else NON_CAUSAL_BLOCKS
-        plan = doc_plan(docs, schedule, (total // n,) * n)
+        plan = doc_plan(docs, schedule, (total // n,) * n, split)
+        cut = {"causal": causal, "cu_seqlens": docs.bounds, "layout": split}
+        pos = [shard_positions(total, r, n, **cut) for r in range(n)]
         seen = torch.zeros(total, total, dtype=torch.int64)
         for r in range(n):
-            k_pos = zigzag_positions(total, r, n) if causal and n > 1 else None
             for st in plan.steps[r][:n]:
-                owner = st.q_owner
-                q_pos = zigzag_positions(total, owner, n) if causal and n > 1 else None
-                if q_pos is None:
-                    q_pos = torch.arange(owner * total // n, (owner + 1) * total // n)
-                    k_pos = torch.arange(r * total // n, (r + 1) * total // n)
+                q_pos, k_pos = pos[st.q_owner], pos[r]
                 half_q, half_k = len(q_pos) // 2, len(k_pos) // 2
                 q_tile = {"all": q_pos, "front": q_pos[:half_q], "back": q_pos[half_q:]}
                 k_tile = {"all": k_pos, "front": k_pos[:half_k], "back": k_pos[half_k:]}

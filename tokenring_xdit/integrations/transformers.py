@@ -31,11 +31,12 @@ is refused; both errors say the way out (switch the model to "sdpa" on one proce
 
 Packed batches (documents laid end to end, position ids restarting at each, no attention mask:
 transformers' DataCollatorWithFlattening, TRL's padding-free packing): `shard_batch` takes the
-packed position ids (or cu_seqlens), cuts the zigzag shards, masks the label that would cross a
+packed position ids (or cu_seqlens), cuts the shards, masks the label that would cross a
 document boundary and adds the documents of the WHOLE sequence as `cu_seq_lens_q` /
 `cu_seq_lens_k` (transformers' FlashAttentionKwargs names, which the model hands to every
 attention call); the attention function passes them on as the ring's `cu_seqlens`, so each
-document attends only to itself (docs/training.md: the recipe).
+document attends only to itself (docs/training.md: the recipe). Its `layout` (default "auto")
+may cut every document into 2N pieces instead (balanced ranks; ring/doc_layout.py).
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ import torch
 import torch.distributed as dist
 
 from ..ring.api import token_ring_attn_func
-from ..ring.documents import Documents, documents_from_position_ids
+from ..ring.doc_claims import documents_from_position_ids
+from ..ring.documents import Documents
 from ..ring.sharding import shard
 
 __all__ = ["NAME", "register", "unregister", "shard_batch", "ring_loss", "sync_gradients"]
@@ -206,6 +208,7 @@ def shard_batch(
     shift_labels: bool | None = None,
     ignore_index: int = IGNORE_INDEX,
     cu_seqlens: torch.Tensor | list[int] | None = None,
+    layout: str = "auto",
 ) -> dict[str, torch.Tensor]:
     """This rank's shard of a batch of FULL sequences (b, S), for the ring `group`.
 
@@ -224,7 +227,11 @@ def shard_batch(
     last token of each document gets `ignore_index` (it must not predict the next document),
     and the result also holds `cu_seq_lens_q` / `cu_seq_lens_k` (int32, CPU, the WHOLE
     sequence's documents), which the model passes to the attention function. Pad a packed
-    sequence with one more document (labels -100) to reach the multiple.
+    sequence with one more document (labels -100) to reach the multiple. `layout`: how a packed
+    row is cut (`tokenring_xdit.shard`'s): "zigzag" (the row's split), "documents" (every
+    document in 2N pieces: balanced whatever the lengths) or "auto" (the smaller predicted
+    spread); input ids, position ids and labels all follow it, and the attention calls follow
+    the layout `shard` declares for these documents.
     """
     shift = causal if shift_labels is None else shift_labels
     docs = _batch_documents(input_ids, position_ids, cu_seqlens)
@@ -239,9 +246,12 @@ def shard_batch(
         position_ids = position_ids.unsqueeze(0).expand(input_ids.shape[0], -1)
     if labels is None and shift:
         labels = input_ids
+    cut = {"causal": causal, "dim": -1}
+    if docs is not None:
+        cut.update(cu_seqlens=docs.bounds, layout=layout)
     out = {
-        "input_ids": shard(input_ids, group, causal=causal, dim=-1),
-        "position_ids": shard(position_ids, group, causal=causal, dim=-1),
+        "input_ids": shard(input_ids, group, **cut),
+        "position_ids": shard(position_ids, group, **cut),
     }
     if labels is not None:
         if shift:
@@ -250,7 +260,7 @@ def shard_batch(
             if docs is not None:  # a document's last token predicts nothing of the next one
                 ends = torch.tensor(docs.bounds[1:], device=labels.device) - 1
                 labels = labels.index_fill(-1, ends, ignore_index)
-        out["shift_labels" if shift else "labels"] = shard(labels, group, causal=causal, dim=-1)
+        out["shift_labels" if shift else "labels"] = shard(labels, group, **cut)
     if docs is not None:
         cu = torch.tensor(docs.bounds, dtype=torch.int32)  # CPU: the ring reads it on the host
         out["cu_seq_lens_q"] = out["cu_seq_lens_k"] = cu

@@ -50,6 +50,7 @@ def token_ring_attn(
     positions: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | list[int] | None = None,
     position_ids: torch.Tensor | None = None,
+    doc_layout: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact attention of the local queries against the K/V of every rank of `group`.
 
@@ -70,6 +71,7 @@ def token_ring_attn(
         final_chunks=final_chunks, joint_kv=joint_kv, joint_strategy=joint_strategy,
         cuda_graph=cuda_graph, kernel_key=kernel_key, config=config, deterministic=deterministic,
         positions=positions, cu_seqlens=cu_seqlens, position_ids=position_ids,
+        doc_layout=doc_layout,
     )  # fmt: skip
     return attend(q, k, v, options)
 

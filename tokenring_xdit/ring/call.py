@@ -29,6 +29,7 @@ from ..config import RingConfig, current
 from .agree import CallSpec, Problem, agree, digest, needs_grad
 from .block_forward import BlockCall
 from .comm import RingPosition
+from .doc_layout import ROW
 from .documents import Documents, doc_plan
 from .forward import RingCall
 from .head_start import ring_pause_us
@@ -36,6 +37,7 @@ from .kernels import BlockKernel, KernelChoice, SwappedKernel, resolve_kernel
 from .layout import Layout, get_layout
 from .ring import Ring
 from .schedules import CAUSAL_ZIGZAG, NON_CAUSAL, NON_CAUSAL_BLOCKS
+from .sharding import call_layout
 
 __all__ = [
     "CallOptions", "OpArg", "PreparedCall", "prepare", "op_args",
@@ -152,12 +154,17 @@ class CallOptions:
     position_ids: (seqlen_q,) or (batch_size, seqlen_q) int, this shard's per-document
         positions that restart at 0 where a document starts (transformers' packed batches);
         every rank learns the same documents from them in the input check.
+    doc_layout: the layout of packed shards: None (what `shard(..., cu_seqlens=)` declared for
+        these documents on this group; the row's split if nothing was), "zigzag" (the row's
+        split) or "documents" (every document in 2N pieces, ring/doc_layout.py; needs
+        cu_seqlens). A value that contradicts the declaration is refused on every rank.
 
     Packed documents: non-causal shards are the contiguous shards in rank order, causal ones
-    zigzag shards; K/V must be the query's tokens; batch size 1; blocks whose tiles share no
-    document are skipped (ring/documents.py). Under torch.compile every option travels as an
-    argument of one operator (`OpArg` in each field; compiled.py): the kernel by name only,
-    `kernel_key` not at all (it names a callable kernel, which a graph cannot carry).
+    zigzag shards (unless in the documents layout); K/V must be the query's tokens; batch size
+    1; blocks whose tiles share no document are skipped (ring/documents.py). Under
+    torch.compile every option travels as an argument of one operator (`OpArg` in each
+    field; compiled.py): the kernel by name only, `kernel_key` not at all (it names a
+    callable kernel, which a graph cannot carry).
     """
 
     group: dist.ProcessGroup | None = _opt(None, "str", _group_name, _group)
@@ -177,6 +184,7 @@ class CallOptions:
     positions: torch.Tensor | None = _opt(None, "Tensor?")
     cu_seqlens: torch.Tensor | list[int] | None = _opt(None, "Tensor?", _cu_tensor)
     position_ids: torch.Tensor | None = _opt(None, "Tensor?")
+    doc_layout: str | None = _opt(None, "str?")
 
     @property
     def packed(self) -> bool:
@@ -245,6 +253,13 @@ def prepare(
     chunks = options.final_chunks if options.final_chunks is not None else cfg.final_chunks
     scale = options.softmax_scale if options.softmax_scale is not None else q.shape[-1] ** -0.5
     docs, problem, text = _documents(options)
+    pos = RingPosition.of(options.group)
+    split, why = ROW, ""
+    if options.packed or options.doc_layout is not None:
+        total = q.shape[layout.seq_dim] * pos.size
+        split, why = call_layout(options.group, docs, options.doc_layout, total)
+    if why and not problem:
+        problem, text = Problem.DOC_LAYOUT, why
     grad = needs_grad(q, k, v) if grad is None else grad
     packed = options.packed
     train = options.causal or grad or packed
@@ -261,13 +276,15 @@ def prepare(
         q, k, v, layout, options.causal, chunks, scale, digest(kernel.family), graphs and not train,
         validate, options.joint_kv, options.positions, problem, text, transport=cfg.transport,
         documents=docs, doc_positions=options.position_ids if options.cu_seqlens is None else None,
-        timeout=cfg.timeout, family=kernel.family,
+        timeout=cfg.timeout, family=kernel.family, split=split,
     )  # fmt: skip
-    ring = _agree(spec, RingPosition.of(options.group), grad, cfg)
+    ring = _agree(spec, pos, grad, cfg)
     head_start_us = ring_pause_us(cfg.comm_head_start_us, ring.transport)
     if train:
         schedule = CAUSAL_ZIGZAG if options.causal else NON_CAUSAL_BLOCKS
-        plan = doc_plan(ring.docs, schedule, ring.q_lens) if ring.docs is not None else None
+        plan = None
+        if ring.docs is not None:
+            plan = doc_plan(ring.docs, schedule, ring.q_lens, ring.split)
         call = BlockCall(schedule, kernel.fn, layout, scale, plan, head_start_us=head_start_us,
                          hold_back=cfg.train_hold_back)  # fmt: skip
     else:

@@ -17,16 +17,31 @@ later holder needs stops travelling (`DocPlan`, which every rank computes alike 
 layout). Off the diagonal a zigzag block meets at most one document (the one reaching across
 the chunks between the tiles), so the work left is the diagonal's per-document triangles plus
 one rectangle per document that crosses a chunk boundary.
+
+In the documents layout (doc_layout.py: every document cut into 2N pieces) a tile is a list of
+pieces instead, each inside one document, and a block's segments come from `block_pieces`: per
+document a full rectangle or a causal diagonal, several documents per block; `document_work`
+reports both layouts and which one `auto` picks.
 """
 
 from __future__ import annotations
 
 import bisect
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from .doc_layout import (
+    DOCUMENTS,
+    LAYOUTS,
+    ROW,
+    Segment,
+    block_pieces,
+    check_total,
+    piece_pairs,
+    pieces_meet,
+)
 from .schedules.blocks import ALL, FRONT, BlockStep
 
 __all__ = [
@@ -34,8 +49,8 @@ __all__ = [
     "Segment",
     "DocPlan",
     "doc_plan",
-    "documents_from_position_ids",
     "document_work",
+    "pick_layout",
 ]
 
 
@@ -79,54 +94,11 @@ class Documents:
         return bisect.bisect_right(self.bounds, index) - 1
 
 
-def documents_from_position_ids(position_ids: torch.Tensor) -> Documents:
-    """Documents of a FULL packed sequence from its position ids, which restart at 0 at each
-    document (transformers' DataCollatorWithFlattening, TRL's padding-free packing).
-    position_ids: (S,) or (b, S) with equal rows. ValueError if they do not count up by one
-    inside a document."""
-    pos = position_ids.reshape(-1, position_ids.shape[-1]) if position_ids.dim() > 1 else None
-    if pos is not None:
-        if pos.shape[0] > 1 and not bool((pos == pos[:1]).all()):
-            raise ValueError(
-                "packed position_ids differ between batch rows: pack every document into ONE "
-                "row (batch size 1), as DataCollatorWithFlattening does"
-            )
-        position_ids = pos[0]
-    p = position_ids.to("cpu", torch.int64)
-    if p.numel() == 0:
-        raise ValueError("position_ids are empty")
-    starts = (p == 0).nonzero().flatten()
-    steps_ok = bool(((p[1:] == p[:-1] + 1) | (p[1:] == 0)).all()) if p.numel() > 1 else True
-    if int(p[0]) != 0 or not steps_ok:
-        raise ValueError(
-            "packed position_ids must start at 0 and count up by one inside each document, "
-            "restarting at 0 where a document starts"
-        )
-    return Documents(tuple(starts.tolist()) + (p.numel(),))
-
-
-@dataclass(frozen=True)
-class Segment:
-    """Queries [q0, q1) of a tile against keys [k0, k1) of a tile, one document; `causal`:
-    the same tokens on both sides, masked causally (else every key is visible)."""
-
-    q0: int
-    q1: int
-    k0: int
-    k1: int
-    causal: bool
-
-    @property
-    def pairs(self) -> int:
-        n_q, n_k = self.q1 - self.q0, self.k1 - self.k0
-        return n_q * (n_q + 1) // 2 if self.causal else n_q * n_k
-
-
 # --- where a rank's tokens are --------------------------------------------------------------
 
 
 def _local_ranges(rank: int, q_lens: tuple[int, ...], zigzag: bool) -> list[tuple[int, int]]:
-    """Global token ranges of `rank`'s shard, in its local order."""
+    """Global token ranges of `rank`'s shard in the row's split, in its local order."""
     if zigzag:
         n, c = len(q_lens), q_lens[rank] // 2
         back = 2 * n - 1 - rank
@@ -162,7 +134,7 @@ def _runs(docs: Documents, ranges: list[tuple[int, int]]) -> dict[int, tuple[int
 
 
 def block_segments(docs: Documents, q_ranges, k_ranges, causal: bool) -> tuple[Segment, ...]:
-    """The segments of one block (empty: the block has no pair to attend)."""
+    """The segments of one block of the row's split (empty: no pair to attend)."""
     q_runs, k_runs = _runs(docs, q_ranges), _runs(docs, k_ranges)
     segs = []
     for doc, (q0, q1) in q_runs.items():
@@ -181,21 +153,47 @@ def block_segments(docs: Documents, q_ranges, k_ranges, causal: bool) -> tuple[S
 class DocPlan:
     """Per (rank, step) of a block schedule: the kernel's segments and which transfers run.
 
-    Pure and equal on every rank (built from the agreed documents, lengths and schedule)."""
+    Pure and equal on every rank (built from the agreed documents, lengths, schedule and
+    layout: the row's split or `doc_layout.DOCUMENTS`). In the documents layout a block's
+    segments are made when first asked for (a block holds ~2 per document; a rank runs only
+    its own blocks and asks of the others only whether they attend, which the documents of
+    their pieces answer: `doc_layout.pieces_meet`)."""
 
     docs: Documents
     size: int
-    segments: tuple[tuple[tuple[Segment, ...], ...], ...]  # [rank][step]; () = skipped
+    segments: tuple[tuple[tuple[Segment, ...], ...], ...] | None  # [rank][step]; () = skipped
     steps: tuple[tuple[BlockStep, ...], ...]  # [rank] the schedule's rows
+    split: str = ROW
+    causal: bool = False  # the schedule's (the documents layout's rule needs it)
+    _made: dict = field(default_factory=dict, compare=False, repr=False)  # lazy blocks
 
     def block(self, rank: int, step: int) -> tuple[Segment, ...]:
-        return self.segments[rank][step] if step < self.size else ()
+        if step >= self.size:
+            return ()
+        if self.segments is not None:
+            return self.segments[rank][step]
+        found = self._made.get((rank, step))
+        if found is None:
+            st = self.steps[rank][step]
+            q, kv = (st.q_owner, st.q_part), (rank, st.kv_part)
+            found = block_pieces(self.docs.bounds, self.size, q, kv, self.causal)
+            self._made[(rank, step)] = found
+        return found
+
+    def attends(self, rank: int, step: int) -> bool:
+        """Whether the block of `rank` at `step` has a segment (without making it off the
+        diagonal in the documents layout, where every pair of pieces that meet attends)."""
+        if self.segments is not None or step >= self.size or self.steps[rank][step].causal:
+            return bool(self.block(rank, step))
+        st = self.steps[rank][step]
+        q, kv = (st.q_owner, st.q_part), (rank, st.kv_part)
+        return pieces_meet(self.docs.bounds, self.size, q, kv)
 
     def q_needed(self, owner: int, after: int) -> bool:
         """Does any holder of `owner`'s query run a kernel on it after step `after`? (At step t
         rank r holds the query of r + t: the zigzag moves Q to r-1; the non-causal table to
         r+1, so its holder is owner + t.)"""
-        return any(self.block(self._holder(owner, t), t) for t in range(after + 1, self.size))
+        return any(self.attends(self._holder(owner, t), t) for t in range(after + 1, self.size))
 
     def _holder(self, owner: int, t: int) -> int:
         for r in range(self.size):  # tiny loops: N <= a few dozen
@@ -210,19 +208,22 @@ class DocPlan:
         return st.q_recv_from is not None and self.q_needed(st.q_recv_owner, st.step)
 
     def ret_send(self, rank: int, st: BlockStep) -> bool:
-        return st.ret_send_to is not None and bool(self.block(rank, st.step - 1))
+        return st.ret_send_to is not None and self.attends(rank, st.step - 1)
 
     def ret_recv(self, rank: int, st: BlockStep) -> bool:
-        return st.ret_recv_from is not None and bool(self.block(st.ret_recv_from, st.step - 1))
+        return st.ret_recv_from is not None and self.attends(st.ret_recv_from, st.step - 1)
 
 
 @functools.lru_cache(maxsize=64)
-def doc_plan(docs: Documents, schedule, q_lens: tuple[int, ...]) -> DocPlan:
-    """The DocPlan of `schedule` (a block schedule) over shards of `q_lens` tokens."""
+def doc_plan(docs: Documents, schedule, q_lens: tuple[int, ...], split: str = ROW) -> DocPlan:
+    """The DocPlan of `schedule` (a block schedule) over shards of `q_lens` tokens cut in
+    layout `split` (the row's split, or DOCUMENTS: every document cut in 2N pieces)."""
     n = len(q_lens)
-    zigzag = bool(schedule.causal) and n > 1
-    ranges = [_local_ranges(r, q_lens, zigzag) for r in range(n)]
     steps = tuple(schedule.block_steps(r, n) for r in range(n))
+    if split == DOCUMENTS:
+        check_total(docs.total, n)
+        return DocPlan(docs, n, None, steps, split, bool(schedule.causal))
+    ranges = [_local_ranges(r, q_lens, bool(schedule.causal) and n > 1) for r in range(n)]
     segments = []
     for r in range(n):
         row = []
@@ -234,22 +235,17 @@ def doc_plan(docs: Documents, schedule, q_lens: tuple[int, ...]) -> DocPlan:
             k_ranges = _part_ranges(ranges[r], st.kv_part)
             row.append(block_segments(docs, q_ranges, k_ranges, st.causal))
         segments.append(tuple(row))
-    return DocPlan(docs, n, tuple(segments), steps)
+    return DocPlan(docs, n, tuple(segments), steps, split)
 
 
-def document_work(cu_seqlens, world_size: int, causal: bool = True) -> dict:
-    """Load-balance report of a packed sequence over a ring of `world_size` (TokenRing's zigzag
-    when causal, contiguous shards otherwise): per rank, the attended (query, key) pairs, kernel
-    calls and query transfers; and the spread (max / mean pairs) and the dense total it replaces.
-    """
-    from .schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
+# documents win `auto` only where they cut the spread by more than this: the row's zigzag skips
+# the blocks and transfers of documents inside a chunk and runs fewer segments, which near a
+# balance is worth more than the last few percent (rows of 1-20 token documents: zigzag 1.05,
+# documents 1.00, but every query travels; GPU timings of `packed_varlen --layout` may retune it)
+AUTO_MARGIN = 0.05
 
-    docs = Documents.of(cu_seqlens)
-    n, total = world_size, docs.total
-    if total % (2 * n if causal else n):
-        raise ValueError(f"{total} tokens do not split evenly over {n} ranks; pad the sequence")
-    q_lens = (total // n,) * n
-    plan = doc_plan(docs, CAUSAL_ZIGZAG if causal else NON_CAUSAL_BLOCKS, q_lens)
+
+def _work(plan: DocPlan, n: int, causal: bool) -> dict:
     ranks = []
     for r in range(n):
         blocks = [plan.block(r, t) for t in range(n)]
@@ -263,92 +259,69 @@ def document_work(cu_seqlens, world_size: int, causal: bool = True) -> dict:
             }
         )
     pairs = [x["pairs"] for x in ranks]
-    mean = sum(pairs) / n
+    return {"ranks": ranks, "pairs_total": sum(pairs), "spread": _spread(pairs)}
+
+
+def _spread(pairs: list[int]) -> float:
+    mean = sum(pairs) / len(pairs)
+    return (max(pairs) / mean) if mean else 1.0
+
+
+def document_work(cu_seqlens, world_size: int, causal: bool = True, layout: str = ROW) -> dict:
+    """Load-balance report of a packed sequence over a ring of `world_size` without running
+    anything. Top level: the layout `layout` ("zigzag": the row's split, TokenRing's zigzag when
+    causal and contiguous shards otherwise; "documents"; "auto": the one `auto` picks): per rank
+    the attended (query, key) pairs, kernel calls, segments, query transfers and returns, the
+    spread (max / mean pairs) and the dense total it replaces. "layouts" holds the report of
+    each layout (None where the documents layout cannot cut the row: T not a multiple of 2N),
+    "auto" the layout `shard(..., layout="auto")` picks."""
+    docs = Documents.of(cu_seqlens)
+    n, total = world_size, docs.total
+    if total % (2 * n if causal else n):
+        raise ValueError(f"{total} tokens do not split evenly over {n} ranks; pad the sequence")
+    schedule, q_lens = _schedule(causal), (total // n,) * n
+    layouts = {ROW: _work(doc_plan(docs, schedule, q_lens), n, causal), DOCUMENTS: None}
+    if total % (2 * n) == 0:
+        layouts[DOCUMENTS] = _work(doc_plan(docs, schedule, q_lens, DOCUMENTS), n, causal)
+    per_doc = layouts[DOCUMENTS]
+    auto = _pick(layouts[ROW]["spread"], per_doc["spread"] if per_doc else None)
+    if layout not in (*LAYOUTS, "auto"):
+        raise ValueError(f"layout must be 'auto', 'zigzag' or 'documents', got {layout!r}")
+    chosen = layouts[auto if layout == "auto" else layout]
+    if chosen is None:
+        check_total(total, n)
     dense = total * (total + 1) // 2 if causal else total * total
     return {
         "documents": docs.count,
         "tokens": total,
-        "ranks": ranks,
-        "pairs_total": sum(pairs),
+        "layout": auto if layout == "auto" else layout,
+        **chosen,
         "dense_pairs": dense,
-        "spread": (max(pairs) / mean) if mean else 1.0,
+        "layouts": layouts,
+        "auto": auto,
     }
 
 
-# --- documents from the local shards' position ids (agreed in ring/agree/) ----------------------
-#
-# With position ids that restart, each rank sees only its own tokens. Every token tells where
-# its document starts (global index - position id), so each rank CLAIMS, per local chunk, the
-# start of the document its first token belongs to, plus every start inside its chunks; the
-# ring all-gathers the claims and every rank builds the same documents from their union and
-# checks them alike (same data, same verdict on every rank).
+def _schedule(causal: bool):
+    from .schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
+
+    return CAUSAL_ZIGZAG if causal else NON_CAUSAL_BLOCKS
 
 
-def _rows_of(position_ids: torch.Tensor) -> torch.Tensor | None:
-    """The one position-id row of a (s,) or (b, s) tensor whose rows are equal, else None."""
-    p = position_ids.reshape(-1, position_ids.shape[-1]) if position_ids.dim() > 1 else None
-    if p is None:
-        return position_ids.to("cpu", torch.int64)
-    if p.shape[0] > 1 and not bool((p == p[:1]).all()):
-        return None
-    return p[0].to("cpu", torch.int64)
+def _pick(row_spread: float, documents_spread: float | None) -> str:
+    if documents_spread is not None and documents_spread < row_spread - AUTO_MARGIN:
+        return DOCUMENTS
+    return ROW
 
 
-def _chunk_bounds(length: int, chunks: int) -> list[tuple[int, int]]:
-    half = length // chunks
-    return [(0, length)] if chunks == 1 else [(0, half), (half, length)]
-
-
-def claim_count(position_ids: torch.Tensor, length: int, chunks: int) -> int:
-    """How many claims this rank will send (-1: the position ids are not packed positions of
-    `length` tokens: rows differ, a wrong length, or a step other than +1 / restart at 0)."""
-    p = _rows_of(position_ids)
-    if p is None or p.numel() != length or (length and int(p.min()) < 0):
-        return -1
-    count = 0
-    for a, b in _chunk_bounds(length, chunks):
-        seg = p[a:b]
-        if seg.numel() > 1 and not bool(((seg[1:] == seg[:-1] + 1) | (seg[1:] == 0)).all()):
-            return -1
-        count += 2 + (int((seg[1:] == 0).sum()) if seg.numel() > 1 else 0)
-    return count
-
-
-def local_claims(position_ids: torch.Tensor, starts: list[int], length: int) -> list[int]:
-    """[(global start of chunk, start of its first token's document) per chunk..., then every
-    document start inside the chunks]; `starts`: the global index of each local chunk."""
-    p = _rows_of(position_ids)
-    heads, inner = [], []
-    for (a, b), g in zip(_chunk_bounds(length, len(starts)), starts, strict=True):
-        if b > a:
-            heads += [g, g - int(p[a])]
-            inner += [g + int(i) + 1 for i in (p[a + 1 : b] == 0).nonzero().flatten().tolist()]
-        else:
-            heads += [-1, -1]  # an empty chunk claims nothing
-    return heads + inner
-
-
-def documents_from_claims(claims: list[list[int]], chunks: int, total: int) -> Documents:
-    """The documents every rank's claims describe; ValueError (naming the rank) if they do not
-    fit together. Equal input on every rank gives an equal result or an equal error."""
-    starts = {0}
-    for c in claims:
-        starts.update(
-            s for g, s in zip(c[0 : 2 * chunks : 2], c[1 : 2 * chunks : 2], strict=False) if g >= 0
-        )
-        starts.update(c[2 * chunks :])
-    ordered = sorted(starts)
-    for r, c in enumerate(claims):
-        for g, s in zip(c[0 : 2 * chunks : 2], c[1 : 2 * chunks : 2], strict=True):
-            if g < 0:
-                continue
-            # the document of token g starts at s: no other document may start in (s, g]
-            later = bisect.bisect_right(ordered, s)
-            if s < 0 or (later < len(ordered) and ordered[later] <= g):
-                raise ValueError(
-                    f"TokenRing: packed position_ids do not fit together across the ring: rank "
-                    f"{r}'s token {g} has position {g - s}, but a document starts at "
-                    f"{ordered[later] if s >= 0 else 'a negative index'}; pass the position ids "
-                    "of ONE packed sequence cut by shard_batch / shard (or pass cu_seqlens)"
-                )
-    return Documents(tuple(x for x in ordered if x < total) + (total,))
+def pick_layout(docs: Documents, world_size: int, causal: bool) -> str:
+    """The layout `auto` picks for `docs` over `world_size` ranks (every rank picks alike):
+    the row's spread from its plan, the documents layout's from its piece lengths (no plan:
+    `shard` asks this for every new row)."""
+    n = world_size
+    if n == 1:
+        return ROW
+    row = _work(doc_plan(docs, _schedule(causal), (docs.total // n,) * n), n, causal)["spread"]
+    if docs.total % (2 * n):
+        return ROW
+    return _pick(row, _spread(piece_pairs(docs.bounds, n, causal)))

@@ -16,6 +16,7 @@ import torch
 from .comm import RingComms, RingPosition, torch_lanes
 from .comm.ipc import ipc_finished, ipc_lanes
 from .comm.watchdog import watch
+from .doc_layout import ROW
 from .documents import Documents
 
 __all__ = ["Ring", "TRANSPORTS"]
@@ -45,6 +46,7 @@ class Ring:
     transport: str = "nccl"  # how the lanes move data: a name in TRANSPORTS
     docs: Documents | None = None  # the agreed packed documents of the global sequence
     swapped: bool = False  # Q and partials travel with seq and heads swapped (layout.storage)
+    split: str = ROW  # the packed documents' layout (doc_layout.py): the row's split or DOCUMENTS
 
     @property
     def rank(self) -> int:

@@ -13,7 +13,12 @@ so a causal call must carry proof, checked on every rank before any transfer (ri
 
 `shard` / `unshard` cut a full sequence into this rank's shard and put shards back together,
 for any process group (no yunchang groups needed): zigzag for causal attention (and the
-declaration above), contiguous otherwise.
+declaration above), contiguous otherwise. A packed row (`cu_seqlens=`) may instead be cut in the
+documents layout (ring/doc_layout.py: every document in 2N pieces, balanced whatever the
+lengths); `layout="auto"` picks the layout whose predicted spread is smaller
+(`documents.document_work`). `shard` declares the layout it cut for (group, length, documents),
+and a packed call on those documents follows that declaration (`call_layout`), agreed across
+the ring like the rest of the call.
 """
 
 from __future__ import annotations
@@ -24,13 +29,19 @@ from collections import OrderedDict
 import torch
 import torch.distributed as dist
 
+from .doc_layout import DOCUMENTS, LAYOUTS, ROW, check_total, local_positions
+from .documents import Documents, pick_layout
+
 __all__ = [
     "shard",
     "unshard",
     "zigzag_chunks",
     "zigzag_positions",
+    "shard_positions",
     "declare_zigzag",
+    "declare_layout",
     "declared_total",
+    "call_layout",
     "proof_of",
 ]
 
@@ -40,6 +51,9 @@ _DECLARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _NO_GROUP: dict[None, OrderedDict] = {}
 # distinct lengths remembered per group: a bound, so a loader of ever-new lengths keeps no more
 DECLARED_LENGTHS = 64
+# ring group -> {(length, document bounds): the layout `shard` cut them in}, oldest first
+_LAYOUTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_NO_GROUP_LAYOUTS: dict[None, OrderedDict] = {}
 
 # proof codes exchanged in the input check
 NO_PROOF, DECLARED, POSITIONS = 0, 1, 2
@@ -65,6 +79,47 @@ def zigzag_positions(total: int, rank: int, world_size: int, device=None) -> tor
     ).to(device)
 
 
+def shard_positions(
+    total: int,
+    rank: int,
+    world_size: int,
+    *,
+    causal: bool = True,
+    cu_seqlens=None,
+    layout: str = "auto",
+    device=None,
+) -> torch.Tensor:
+    """Global position of every token of rank `rank`'s shard, as `shard` cuts a row of `total`
+    tokens with these arguments (the zigzag split, contiguous shards, or the documents layout):
+    `x_full[..., shard_positions(...)]` is the shard; the proof `positions=` of a causal call."""
+    split = _split(layout, cu_seqlens, total, world_size, causal)
+    if split == DOCUMENTS:
+        pos = local_positions(Documents.of(cu_seqlens, total=total).bounds, rank, world_size)
+        return torch.tensor(pos, dtype=torch.int64, device=device)
+    if causal and world_size > 1:
+        return zigzag_positions(total, rank, world_size, device=device)
+    size = total // _pieces(total, world_size, False)
+    return torch.arange(rank * size, (rank + 1) * size, device=device)
+
+
+def _split(layout: str, cu_seqlens, total: int, world_size: int, causal: bool) -> str:
+    """The layout `shard` cuts: ROW or DOCUMENTS ("auto": the smaller predicted spread)."""
+    if layout not in (*LAYOUTS, "auto"):
+        raise ValueError(f"layout must be 'auto', 'zigzag' or 'documents', got {layout!r}")
+    if cu_seqlens is None:
+        if layout == DOCUMENTS:
+            raise ValueError("layout='documents' cuts every document: pass cu_seqlens=")
+        return ROW
+    docs = Documents.of(cu_seqlens, total=total)
+    if layout == "auto":
+        if total % (2 * world_size if causal else world_size):
+            _pieces(total, world_size, causal)  # the error says how far to pad
+        return pick_layout(docs, world_size, causal)
+    if layout == DOCUMENTS:
+        check_total(total, world_size)
+    return layout
+
+
 def _key(group: dist.ProcessGroup | None):
     if group is None and dist.is_initialized():
         return dist.group.WORLD
@@ -87,6 +142,55 @@ def declare_zigzag(group: dist.ProcessGroup | None, total: int) -> None:
     lengths[int(total)] = None  # newest last
     while len(lengths) > DECLARED_LENGTHS:
         lengths.popitem(last=False)
+
+
+def declare_layout(group: dist.ProcessGroup | None, total: int, docs: Documents, split: str):
+    """Record that this rank cut the packed row `docs` of `total` tokens in layout `split` for
+    `group` (the last `DECLARED_LENGTHS` rows kept); a packed call on these documents follows
+    it (`call_layout`)."""
+    key = _key(group)
+    table = _NO_GROUP_LAYOUTS if key is None else _LAYOUTS
+    if key not in table:
+        table[key] = OrderedDict()
+    rows = table[key]
+    rows.pop((int(total), docs.bounds), None)
+    rows[(int(total), docs.bounds)] = split
+    while len(rows) > DECLARED_LENGTHS:
+        rows.popitem(last=False)
+
+
+def declared_layout(group: dist.ProcessGroup | None, total: int, docs: Documents) -> str | None:
+    """The layout `shard` declared for these documents of `total` tokens on `group`, or None."""
+    key = _key(group)
+    rows = (_NO_GROUP_LAYOUTS if key is None else _LAYOUTS).get(key)
+    return None if rows is None else rows.get((int(total), docs.bounds))
+
+
+def call_layout(
+    group: dist.ProcessGroup | None, docs: Documents | None, requested: str | None, total: int
+) -> tuple[str, str]:
+    """(layout of a packed call's shards, "" or why it cannot be): `requested` (the call's
+    doc_layout) or, with None, what `shard` declared for these documents (the row's split if
+    nothing was). A request that contradicts the declaration is refused."""
+    if requested is not None and requested not in LAYOUTS:
+        return ROW, f"doc_layout must be None, 'zigzag' or 'documents', got {requested!r}"
+    if docs is None:
+        if requested == DOCUMENTS:
+            return ROW, (
+                "doc_layout='documents' needs the documents as cu_seqlens of the whole row "
+                "(position_ids that restart cannot place the pieces)"
+            )
+        return ROW, ""
+    declared = declared_layout(group, total, docs)
+    if requested is None:
+        return declared or ROW, ""
+    if declared is not None and declared != requested:
+        return requested, (
+            f"doc_layout={requested!r} but these shards were cut in the {declared!r} layout "
+            f"(shard(..., cu_seqlens=, layout=) declared it for this group); pass "
+            f"doc_layout={declared!r} or None (None follows the declaration)"
+        )
+    return requested, ""
 
 
 def declared_total(group: dist.ProcessGroup | None, total: int | None = None) -> int | None:
@@ -115,8 +219,21 @@ def proof_of(
     rank: int,
     world_size: int,
     q_len: int,
+    docs: Documents | None = None,
+    split: str = ROW,
 ) -> tuple[int, int]:
-    """(proof code, proven global length) of a causal call's layout on this rank."""
+    """(proof code, proven global length) of a causal call's layout on this rank (`split`:
+    the documents layout of `docs`, proven by positions or by `shard`'s declaration)."""
+    if split == DOCUMENTS:
+        total = q_len * world_size
+        if positions is not None:
+            want = shard_positions(total, rank, world_size, cu_seqlens=docs.bounds,
+                                   layout=DOCUMENTS, device=positions.device)  # fmt: skip
+            pos = positions.reshape(-1, positions.shape[-1])
+            ok = pos.shape[-1] == q_len and bool((pos == want).all())
+            return (POSITIONS, total) if ok else (BAD_POSITIONS, 0)
+        declared = declared_layout(group, total, docs) == DOCUMENTS
+        return (DECLARED, total) if declared else (NO_PROOF, 0)
     if positions is not None:
         total = _positions_total(positions, rank, world_size, q_len)
         return (POSITIONS, total) if total >= 0 else (BAD_POSITIONS, 0)
@@ -160,7 +277,13 @@ def _pieces(total: int, world_size: int, causal: bool) -> int:
 
 
 def shard(
-    x: torch.Tensor, group: dist.ProcessGroup | None = None, *, causal: bool, dim: int = 1
+    x: torch.Tensor,
+    group: dist.ProcessGroup | None = None,
+    *,
+    causal: bool,
+    dim: int = 1,
+    cu_seqlens=None,
+    layout: str = "auto",
 ) -> torch.Tensor:
     """This rank's shard of the full sequence `x` (sequence along `dim`) for ring `group`.
 
@@ -169,11 +292,25 @@ def shard(
     layout to the causal input check. causal=False: the r-th of N contiguous equal shards.
     Call it on every rank of `group` with the same full `x` shape; group=None is the default
     group. The length must divide by 2N (causal) or N: pad it first (the error says how far).
+
+    Packed rows: `cu_seqlens` (document offsets in the full row) and `layout`: "zigzag" (the
+    row's split above), "documents" (every document cut into 2N pieces, rank r holding pieces
+    r and 2N-1-r of each: ring/doc_layout.py; the length must divide by 2N) or "auto" (the one
+    of smaller predicted spread, `document_work`; equal on every rank). The layout is declared
+    for (group, length, documents): a call with these cu_seqlens follows it. Position ids and
+    labels follow `shard_positions` (or shard them with the same arguments).
     """
     rank, n = _rank_and_size(group)
     dim = dim % x.dim()
     total = x.shape[dim]
+    split = _split(layout, cu_seqlens, total, n, causal)
+    if split == DOCUMENTS:
+        declare_layout(group, total, Documents.of(cu_seqlens), DOCUMENTS)
+        pos = shard_positions(total, rank, n, cu_seqlens=cu_seqlens, layout=DOCUMENTS)
+        return x.index_select(dim, pos.to(x.device))
     size = total // _pieces(total, n, causal)
+    if cu_seqlens is not None:
+        declare_layout(group, total, Documents.of(cu_seqlens), ROW)
     if not causal:
         return x.narrow(dim, rank * size, size)
     front, back = zigzag_chunks(rank, n)
@@ -182,25 +319,40 @@ def shard(
 
 
 def unshard(
-    x: torch.Tensor, group: dist.ProcessGroup | None = None, *, causal: bool, dim: int = 1
+    x: torch.Tensor,
+    group: dist.ProcessGroup | None = None,
+    *,
+    causal: bool,
+    dim: int = 1,
+    cu_seqlens=None,
+    layout: str = "auto",
 ) -> torch.Tensor:
-    """The full sequence from every rank's shard `x` (as `shard` cut it), on every rank.
+    """The full sequence from every rank's shard `x` (as `shard` cut it, with the same
+    `causal`, `cu_seqlens` and `layout`), on every rank.
 
     An all-gather over `group` (every rank calls it, shards of one shape): for outputs, logits
     and checks. No gradient flows back through it.
     """
     rank, n = _rank_and_size(group)
     dim = dim % x.dim()
-    if n == 1:
+    if n == 1 and cu_seqlens is None:
         return x
+    total = x.shape[dim] * n
+    split = _split(layout, cu_seqlens, total, n, causal)
     if causal and x.shape[dim] % 2:
         raise ValueError(
             f"unshard(causal=True) takes zigzag shards (two equal halves); got a shard of "
             f"{x.shape[dim]} tokens along dim {dim}"
         )
-    shards = [torch.empty_like(x) for _ in range(n)]
-    dist.all_gather(shards, x.contiguous(), group=group)
-    if not causal:
+    shards = [x]
+    if n > 1:
+        shards = [torch.empty_like(x) for _ in range(n)]
+        dist.all_gather(shards, x.contiguous(), group=group)
+    if split == DOCUMENTS:
+        where = torch.cat([shard_positions(total, r, n, cu_seqlens=cu_seqlens,
+                                           layout=DOCUMENTS) for r in range(n)])  # fmt: skip
+        return torch.cat(shards, dim).index_select(dim, torch.argsort(where).to(x.device))
+    if not causal or n == 1:
         return torch.cat(shards, dim)
     halves = [s.chunk(2, dim) for s in shards]
     # chunk c of 2N: rank c's front half (c < N), else rank 2N-1-c's back half

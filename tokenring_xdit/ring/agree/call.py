@@ -15,7 +15,9 @@ import torch.distributed as dist
 from ...config import CommSettings
 from ..comm import RingComms, RingPosition, TokenRingCommError, comms_of
 from ..comm.groups import describe_peer
-from ..documents import Documents, claim_count, documents_from_claims, local_claims
+from ..doc_claims import claim_count, documents_from_claims, local_claims
+from ..doc_layout import DOCUMENTS
+from ..documents import Documents
 from ..layout import wire_swapped
 from ..ring import Ring
 from ..sharding import BAD_POSITIONS, NO_PROOF, proof_of
@@ -59,7 +61,9 @@ def agree(spec: CallSpec, pos: RingPosition, *, comm: CommSettings | None = None
     if comms is None:
         _raise_for([header], spec, device_type)  # a ring of one: its own words
         docs = _documents(None, 0, [header], spec, pos)
-        return Ring(pos, None, (header.q_len,), header.ring_settings(), docs=docs)
+        _check_split([header], spec)
+        settings = header.ring_settings()
+        return Ring(pos, None, (header.q_len,), settings, docs=docs, split=spec.split)
     key = (pos.group, header.cache_key(), spec.q.device, spec.timeout)
     use_cache = use_cache and spec.doc_positions is None  # their documents are new per call
     hit = cached(key) if use_cache and not header.problem else None
@@ -78,13 +82,17 @@ def _header(spec: CallSpec, pos: RingPosition, device_type: str) -> Header:
     proof = (NO_PROOF, 0)
     if not problem and spec.causal and pos.size > 1:
         s = spec.q.shape[spec.layout.seq_dim]
-        proof = proof_of(pos.group, spec.positions, pos.rank, pos.size, s)
+        proof = proof_of(
+            pos.group, spec.positions, pos.rank, pos.size, s, spec.documents, spec.split
+        )
+        by_docs = spec.split == DOCUMENTS
         if s % 2:
             problem = Problem.NOT_ZIGZAG  # a zigzag shard is two equal halves
         elif proof[0] == BAD_POSITIONS:
-            problem, proof = Problem.BAD_POSITIONS, (NO_PROOF, 0)
+            problem = Problem.DOC_LAYOUT_PROOF if by_docs else Problem.BAD_POSITIONS
+            proof = (NO_PROOF, 0)
         elif proof[0] == NO_PROOF:
-            problem = Problem.NO_PROOF
+            problem = Problem.DOC_LAYOUT_PROOF if by_docs else Problem.NO_PROOF
     claims = 0
     if not problem and spec.doc_positions is not None:
         claims = claim_count(
@@ -104,9 +112,10 @@ def _exchanged(
     _raise_for(headers, spec, device_type, comms)
     transport = _resolve_transport(headers, comms.backend)
     docs = _documents(comms, pos.rank, headers, spec, pos)
+    _check_split(headers, spec)
     return Ring(
         pos, comms, tuple(h.q_len for h in headers), headers[0].ring_settings(), transport, docs,
-        wire_swapped([h.wire for h in headers]),
+        wire_swapped([h.wire for h in headers]), spec.split,
     )  # fmt: skip
 
 
@@ -191,6 +200,21 @@ def _check_zigzag(headers: list[Header]) -> None:
             f"length on every rank: local lengths {lens} (sum {sum(lens)}) vs the split's "
             f"{total} tokens. Pad the sequence to a multiple of 2N and cut it with "
             "tokenring_xdit.shard(x, group, causal=True) (torch.chunk makes unequal chunks)"
+        )
+
+
+def _check_split(headers: list[Header], spec: CallSpec) -> None:
+    """The documents layout holds T/N tokens on every rank, T a multiple of 2N (the split is
+    agreed by now, so every rank takes the same branch)."""
+    if spec.split != DOCUMENTS:
+        return
+    lens, n = [h.q_len for h in headers], len(headers)
+    if len(set(lens)) > 1 or sum(lens) % (2 * n):
+        raise ValueError(
+            f"TokenRing: the documents layout needs T/N tokens on every rank with T a multiple "
+            f"of 2N = {2 * n}: local lengths {lens} (sum {sum(lens)}). Cut the row with "
+            "tokenring_xdit.shard(x, group, causal=..., cu_seqlens=cu, layout='documents') "
+            "after padding it with one more document"
         )
 
 

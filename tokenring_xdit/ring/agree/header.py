@@ -25,6 +25,7 @@ from .codes import (
     DTYPES,
     LAYOUT_WORDS,
     PROOF_WORDS,
+    SPLIT_CODES,
     TRANSPORT_CODES,
     VALIDATE_CODES,
     Choice,
@@ -73,6 +74,7 @@ class Header:
     docs: int = 0  # packed documents: digest of cu_seqlens, DOCS_BY_POSITIONS, or 0 (none)
     ndocs: int = 0  # packed documents: their count, or this rank's claims
     wire: int = 0  # how q is stored (layout.storage): the vote on the layout Q travels in
+    split: int = 0  # packed documents' layout: codes.SPLIT_CODES (the row's split, documents)
 
     def row(self) -> list[int]:
         return list(map(int, _ROW(self)))
@@ -127,6 +129,7 @@ MUST_AGREE = {
     "proof": "causal layout proof",
     "total": "global sequence length of the zigzag split",
     "docs": "packed documents (digest of cu_seqlens; -1: position ids; 0: none)",
+    "split": "packed documents' layout (what shard() declared for them, or doc_layout=)",
 }
 
 
@@ -167,6 +170,7 @@ def call_header(spec: CallSpec, problem: Problem, proof: tuple[int, int]) -> Hea
         graphs=int(spec.graphs), validate=VALIDATE_CODES.get(spec.validate, -1),
         transport=TRANSPORT_CODES.get(spec.transport, -1), proof=proof[0], total=proof[1],
         gpu=_gpu_digest(q.device), docs=docs, ndocs=ndocs, wire=storage(q),
+        split=SPLIT_CODES[spec.split],
     )  # fmt: skip
 
 
@@ -212,6 +216,8 @@ def in_words(field: str, value: int, words: dict) -> str:
     if field in ("validate", "transport"):
         codes = VALIDATE_CODES if field == "validate" else TRANSPORT_CODES
         return {i: name for name, i in codes.items()}.get(value, "invalid")
+    if field == "split":
+        return repr({i: name for name, i in SPLIT_CODES.items()}.get(value, "unknown"))
     if field == "proof":
         return PROOF_WORDS.get(value, f"unknown ({value})")
     if field == "chunks" and value < 1:

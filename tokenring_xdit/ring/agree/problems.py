@@ -12,6 +12,7 @@ from enum import IntEnum
 
 import torch
 
+from ..doc_layout import ROW
 from ..documents import Documents
 from ..layout import Layout
 
@@ -118,6 +119,18 @@ class Problem(IntEnum):
             "where one starts; or pass cu_seqlens of the whole sequence"
         ),
     )
+    DOC_LAYOUT = 20, "the packed documents' layout does not fit this call: {detail}"
+    DOC_LAYOUT_PROOF = (
+        21,
+        (
+            "causal=True on shards in the documents layout needs proof that they are (other "
+            "shards give wrong results silently): cut them with tokenring_xdit.shard(x, group, "
+            "causal=True, cu_seqlens=cu, layout='documents'), which declares it for the group, or "
+            "pass positions=tokenring_xdit.ring.sharding.shard_positions(total, rank, N, "
+            "cu_seqlens=cu, layout='documents'); positions given that differ from those are "
+            "refused too"
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -152,6 +165,7 @@ class CallSpec:
 
     documents: Documents | None = None  # packed documents from cu_seqlens (checked by the api)
     doc_positions: torch.Tensor | None = None  # or this rank's position ids that restart
+    split: str = ROW  # their layout (doc_layout.py; sharding.call_layout decided it)
 
     @property
     def packed(self) -> bool:

@@ -30,7 +30,7 @@ from ..standin import row_delta_bhsd
 
 __all__ = [
     "BlockKernel", "HALF", "Kernel", "KernelPair", "KeyedKernel", "empty_partial", "empty_block",
-    "run_block", "lse_bhs", "row_delta", "from_bhsd",
+    "run_block", "lse_bhs", "row_delta", "from_bhsd", "RowsSeen", "merge_rows",
 ]  # fmt: skip
 
 BlockKernel = Callable[
@@ -129,6 +129,32 @@ def run_block(kernel: BlockKernel, q, k, v, scale: float, layout: Layout):
     """kernel(q, k, v, scale, layout), except for empty blocks."""
     empty = empty_block(q, k, v, layout)
     return empty if empty is not None else kernel(q, k, v, scale, layout)
+
+
+class RowsSeen:
+    """Which query rows of a packed block a kernel already wrote. In the documents layout
+    (ring/doc_layout.py) a query piece meets two key pieces of its document in one block (the
+    local front and back halves are not adjacent), so its second partial is merged, not copied."""
+
+    def __init__(self, rows: int):
+        self.seen = bytearray(rows)
+
+    def first(self, q0: int, q1: int) -> bool:
+        """True if no row of [q0, q1) was written yet; marks them written."""
+        fresh = 1 not in self.seen[q0:q1]
+        self.seen[q0:q1] = b"\x01" * (q1 - q0)
+        return fresh
+
+
+def merge_rows(out: torch.Tensor, lse: torch.Tensor, o, block_lse, lse_as_out) -> None:
+    """Merge the partial (o, block_lse) into rows (out, lse) in place (fp32 LSE merge; rows
+    still unwritten have out 0 and lse -inf). `lse_as_out` views an lse so it broadcasts
+    against out. The block's lse is finite on every row it covers (each row sees a key)."""
+    new = torch.logaddexp(lse, block_lse)
+    w_old, w_new = lse_as_out(torch.exp(lse - new)), lse_as_out(torch.exp(block_lse - new))
+    acc = torch.promote_types(out.dtype, torch.float32)
+    out.copy_(out.to(acc) * w_old + o.to(acc) * w_new)
+    lse.copy_(new)
 
 
 def lse_bhs(lse: torch.Tensor, batch: int, heads: int, seq: int) -> torch.Tensor:

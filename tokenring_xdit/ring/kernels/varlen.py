@@ -11,19 +11,23 @@ import torch
 from ..documents import Segment
 from ..layout import BHSD, Layout
 from ..standin import out_standin_bhsd
-from .base import Kernel, empty_partial
+from .base import Kernel, RowsSeen, empty_partial, merge_rows
 from .sdpa import flash_backward, flash_forward, no_rng
 
 
 def segment_runs(segs: tuple[Segment, ...]) -> list[list[Segment]]:
-    """Runs of segments that abut on both sides with one causal flag: one varlen call each."""
+    """Runs of segments that abut on both sides with one causal flag: one varlen call each.
+    A segment joins the run that ends where it starts (in the documents layout the runs of a
+    block interleave: a query piece meets its document's front and back key pieces)."""
     groups: list[list[Segment]] = []
-    for s in sorted(segs, key=lambda s: s.q0):
-        last = groups[-1][-1] if groups else None
-        if last is not None and (s.q0, s.k0, s.causal) == (last.q1, last.k1, last.causal):
-            groups[-1].append(s)
-        else:
-            groups.append([s])
+    ends: dict[tuple[int, int, bool], list[Segment]] = {}
+    for s in sorted(segs, key=lambda s: (s.q0, s.k0)):
+        group = ends.pop((s.q0, s.k0, s.causal), None)
+        if group is None:
+            group = []
+            groups.append(group)
+        group.append(s)
+        ends[(s.q1, s.k1, s.causal)] = group
     return groups
 
 
@@ -44,18 +48,30 @@ def _forward(q, k, v, scale, layout: Layout, mask):
     if isinstance(mask, bool):
         return flash_forward(q, k, v, scale, layout, mask)
     out, lse = empty_partial(q, v, layout)
+    seen = RowsSeen(q.shape[layout.seq_dim])
     for grp in segment_runs(mask):
         qs, ks = slice(grp[0].q0, grp[-1].q1), slice(grp[0].k0, grp[-1].k1)
         (cu_q, max_q), (cu_k, max_k) = _cu(grp, "q", q.device), _cu(grp, "k", q.device)
+        first = seen.first(qs.start, qs.stop)
         for i in range(q.shape[0]):
             o, block_lse = torch.ops.aten._flash_attention_forward(
                 _rows(q, i, qs, layout), _rows(k, i, ks, layout), _rows(v, i, ks, layout),
                 cu_q, cu_k, max_q, max_k, 0.0, grp[0].causal, False, scale=scale,
             )[:2]  # fmt: skip
-            _rows(out, i, qs, layout).copy_(o)
             # flash's varlen lse is (h, total_q)
-            lse[i, :, qs] = block_lse.reshape(block_lse.shape[-2], -1)[:, : qs.stop - qs.start]
+            block_lse = block_lse.reshape(block_lse.shape[-2], -1)[:, : qs.stop - qs.start]
+            if first:
+                _rows(out, i, qs, layout).copy_(o)
+                lse[i, :, qs] = block_lse
+            else:  # the same queries against a second run of keys (documents layout)
+                rows = lse[i, :, qs]
+                merge_rows(_rows(out, i, qs, layout), rows, o, block_lse.float(), _lse_rows)
     return out, lse
+
+
+def _lse_rows(lse: torch.Tensor) -> torch.Tensor:
+    """An (h, n) lse as (n, h, 1), against the (n, h, d) rows of flash's varlen entry."""
+    return lse.transpose(0, 1).unsqueeze(-1)
 
 
 def _backward(dout, q, k, v, out, lse, delta, scale, layout: Layout, mask):

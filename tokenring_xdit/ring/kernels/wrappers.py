@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from ..layout import Layout
-from .base import BlockKernel, Kernel, empty_partial
+from .base import BlockKernel, Kernel, RowsSeen, empty_partial, merge_rows
 
 # --- GQA ------------------------------------------------------------------------------------
 
@@ -97,12 +97,15 @@ class SegmentsForward:
         if isinstance(mask, bool):
             return self.dense(q, k, v, scale, layout, mask)
         out, lse = empty_partial(q, v, layout)
-        seq = layout.seq_slice
+        seq, seen = layout.seq_slice, RowsSeen(q.shape[layout.seq_dim])
         for s in mask:
             qs, ks = slice(s.q0, s.q1), slice(s.k0, s.k1)
             o, block_lse = self.dense(seq(q, qs), seq(k, ks), seq(v, ks), scale, layout, s.causal)
-            seq(out, qs).copy_(o)
-            lse[:, :, qs] = block_lse
+            if seen.first(s.q0, s.q1):
+                seq(out, qs).copy_(o)
+                lse[:, :, qs] = block_lse
+            else:  # a second key piece of the same query piece (documents layout)
+                merge_rows(seq(out, qs), lse[:, :, qs], o, block_lse.float(), layout.lse_to_out)
         return out, lse
 
 

@@ -1,0 +1,209 @@
+"""The documents layout through the ring: randomized packed rows vs exact fp64 attention.
+
+Seeded and reproducible: case i of ring size N draws on every rank a packed row whose total
+divides by 2N but whose documents mostly do not (lengths 1 .. the whole row: length-1
+documents, documents shorter than 2N with empty pieces, one document spanning every rank),
+causal or not, MHA or GQA, layout, and how the layout is known: `shard(..., layout=
+"documents")`'s declaration, or `doc_layout="documents"` with positions from `shard_positions`
+as the causal proof. Each rank runs the differentiable call on its shard (fp32) and compares
+out, lse, dq, dk, dv with autograd of exact fp64 attention under the document mask on the whole
+row (tests/distributed/test_packed_documents.py's reference); its kernel calls and Q transfers
+equal the documents plan's (`document_work(..., layout="documents")`). Bad input (documents
+that differ across ranks, a layout that does not match the shards, a row that does not split
+into 2N equal slots) is one error on every rank. One launch per ring size (gloo, CPU).
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+
+import pytest
+
+from tests.distributed.test_packed_documents import _reference
+from tests.harness import run_ranks, values
+
+SEED = 20261126
+CASES_PER_SIZE = 16  # x 3 ring sizes
+TOL = 2e-5
+
+
+def _draw(n: int, i: int) -> dict:
+    rng = random.Random(f"{SEED}/{n}/{i}")
+    total = 2 * n * rng.choice([2, 3, 5, 7])
+    count = rng.randint(1, min(12, total))
+    if i % 8 == 0:
+        count = 1  # one document spanning every rank
+    cuts = sorted(rng.sample(range(1, total), count - 1))
+    if i % 4 == 1 and total - 1 not in cuts:
+        cuts.append(total - 1)  # a length-1 document last
+    return {
+        "total": total,
+        "cu": [0, *cuts, total],
+        "causal": i % 3 != 2,
+        "hk": rng.choice([4, 2, 1]),
+        "d": rng.choice([8, 16]),
+        "layout": rng.choice(["bshd", "bhsd"]),
+        "explicit": i % 5 == 3,  # doc_layout="documents" (+ positions as the causal proof)
+        "seed": rng.randrange(2**31),
+    }
+
+
+def _case(rank: int, n: int, c: dict) -> dict:
+    import torch
+
+    from tokenring_xdit import shard
+    from tokenring_xdit.ring.api import token_ring_attn
+    from tokenring_xdit.ring.comm import COUNTERS
+    from tokenring_xdit.ring.sharding import shard_positions
+
+    gen = torch.Generator().manual_seed(c["seed"])
+    s, h, hk, d, cu, causal = c["total"], 4, c["hk"], c["d"], c["cu"], c["causal"]
+    q, do = (torch.randn(1, s, h, d, generator=gen, dtype=torch.float64) for _ in "qo")
+    k, v = (torch.randn(1, s, hk, d, generator=gen, dtype=torch.float64) for _ in "kv")
+    q, k, v, do = (x.float().double() for x in (q, k, v, do))  # the ring's rounded inputs
+    ref = _reference(torch, q, k, v, do, cu, causal)
+    pos = shard_positions(s, rank, n, causal=causal, cu_seqlens=cu, layout="documents")
+
+    def local(x):  # (1, S, ...) -> this rank's shard, in the case's layout
+        x = (
+            x[:, pos]
+            if c["explicit"]
+            else shard(x, causal=causal, cu_seqlens=cu, layout="documents")
+        )
+        return x if c["layout"] == "bshd" else x.transpose(1, 2).contiguous()
+
+    def back(x):
+        return x if c["layout"] == "bshd" else x.transpose(1, 2)
+
+    ins = [local(x).float().requires_grad_() for x in (q, k, v)]
+    kwargs = {"cu_seqlens": torch.tensor(cu, dtype=torch.int32)}
+    if c["explicit"]:
+        kwargs.update(doc_layout="documents", positions=pos if causal else None)
+    COUNTERS.reset()
+    out, lse = token_ring_attn(*ins, causal=causal, layout=c["layout"], **kwargs)
+    fwd_kernels, fwd_q = COUNTERS.kernel_calls, COUNTERS.q_messages
+    out.backward(local(do).float())
+    errs = {"out": (back(out).double() - ref[0][:, pos]).abs().max().item()}
+    ref_lse = ref[1][:, :, pos]
+    errs["lse"] = ((lse.double() - ref_lse).abs() / ref_lse.abs().clamp_min(1)).max().item()
+    for name, x, r in zip(("dq", "dk", "dv"), ins, ref[2:], strict=True):
+        errs[name] = (back(x.grad).double() - r[:, pos]).abs().max().item()
+    return {"errs": errs, "kernels": fwd_kernels, "q_messages": fwd_q}
+
+
+def _try(fn) -> str:
+    try:
+        fn()
+    except (ValueError, NotImplementedError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
+
+
+def _errors(rank: int, n: int) -> dict:
+    """Bad input: raised on every rank before any transfer (or by shard on every rank)."""
+    import torch
+
+    from tokenring_xdit import shard
+    from tokenring_xdit.ring.api import token_ring_attn
+
+    s = 4 * n
+    cu = [0, 3, s]
+    full = torch.randn(1, s, 2, 8)
+    # (the last cut of a row declares its layout: these two rows differ)
+    zig = shard(full, causal=True, cu_seqlens=[0, 5, s], layout="zigzag")
+    per_doc = shard(full, causal=True, cu_seqlens=cu, layout="documents")
+    row = torch.randn(1, s + 2, 2, 8)  # s + 2 tokens: no 2N equal slots
+
+    def call(x, **kw):
+        return lambda: token_ring_attn(x, x, x, **kw)
+
+    cases = {
+        "docs_differ": call(per_doc, causal=True, cu_seqlens=[0, 3 + rank, s]),
+        "told_documents": call(zig, causal=True, cu_seqlens=[0, 5, s], doc_layout="documents"),
+        "told_zigzag": call(per_doc, causal=True, cu_seqlens=cu, doc_layout="zigzag"),
+        "undeclared": call(
+            shard(full, causal=True), causal=True, cu_seqlens=[0, s - 1, s], doc_layout="documents"
+        ),
+        "split_differs": call(  # (no declaration for these documents)
+            per_doc, cu_seqlens=[0, 2, s], doc_layout="documents" if rank == 0 else "zigzag"
+        ),
+        "by_position_ids": call(per_doc, position_ids=torch.arange(4), doc_layout="documents"),
+        # 3 tokens on every rank: 3N is no multiple of 2N
+        "odd_rows": call(row[:, :3], cu_seqlens=[0, 1, 3 * n], doc_layout="documents"),
+        "shard_odd": lambda: shard(row, causal=True, cu_seqlens=[0, 1, s + 2], layout="documents"),
+        "bad_layout": lambda: shard(full, causal=True, cu_seqlens=cu, layout="rows"),
+    }
+    return {name: _try(fn) for name, fn in cases.items()}
+
+
+def _rank(rank: int, n: int) -> dict:
+    import torch
+
+    from tokenring_xdit.ring.documents import document_work
+
+    torch.set_num_threads(1)
+    results = []
+    for i in range(CASES_PER_SIZE):
+        c = _draw(n, i)
+        res = _case(rank, n, c)
+        work = document_work(c["cu"], n, causal=c["causal"], layout="documents")["ranks"][rank]
+        res["plan_kernels"], res["plan_q"] = work["kernel_calls"], work["q_transfers"]
+        results.append(res)
+    return {"cases": results, "errors": _errors(rank, n)}
+
+
+@functools.cache
+def _launch(n: int) -> list:
+    return values(run_ranks(_rank, n, timeout=600))
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_documents_layout_matches_exact_attention(n):
+    worst = {}
+    for rank, res in enumerate(_launch(n)):
+        for i, case in enumerate(res["cases"]):
+            assert case["kernels"] == case["plan_kernels"], (rank, i, case)
+            assert case["q_messages"] == case["plan_q"], (rank, i, case)
+            for name, err in case["errs"].items():
+                if err > worst.get(name, (0.0,))[0]:
+                    worst[name] = (err, rank, i, _draw(n, i))
+    print(f"N={n} worst errors:", {k: v[0] for k, v in worst.items()})
+    assert set(worst) == {"out", "lse", "dq", "dk", "dv"}
+    for name, (err, rank, i, c) in worst.items():
+        assert err <= TOL, f"{name} error {err:.3g} on rank {rank}, case {i}: {c}"
+
+
+def test_the_draws_cover_what_the_issue_asks():
+    draws = [_draw(n, i) for n in (2, 3, 4) for i in range(CASES_PER_SIZE)]
+    lengths = [b - a for c in draws for a, b in zip(c["cu"], c["cu"][1:], strict=False)]
+    assert 1 in lengths
+    assert any(c["cu"] == [0, c["total"]] for c in draws)  # one document on every rank
+    n_of = [n for n in (2, 3, 4) for _ in range(CASES_PER_SIZE)]
+    assert sum((b - a) % (2 * n) != 0 for c, n in zip(draws, n_of, strict=True)
+               for a, b in zip(c["cu"], c["cu"][1:], strict=False)) > 50  # fmt: skip
+    assert {c["causal"] for c in draws} == {True, False}
+    assert {c["hk"] for c in draws} == {4, 2, 1}
+    assert {c["explicit"] for c in draws} == {True, False}
+
+
+EXPECT = {
+    "docs_differ": "packed documents",
+    "told_documents": "cut in the 'zigzag' layout",
+    "told_zigzag": "cut in the 'documents' layout",
+    "undeclared": "documents layout needs proof",
+    "split_differs": "layout (what shard() declared for them, or doc_layout=) differs across",
+    "by_position_ids": "needs the documents as cu_seqlens",
+    "odd_rows": "multiple of 2N",
+    "shard_odd": "multiple of 2 x",
+    "bad_layout": "layout must be",
+}
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("name", sorted(EXPECT))
+def test_bad_input_is_one_error_on_every_rank(n, name):
+    msgs = [res["errors"][name] for res in _launch(n)]
+    assert len({m.split(":")[0] for m in msgs}) == 1, msgs
+    for msg in msgs:
+        assert EXPECT[name] in msg, msg
