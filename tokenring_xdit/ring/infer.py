@@ -27,26 +27,15 @@ def infer(
     if swapped:  # views in the wire layout (call.py: `_ring_call`)
         inputs = tuple(x.transpose(1, 2) for x in inputs)
 
-    marks = ring.comms.marks if ring.comms is not None else None
-    graph_key = None
-
     def run(xs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        start = len(marks) if marks is not None else 0
-        out = ring_forward(call, ring, ring.q_lens, *xs[:3], xs[3:] or None)
-        if marks is not None and q.is_cuda and torch.cuda.is_current_stream_capturing():
-            ring.comms.replay_marks[graph_key] = marks[start:]  # the graph's per-step marks
-            del marks[start:]
-        return out
+        return ring_forward(call, ring, ring.q_lens, *xs[:3], xs[3:] or None)
 
     if not graphs_wanted(prepared.graphs, q.device):
         result = run(inputs)
     else:
         signature = tuple((x.shape, x.stride(), x.dtype) for x in inputs)
         graph_key = (ring.pos.group, ring.key, call.graph_key(), signature)  # agreed + shapes
-        before = len(marks) if marks is not None else 0
         result = run_graphed(graph_key, inputs, run, ring.pos.group)
-        if marks is not None and len(marks) == before:  # a replay: no Python step ran
-            marks.extend(ring.comms.replay_marks.get(graph_key, ()))
     ring.finished("forward")
     if swapped:
         return result[0].transpose(1, 2), result[1]

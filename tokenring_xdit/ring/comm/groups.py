@@ -117,12 +117,10 @@ class RingComms:
     settings: CommSettings = CommSettings()  # what they were made with
     failed: str | None = None  # why the ring is unusable (set by the first failure)
     base: RingComms | None = None  # a per-call view's ring (it shares the failure mark)
-    # NCCL: (CUDA event, (what, step, send peers, receive peers)) per lane wait of the call in
-    # flight; the deadline's watchdog takes them with the call and names the first step whose
-    # transfers never completed
+    # NCCL: (work, (lane, what, step, send peers, receive peers)) per lane wait of the eager
+    # call in flight; the deadline's watchdog takes them with the call and names the first
+    # step whose transfers never completed
     marks: list = field(default_factory=list, repr=False)
-    # graph key -> the marks its capture recorded (graph nodes): a replay hands them to watch()
-    replay_marks: dict = field(default_factory=dict, repr=False)
 
     def fail(self, why: str) -> None:
         if self.failed is None:

@@ -103,14 +103,12 @@ class TorchLane:
                     work.wait(timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
             except RuntimeError as exc:
                 raise self._error(about, exc) from exc
-        if self._mark and pending:
-            # where the stream stands once this step's transfers are done: a step whose mark
-            # never completes is the one the deadline's error names (comm/watchdog.py). In a
-            # capture the event is a node of the graph (external), re-recorded by each replay.
-            event = torch.cuda.Event(external=torch.cuda.is_current_stream_capturing())
-            event.record()
+        if self._mark and pending and not torch.cuda.is_current_stream_capturing():
+            # this step's NCCL work (already made; no extra CUDA call on the hot path): a step
+            # whose work never completes is the one the deadline's error names (watchdog.py).
+            # A capture's works belong to its first replay only: graphs record none.
             marks = self.comms.marks
-            marks.append((event, (self.name,) + pending[-1][1]))
+            marks.append((pending[-1][0], (self.name,) + pending[-1][1]))
             if len(marks) > 256:  # a path that never reached watch(): keep the newest
                 del marks[:128]
 

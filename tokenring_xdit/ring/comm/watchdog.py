@@ -70,13 +70,20 @@ def thread_local_capture_mode() -> bool:
 
 
 def _stalled_step(comms: RingComms, marks: list) -> str:
-    """Where the call stopped: its first step whose transfers never completed, and the peers."""
-    for event, (lane, _, step, sends, recvs) in marks:
-        if not event.query():
+    """Where the call stopped: its first step whose transfers never completed, and the peers
+    (an eager call's lane works); a graph replay's steps are not seen one by one."""
+    for work, (lane, _, step, sends, recvs) in marks:
+        if not work.is_completed():
             peers = [f"send to {describe_peer(comms, p)}" for p in dict.fromkeys(sends)]
             peers += [f"receive from {describe_peer(comms, p)}" for p in dict.fromkeys(recvs)]
             return f", stopped at step {step} on the {lane} lane ({', '.join(peers)})"
-    return ""
+    if marks:
+        return ""
+    peers = sorted({(comms.ranks.index(dist.get_rank()) + d) % len(comms.ranks) for d in (-1, 1)})
+    return (
+        ", in a CUDA-graph replay (its steps are not observed one by one; its transfers go "
+        f"to and come from {' and '.join(describe_peer(comms, p) for p in peers)})"
+    )
 
 
 def _run() -> None:
