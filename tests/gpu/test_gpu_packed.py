@@ -55,9 +55,8 @@ def test_auto_picks_flash_varlen(dtype):
 
 
 def _doc_pair(name, args):
-    """The packed-documents record of `name`; "cudnn+segments" is cuDNN per segment, which
-    doc_pair refuses until these tests pass with its one-token blocks sent to torch flash
-    (issue 42 item 4, docs/kernels-cudnn-segments.md)."""
+    """The packed-documents record of `name`; "cudnn+segments" is cuDNN per segment built
+    directly (as doc_pair("cudnn") builds it; issue 42 item 4, docs/kernels-cudnn-segments.md)."""
     from tokenring_xdit.ring.kernels import doc_pair, segments_pair, select_pair
 
     if name == "cudnn+segments":
@@ -65,16 +64,16 @@ def _doc_pair(name, args):
     return doc_pair(name, *args, lambda n: select_pair(n, *args, False))
 
 
-def test_cudnn_per_segment_is_refused():
-    """cuDNN per document segment failed the exactness check below on 2 x H200 (4 of 4 pair
-    cases; 2 of the first 3 ring cases), so packed documents refuse it with one clear error."""
+def test_cudnn_per_segment_is_offered_by_name():
+    """cuDNN per document segment is exact once one-token blocks go to torch flash (the cases
+    below, issue 42 item 4): packed documents accept kernel='cudnn' by name."""
     from tokenring_xdit.ring.kernels import doc_pair, select_pair
 
     dev, dtype = torch.device("cuda"), torch.bfloat16
-    with pytest.raises(NotImplementedError, match="cudnn"):
-        doc_pair(
-            "cudnn", dev, dtype, 128, 128, lambda n: select_pair(n, dev, dtype, 128, 128, False)
-        )
+    pair = doc_pair(
+        "cudnn", dev, dtype, 128, 128, lambda n: select_pair(n, dev, dtype, 128, 128, False)
+    )
+    assert "cudnn" in pair.name
 
 
 @pytest.mark.parametrize("name", ["flash_varlen", "torch_flash", "cudnn+segments"])

@@ -156,11 +156,9 @@ TORCH_EFFICIENT = Kernel(
 )
 CUDNN = Kernel(
     "cudnn", _cudnn_forward, _cudnn_backward, False, devices=("cuda",), half_only=True,
-    # tests/gpu/test_gpu_packed.py: cuDNN called per document segment failed its exactness
-    # check against fp64 on 2 x H200 (every pair case; the ring too), while flash_varlen and
-    # torch_flash per segment passed. Every failing case had a one-key block, which now goes to
-    # torch flash (module docstring); refused until the GPU tests confirm that was the cause
-    # (docs/kernels-cudnn-segments.md)
-    packed_refused="cuDNN per document segment failed its GPU exactness check; use "
-    "kernel='auto' (flash_varlen), 'flash_varlen' or 'torch_flash'",
+    # Packed documents: cuDNN per segment once failed its exactness check on H200; every
+    # failing case had a one-key block, which now goes to torch flash (module docstring). With
+    # that, tests/gpu/test_gpu_packed.py's cuDNN-per-segment cases pass on 4 x H200 (pairs and
+    # every rank's loops, both layouts; docs/kernels-cudnn-segments.md). By name only: `auto`
+    # keeps flash_varlen / torch_flash until cuDNN per segment is measured faster.
 )  # fmt: skip
