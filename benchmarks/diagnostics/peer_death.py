@@ -32,7 +32,8 @@ import re
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -245,10 +246,15 @@ def run(scenario: Scenario) -> dict:
 
 
 def run_many(
-    scenarios: list[Scenario], jobs: int = 1, budget: float | None = None, forks: int = 4
+    scenarios: list[Scenario],
+    jobs: int = 1,
+    budget: float | None = None,
+    forks: int = 4,
+    on_result: Callable[[list], None] | None = None,
 ) -> list:
     """Every scenario's result, in order, `jobs` at a time (the fork scenarios as one job: one
-    server, `forks` at a time); those not started within `budget` s: {"name", "not_run": True}."""
+    server, `forks` at a time); those not started within `budget` s: {"name", "not_run": True}.
+    `on_result(results so far)` after each finished job (a killed run keeps what it saw)."""
     start = time.time()
     forked = [i for i, s in enumerate(scenarios) if s.launcher == "fork"]
 
@@ -273,8 +279,10 @@ def run_many(
     tasks += [(one, i) for i in range(len(scenarios)) if i not in forked]
     results: dict[int, dict] = {}
     with ThreadPoolExecutor(max(jobs, 1)) as pool:
-        for part in pool.map(lambda task: task[0](task[1]), tasks):
-            results.update(part)
+        for future in as_completed([pool.submit(fn, arg) for fn, arg in tasks]):
+            results.update(future.result())
+            if on_result is not None:
+                on_result([results[i] for i in sorted(results)])
     return [results[i] for i in range(len(scenarios))]
 
 
@@ -353,8 +361,15 @@ def main() -> None:
     start = time.time()
     if args.matrix:
         scenarios = list(GPU_MATRIX if args.matrix == "gpu" else CPU_MATRIX)
-        result: dict = dict(matrix=args.matrix, jobs=args.jobs, budget_s=args.budget,
-                            scenarios=run_many(scenarios, args.jobs, args.budget))  # fmt: skip
+        head = dict(matrix=args.matrix, jobs=args.jobs, budget_s=args.budget, partial=True)
+
+        def keep(done: list) -> None:  # written as results come: a killed run keeps them
+            if args.out:
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                args.out.write_text(json.dumps(head | dict(scenarios=done), indent=1) + "\n")
+
+        done = run_many(scenarios, args.jobs, args.budget, on_result=keep)
+        result: dict = head | dict(partial=False, scenarios=done)
     else:
         if args.mode:
             graphed = "infer_graphed" if args.graphs else "infer_eager"
