@@ -1,0 +1,55 @@
+"""The ring's NCCL lanes are aborted at once (issue 44): measured on 2 x H200, an abort waits for
+its communicator's queued work, which can wait on the other lane's stuck transfer, so aborts made
+one after the other hung. These check the concurrency contract with stand-in groups (the NCCL
+part itself is checked by tests/gpu/test_gpu_peer_death.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch.distributed as dist
+
+from tokenring_xdit.ring.comm import teardown
+
+
+class _Group:  # weak-referenceable like a ProcessGroup
+    pass
+
+
+def test_lanes_abort_at_once(monkeypatch):
+    """Each stand-in abort returns only once the other has started: sequential aborts would
+    leave the first waiting (and the second never started)."""
+    started = threading.Barrier(2, timeout=5)
+    passed = []
+
+    def abort(group):
+        started.wait()  # BrokenBarrierError if the other abort never starts
+        passed.append(group)
+
+    monkeypatch.setattr(dist.distributed_c10d, "_abort_process_group", abort)
+    lanes = [_Group(), _Group()]
+    assert teardown.abort_together(lanes, timeout_s=10) == []
+    assert sorted(map(id, passed)) == sorted(map(id, lanes))
+    assert teardown.abort_together(lanes, timeout_s=10) == []  # aborted once: skipped now
+    assert len(passed) == 2
+
+
+def test_a_stuck_abort_is_reported_and_waited_for(monkeypatch):
+    """An abort that does not end within the bound is returned; an error path waits for an
+    abort in flight (bounded) instead of racing it."""
+    release = threading.Event()
+    monkeypatch.setattr(dist.distributed_c10d, "_abort_process_group", lambda g: release.wait())
+    stuck = _Group()
+    t0 = time.monotonic()
+    assert teardown.abort_together([stuck], timeout_s=0.2) == [stuck]
+    assert time.monotonic() - t0 < 2
+    holder = threading.Thread(target=teardown.abort_together, args=([_Group()], 5.0))
+    holder.start()
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    threading.Timer(0.3, release.set).start()
+    teardown.wait_for_aborts(5.0)  # returns once the abort in flight has ended
+    assert 0.15 < time.monotonic() - t0 < 4
+    holder.join(5)
+    assert not holder.is_alive()
