@@ -29,17 +29,20 @@ TRAIN_CAUSAL = Workload(causal=True, train=True)
 
 
 def test_causal_training_at_4k_per_gpu_on_4_gpus_picks_ulysses_and_says_why():
-    # issue 41: ring 4 causal zigzag at 16k tokens (4k per GPU): ceiling 0.752 measured, ulysses
-    # 0.843 measured; the ring cannot reach ulysses with these kernels
+    # issue 41: ring 4 causal zigzag at 16k tokens (4k per GPU) measured 0.464 vs ulysses 0.843.
+    # The ceiling measured on one H200 (docs/benchmarks/ceiling/) is 0.84 there, so the ring
+    # loses to its per-step costs, not its kernels: the plan picks ulysses on the predictions,
+    # names the best ring split, its prediction and its ceiling
     m = make_machine(4)
     choices = rank_all(m, 32, 128, 16384, kv_heads=8, workload=TRAIN_CAUSAL)
     best = choices[0]
     assert (best.prediction.ulysses, best.prediction.ring) == (4, 1)
     ring4 = next(c for c in choices if c.prediction.ring == 4)
-    assert ring4.ceiling < best.efficiency
+    assert ring4.efficiency < best.efficiency < ring4.ceiling
     text = reason(choices, 16384, TRAIN_CAUSAL)
-    assert f"ring 4 {ring4.ceiling:.3f} at 4096 tokens per ring rank" in text
-    assert "kernel ceiling (causal fwd+bwd) below it" in text
+    ring_best = next(c for c in choices if c.prediction.ring > 1)
+    assert f"predicted efficiency {best.efficiency:.3f}" in text
+    assert f"predicted {ring_best.efficiency:.3f}, ceiling {ring_best.ceiling:.3f}" in text
     # only TokenRing and ulysses are modelled for training
     assert {c.prediction.method for c in choices} == {"ulysses", "token_ring_eager"}
 
@@ -87,11 +90,17 @@ def test_the_split_model_fit_recovers_its_parameters():
     )
 
 
-def test_without_a_measurement_there_is_no_ceiling_but_the_forward_has_its_table():
-    assert kernel_ceiling("causal", "fwd", 4, 16384)[0] is None
+def test_without_a_measurement_there_is_no_ceiling_but_the_forward_has_its_table(monkeypatch):
+    # packed documents are probed (benchmarks/ceiling.py) but not modelled: no fit covers them
+    assert kernel_ceiling("packed", "fwd+bwd", 4, 32768)[0] is None
+    # without any fitted data the non-causal forward falls back to the calibration table
+    import tokenring_xdit.planner.ceiling as ceiling_module
+
+    monkeypatch.setattr(ceiling_module, "load_models", lambda device_name="": ((), {}))
     m = make_machine(4)
     c, where = kernel_ceiling("full", "fwd", 4, 16384, 24, table=m.table)
     assert where == "calibration table" and 0.5 < c < 1.2
+    assert kernel_ceiling("causal", "fwd", 4, 16384)[0] is None
     assert kernel_ceiling("causal", "fwd+bwd", 1, 16384)[0] == 1.0
 
 
