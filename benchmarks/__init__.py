@@ -55,7 +55,10 @@ SWEEPS: dict[str, tuple[str, str]] = {
     ),
     "packed_varlen": (
         "python",
-        "packed documents on one GPU: which block kernel, and what one ring rank costs",
+        "packed documents on one GPU: which block kernel, and what one ring rank costs; "
+        "`--real-ring` under `torchrun --nproc_per_node=N`: the real ring per layout (zigzag, "
+        "documents, auto) vs the dense causal ring and the per-document ideal / N (`--check`: "
+        "out and gradients vs fp64)",
     ),
     "replay_rank": (
         "python",

@@ -21,6 +21,20 @@ Every number is forward + backward (CUDA events, median of --iters after --warmu
   lanes (benchmarks/replay_rank.py: compute only, no transfers): max and mean over ranks, and
   max / ideal_ring_N; plus the plan's per-rank attended pairs (`document_work`), for each
   --layout (the row's zigzag, the documents layout, or what `auto` picks).
+
+The real ring (--real-ring, under torchrun; benchmarks/_packed_ring.py), with transfers:
+
+    torchrun --nproc_per_node=N benchmarks/packed_varlen.py --real-ring \
+        --tokens 32768,131072 --layout zigzag,documents,auto --check --out packed_ring.json
+
+every rank builds the same seeded row, cuts it with `tokenring_xdit.shard(x, causal=True,
+cu_seqlens=cu, layout=L)` and times `token_ring_attn_func(q, k, v, causal=True, cu_seqlens=cu)`
+forward + backward per layout, and the dense causal ring on the same row (zigzag shards, no
+cu_seqlens): the slowest rank's ms, efficiency = (per_document / N) / ms, the speedup over the
+dense ring and each rank's attended pairs (`document_work`). --check: out and gradients of every
+layout vs fp64 per-document attention at --check-tokens (max abs error). --device cpu runs it
+on gloo at a tiny size (e.g. --tokens 256 --heads 4 --kv-heads 2 --head-dim 16
+--doc-lens 16,96).
 """
 
 from __future__ import annotations
@@ -42,10 +56,10 @@ from replay_rank import LocalRing, _timed  # noqa: E402
 H, HK, D = 32, 8, 128
 
 
-def _documents(total: int, seed: int) -> list[int]:
+def _documents(total: int, seed: int, lo: int = 512, hi: int = 8192) -> list[int]:
     rng, cu = random.Random(seed), [0]
     while cu[-1] < total:
-        cu.append(min(total, cu[-1] + rng.randint(512, 8192)))
+        cu.append(min(total, cu[-1] + rng.randint(lo, hi)))
     return cu
 
 
@@ -199,11 +213,30 @@ def main() -> None:
         "(every document in 2N pieces), auto (what shard(..., layout='auto') picks)",
     )
     parser.add_argument("--out", default="packed_varlen.json")
+    parser.add_argument("--doc-lens", default="512,8192", help="min,max document length")
+    ring = parser.add_argument_group("--real-ring (under torchrun)")
+    ring.add_argument("--real-ring", action="store_true", help="time the real ring of N ranks")
+    ring.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: gloo")
+    ring.add_argument("--heads", type=int, default=H)
+    ring.add_argument("--kv-heads", type=int, default=HK)
+    ring.add_argument("--head-dim", type=int, default=D)
+    ring.add_argument("--dtype", default="auto", help="auto: bfloat16 on cuda, float32 on cpu")
+    ring.add_argument("--check", action="store_true", help="errors vs fp64 per document")
+    ring.add_argument("--check-tokens", type=int, default=4096)
     args = parser.parse_args()
+    lo, hi = (int(x) for x in args.doc_lens.split(","))
+    if args.real_ring:
+        from _packed_ring import main_real_ring
+
+        main_real_ring(args, lambda total: _documents(total, args.seed, lo, hi))
+        return
+    ring_only = (args.device, args.heads, args.kv_heads, args.head_dim, args.dtype, args.check)
+    if ring_only != ("cuda", H, HK, D, "auto", False):
+        parser.error("--device/--heads/--kv-heads/--head-dim/--dtype/--check need --real-ring")
     rings = [int(x) for x in args.rings.split(",") if x]
     rows = []
     for total in (int(x) for x in args.tokens.split(",")):
-        cu = _documents(total, args.seed)
+        cu = _documents(total, args.seed, lo, hi)
         print(f"{total} tokens, {len(cu) - 1} documents", flush=True)
         gen = torch.Generator(device="cuda").manual_seed(args.seed)
 

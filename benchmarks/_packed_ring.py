@@ -1,0 +1,241 @@
+"""packed_varlen.py --real-ring: the packed row through a real ring of N ranks (torchrun).
+
+Every rank builds the same seeded row as the one-GPU mode (q, k, v from one generator on the
+device, then dout), cuts it with the public `tokenring_xdit.shard(x, causal=True,
+cu_seqlens=cu, layout=L)` and times `token_ring_attn_func(q, k, v, causal=True,
+cu_seqlens=cu)` forward + backward per layout, next to the dense causal ring on the same row
+(zigzag shards, no cu_seqlens: the bar the packed call must never be slower than). Time of an
+iteration = the slowest rank's (all_reduce MAX), the median over --iters after --warmup. The
+ideal is each document alone through SDPA on rank 0, / N. --check: out and gradients of every
+layout against fp64 per-document attention at --check-tokens, max abs error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+
+def make_row(total: int, seed: int, device, dtype, heads: tuple[int, int, int]):
+    """q, k, v (1, total, h, d) as the one-GPU mode draws them (same generator, same order),
+    then dout from the same generator (the one-GPU mode draws it unseeded)."""
+    h, hk, d = heads
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def rand(n):
+        return torch.randn(1, total, n, d, device=device, generator=gen).to(dtype)
+
+    q, k, v = rand(h), rand(hk), rand(hk)
+    return q, k, v, rand(h)
+
+
+def per_document(cu, q, k, v):
+    """Each document alone, causal, through SDPA ((b, s, h, d) in and out; K/V expanded to the
+    query heads); cuDNN on CUDA in half precision, torch's choice otherwise."""
+    rep = q.shape[2] // k.shape[2]
+    qb, kb, vb = (x.transpose(1, 2) for x in (q, k, v))
+    kb, vb = (x.repeat_interleave(rep, dim=1) for x in (kb, vb))
+    cudnn = q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)
+    outs = []
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION) if cudnn else contextlib.nullcontext():
+        for a, b in zip(cu, cu[1:], strict=False):
+            pieces = (x[:, :, a:b] for x in (qb, kb, vb))
+            outs.append(F.scaled_dot_product_attention(*pieces, is_causal=True))
+    return torch.cat(outs, dim=2).transpose(1, 2)
+
+
+def _clock(step, warmup: int, iters: int, device, ring: bool) -> float:
+    """Median ms of `step` (CUDA events on a GPU, wall clock on CPU); ring=True: every rank
+    starts together and an iteration counts the slowest rank's time."""
+    times = []
+    for i in range(warmup + iters):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if ring:
+            dist.barrier()
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            torch.cuda.synchronize()
+            ms = start.elapsed_time(end)
+        else:
+            t0 = time.perf_counter()
+            step()
+            ms = (time.perf_counter() - t0) * 1e3
+        if i >= warmup:
+            times.append(ms)
+    if ring:
+        t = torch.tensor(times, dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        times = t.tolist()
+    return statistics.median(times)
+
+
+def _shards(full, layout: str | None, cu):
+    """This rank's leaf shards of `full` tensors: `layout` with cu_seqlens, or (None) the dense
+    zigzag without documents."""
+    import tokenring_xdit
+
+    kw = {} if layout is None else {"cu_seqlens": cu, "layout": layout}
+    return [tokenring_xdit.shard(x, causal=True, **kw).detach().requires_grad_() for x in full]
+
+
+def _fwd_bwd(q, k, v, do, cu):
+    from tokenring_xdit import token_ring_attn_func
+
+    for x in (q, k, v):
+        x.grad = None
+    kw = {} if cu is None else {"cu_seqlens": cu}
+    out = token_ring_attn_func(q, k, v, causal=True, **kw)
+    out.backward(do)
+    return out
+
+
+def _check(args, documents, device, dtype, heads, layouts) -> dict:
+    """max |error| of out, dq, dk, dv of every layout vs fp64 per-document attention."""
+    import tokenring_xdit
+
+    total = args.check_tokens
+    cu = documents(total)
+    full = make_row(total, args.seed + 1, device, dtype, heads)
+    ref_in = [x.double().requires_grad_() for x in full[:3]]
+    ref_out = per_document(cu, *ref_in)
+    ref_out.backward(full[3].double())
+    refs = [ref_out.detach(), *(x.grad for x in ref_in)]
+    res = {}
+    for layout in layouts:
+        q, k, v, do = _shards(full, layout, cu)
+        out = _fwd_bwd(q, k, v, do, cu)
+        got = [
+            tokenring_xdit.unshard(x.detach(), causal=True, cu_seqlens=cu, layout=layout)
+            for x in (out, q.grad, k.grad, v.grad)
+        ]
+        errs = {
+            name: float((g.double() - r).abs().max())
+            for name, g, r in zip(("out", "dq", "dk", "dv"), got, refs, strict=True)
+        }
+        res[layout] = errs
+        if dist.get_rank() == 0:
+            print(f"  check {total} tokens {layout}: max abs {errs}", flush=True)
+    return {"tokens": total, "documents": len(cu) - 1, "max_abs": res}
+
+
+def _row(total, args, documents, device, dtype, heads, layouts) -> dict:
+    from tokenring_xdit.ring.documents import document_work
+
+    n, rank = dist.get_world_size(), dist.get_rank()
+    cu = documents(total)
+    full = make_row(total, args.seed, device, dtype, heads)
+    row = {"tokens": total, "documents": len(cu) - 1, "ring": n, "cu_seqlens": cu, "methods": {}}
+    ideal = torch.zeros(1, dtype=torch.float64, device=device)
+    if rank == 0:
+        ins = [x.detach().requires_grad_() for x in full[:3]]
+
+        def alone():
+            for x in ins:
+                x.grad = None
+            per_document(cu, *ins).backward(full[3])
+
+        ideal[0] = _clock(alone, args.warmup, args.iters, device, ring=False)
+        del ins
+    dist.broadcast(ideal, 0)  # the others wait here
+    row["per_document"] = float(ideal[0])
+    row["ideal_ring"] = row["per_document"] / n
+    dense_pairs = total * (total + 1) // 2
+    for name in ("dense_causal", *layouts):
+        layout = None if name == "dense_causal" else name
+        step = functools.partial(_fwd_bwd, *_shards(full, layout, cu), cu if layout else None)
+        ms = _clock(step, args.warmup, args.iters, device, ring=True)
+        entry = {"ms": ms, "efficiency": row["ideal_ring"] / ms}
+        if layout is None:
+            entry["pairs_total"] = dense_pairs  # every rank: about dense_pairs / N
+        else:
+            report = document_work(cu, n, causal=True, layout=layout)
+            entry.update(
+                layout_used=report["layout"],
+                spread=report["spread"],
+                pairs_per_rank=[r["pairs"] for r in report["ranks"]],
+                pairs_vs_dense=report["pairs_total"] / dense_pairs,
+            )
+        row["methods"][name] = entry
+        del step
+    methods = row["methods"]
+    for layout in layouts:
+        methods[layout]["speedup_vs_dense_ring"] = (
+            methods["dense_causal"]["ms"] / methods[layout]["ms"]
+        )
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return row
+
+
+def _table(rows, layouts) -> str:
+    head = f"{'tokens':>7} {'docs':>4} {'N':>2} {'ideal/N':>8} {'method':>15} {'ms':>9} "
+    lines = [head + f"{'eff':>5} {'vs dense':>8}  pairs per rank"]
+    for r in rows:
+        for name in ("dense_causal", *layouts):
+            e = r["methods"][name]
+            pairs = e.get("pairs_per_rank", "")
+            shown = f"auto:{e['layout_used']}" if name == "auto" else name
+            vs = f"{e['speedup_vs_dense_ring']:8.2f}" if "speedup_vs_dense_ring" in e else " " * 8
+            lines.append(
+                f"{r['tokens']:>7} {r['documents']:>4} {r['ring']:>2} {r['ideal_ring']:8.2f} "
+                f"{shown:>15} {e['ms']:9.2f} {e['efficiency']:5.2f} {vs}  {pairs}"
+            )
+    return "\n".join(lines)
+
+
+def main_real_ring(args, documents) -> None:
+    """The --real-ring mode under torchrun (NCCL on --device cuda, gloo on cpu)."""
+    from tokenring_xdit.ring.comm import setup_token_ring_group
+
+    cuda = args.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group("nccl" if cuda else "gloo")
+    setup_token_ring_group(dist.group.WORLD)
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    name = args.dtype if args.dtype != "auto" else ("bfloat16" if cuda else "float32")
+    dtype = getattr(torch, name)
+    heads = (args.heads, args.kv_heads, args.head_dim)
+    layouts = [x for x in args.layout.split(",") if x]
+    rank = dist.get_rank()
+    result = {"meta": {}, "rows": []}
+    if args.check:
+        result["check"] = _check(args, documents, device, dtype, heads, layouts)
+    for total in (int(x) for x in args.tokens.split(",") if x):
+        if rank == 0:
+            print(f"{total} tokens over {dist.get_world_size()} ranks", flush=True)
+        result["rows"].append(_row(total, args, documents, device, dtype, heads, layouts))
+    result["meta"] = {
+        "mode": "real_ring",
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "backend": dist.get_backend(),
+        "world_size": dist.get_world_size(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "heads": list(heads),
+        "dtype": name,
+        "warmup": args.warmup,
+        "iters": args.iters,
+        "layouts": layouts,
+    }
+    if rank == 0:
+        print(_table(result["rows"], layouts))
+        Path(args.out).write_text(json.dumps(result, indent=1))
+        print(json.dumps(result["meta"]))
+    dist.barrier()
+    dist.destroy_process_group()
