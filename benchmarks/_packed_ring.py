@@ -5,9 +5,10 @@ device, then dout), cuts it with the public `tokenring_xdit.shard(x, causal=True
 cu_seqlens=cu, layout=L)` and times `token_ring_attn_func(q, k, v, causal=True,
 cu_seqlens=cu)` forward + backward per layout, next to the dense causal ring on the same row
 (zigzag shards, no cu_seqlens: the bar the packed call must never be slower than). Time of an
-iteration = the slowest rank's (all_reduce MAX), the median over --iters after --warmup. The
-ideal is each document alone through SDPA on rank 0, / N. --check: out and gradients of every
-layout against fp64 per-document attention at --check-tokens, max abs error.
+iteration = the slowest rank's (all_reduce MAX), the median over --iters after --warmup
+(ranks_ms: each rank's own median, waits for its peers included). The ideal is each document
+alone through SDPA on rank 0, / N. --check: out and gradients of every layout against fp64
+per-document attention at --check-tokens (the same generator and seed), max abs error.
 """
 
 from __future__ import annotations
@@ -55,9 +56,10 @@ def per_document(cu, q, k, v):
     return torch.cat(outs, dim=2).transpose(1, 2)
 
 
-def _clock(step, warmup: int, iters: int, device, ring: bool) -> float:
-    """Median ms of `step` (CUDA events on a GPU, wall clock on CPU); ring=True: every rank
-    starts together and an iteration counts the slowest rank's time."""
+def _clock(step, warmup: int, iters: int, device, ring: bool) -> tuple[float, list[float]]:
+    """(median ms of `step`, [each rank's own median]) (CUDA events on a GPU, wall clock on
+    CPU); ring=True: every rank starts together and an iteration counts the slowest rank's
+    time."""
     times = []
     for i in range(warmup + iters):
         if device.type == "cuda":
@@ -77,11 +79,14 @@ def _clock(step, warmup: int, iters: int, device, ring: bool) -> float:
             ms = (time.perf_counter() - t0) * 1e3
         if i >= warmup:
             times.append(ms)
-    if ring:
-        t = torch.tensor(times, dtype=torch.float64, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        times = t.tolist()
-    return statistics.median(times)
+    own = [statistics.median(times)]
+    if not ring:
+        return own[0], own
+    ranks = [None] * dist.get_world_size()
+    dist.all_gather_object(ranks, own[0])
+    t = torch.tensor(times, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return statistics.median(t.tolist()), ranks
 
 
 def _shards(full, layout: str | None, cu):
@@ -110,7 +115,7 @@ def _check(args, documents, device, dtype, heads, layouts) -> dict:
 
     total = args.check_tokens
     cu = documents(total)
-    full = make_row(total, args.seed + 1, device, dtype, heads)
+    full = make_row(total, args.seed, device, dtype, heads)
     ref_in = [x.double().requires_grad_() for x in full[:3]]
     ref_out = per_document(cu, *ref_in)
     ref_out.backward(full[3].double())
@@ -149,7 +154,7 @@ def _row(total, args, documents, device, dtype, heads, layouts) -> dict:
                 x.grad = None
             per_document(cu, *ins).backward(full[3])
 
-        ideal[0] = _clock(alone, args.warmup, args.iters, device, ring=False)
+        ideal[0] = _clock(alone, args.warmup, args.iters, device, ring=False)[0]
         del ins
     dist.broadcast(ideal, 0)  # the others wait here
     row["per_document"] = float(ideal[0])
@@ -158,8 +163,8 @@ def _row(total, args, documents, device, dtype, heads, layouts) -> dict:
     for name in ("dense_causal", *layouts):
         layout = None if name == "dense_causal" else name
         step = functools.partial(_fwd_bwd, *_shards(full, layout, cu), cu if layout else None)
-        ms = _clock(step, args.warmup, args.iters, device, ring=True)
-        entry = {"ms": ms, "efficiency": row["ideal_ring"] / ms}
+        ms, ranks_ms = _clock(step, args.warmup, args.iters, device, ring=True)
+        entry = {"ms": ms, "efficiency": row["ideal_ring"] / ms, "ranks_ms": ranks_ms}
         if layout is None:
             entry["pairs_total"] = dense_pairs  # every rank: about dense_pairs / N
         else:

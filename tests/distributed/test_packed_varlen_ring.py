@@ -41,6 +41,7 @@ def test_tiny_real_ring_has_every_layout_and_is_exact(tmp_path):
         assert set(methods) == {"dense_causal", *LAYOUTS}, sorted(methods)
         for name, entry in methods.items():
             assert entry["ms"] > 0 and entry["efficiency"] > 0, (name, entry)
+            assert len(entry["ranks_ms"]) == 2 and min(entry["ranks_ms"]) > 0, (name, entry)
         assert methods["auto"]["layout_used"] in ("zigzag", "documents")
         for layout in LAYOUTS:
             entry = methods[layout]
