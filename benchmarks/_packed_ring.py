@@ -109,6 +109,27 @@ def _fwd_bwd(q, k, v, do, cu):
     return out
 
 
+def _reference(cu, q, k, v, do) -> list[torch.Tensor]:
+    """fp64 out, dq, dk, dv of each document alone, one document and K/V head at a time (the
+    memory of one (query heads of a group, L, L) score block at a time)."""
+    rep = q.shape[2] // k.shape[2]
+    res = [torch.zeros(x.shape, dtype=torch.float64, device=x.device) for x in (q, q, k, v)]
+    for a, b in zip(cu, cu[1:], strict=False):
+        for j in range(k.shape[2]):
+            hq, hk = slice(j * rep, (j + 1) * rep), slice(j, j + 1)
+            heads = (hq, hk, hk)
+            ins = [
+                x[:, a:b, h].double().requires_grad_()
+                for x, h in zip((q, k, v), heads, strict=True)
+            ]
+            out = per_document([0, b - a], *ins)
+            out.backward(do[:, a:b, hq].double())
+            got = (out.detach(), *(x.grad for x in ins))
+            for dst, g, h in zip(res, got, (hq, *heads), strict=True):
+                dst[:, a:b, h] = g
+    return res
+
+
 def _check(args, documents, device, dtype, heads, layouts) -> dict:
     """max |error| of out, dq, dk, dv of every layout vs fp64 per-document attention."""
     import tokenring_xdit
@@ -116,10 +137,7 @@ def _check(args, documents, device, dtype, heads, layouts) -> dict:
     total = args.check_tokens
     cu = documents(total)
     full = make_row(total, args.seed, device, dtype, heads)
-    ref_in = [x.double().requires_grad_() for x in full[:3]]
-    ref_out = per_document(cu, *ref_in)
-    ref_out.backward(full[3].double())
-    refs = [ref_out.detach(), *(x.grad for x in ref_in)]
+    refs = _reference(cu, *full)
     res = {}
     for layout in layouts:
         q, k, v, do = _shards(full, layout, cu)

@@ -222,7 +222,7 @@ def main() -> None:
     ring.add_argument("--head-dim", type=int, default=D)
     ring.add_argument("--dtype", default="auto", help="auto: bfloat16 on cuda, float32 on cpu")
     ring.add_argument("--check", action="store_true", help="errors vs fp64 per document")
-    ring.add_argument("--check-tokens", type=int, default=4096)
+    ring.add_argument("--check-tokens", type=int, default=16384, help="the --check row")
     args = parser.parse_args()
     lo, hi = (int(x) for x in args.doc_lens.split(","))
     if args.real_ring:
