@@ -46,7 +46,8 @@ def per_document(cu, q, k, v):
     query heads); cuDNN on CUDA in half precision, torch's choice otherwise."""
     rep = q.shape[2] // k.shape[2]
     qb, kb, vb = (x.transpose(1, 2) for x in (q, k, v))
-    kb, vb = (x.repeat_interleave(rep, dim=1) for x in (kb, vb))
+    if rep > 1:
+        kb, vb = (x.repeat_interleave(rep, dim=1) for x in (kb, vb))
     cudnn = q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)
     outs = []
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION) if cudnn else contextlib.nullcontext():
@@ -165,7 +166,9 @@ def _row(total, args, documents, device, dtype, heads, layouts) -> dict:
     row = {"tokens": total, "documents": len(cu) - 1, "ring": n, "cu_seqlens": cu, "methods": {}}
     ideal = torch.zeros(1, dtype=torch.float64, device=device)
     if rank == 0:
-        ins = [x.detach().requires_grad_() for x in full[:3]]
+        rep = heads[0] // heads[1]  # K/V expanded outside the clock, as the one-GPU mode does
+        ins = [full[0], *(x.repeat_interleave(rep, dim=2) for x in full[1:3])]
+        ins = [x.detach().requires_grad_() for x in ins]
 
         def alone():
             for x in ins:
