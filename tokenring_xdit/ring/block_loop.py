@@ -144,7 +144,7 @@ def run_blocks(
                 head_start(call.head_start_us, call.layout, held[0], k)
             COUNTERS.kernel_calls += 1
             block = payload.block(st, held, mask)
-        elif not st.kernel:  # the return-only row: the held-back own pieces hide the return
+        elif not st.kernel and call.hold_back:  # the held-back own pieces hide the return
             sent = st.ret_send_to is not None and prev is not None
             COUNTERS.kernel_calls += payload.tail(functools.partial(_pause, call, sent))
         q_lane.wait()

@@ -55,7 +55,9 @@ class TorchLane:
         # only orders the stream (the host must not block): the watchdog bounds the call.
         gloo = comms.backend == "gloo"
         self._timeout_s = comms.deadline.total_seconds() if gloo else None
-        self._mark = not gloo
+        # per-step marks for the deadline's error (eager NCCL calls; lanes are made inside the
+        # call, so a capture is seen here once instead of at every wait)
+        self._mark = not gloo and not torch.cuda.is_current_stream_capturing()
 
     def post(
         self,
@@ -103,7 +105,7 @@ class TorchLane:
                     work.wait(timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
             except RuntimeError as exc:
                 raise self._error(about, exc) from exc
-        if self._mark and pending and not torch.cuda.is_current_stream_capturing():
+        if self._mark and pending:
             # this step's NCCL work (already made; no extra CUDA call on the hot path): a step
             # whose work never completes is the one the deadline's error names (watchdog.py).
             # A capture's works belong to its first replay only: graphs record none.
