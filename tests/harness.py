@@ -109,3 +109,27 @@ def plain_ranks(
         )
         for r in range(n)
     ]
+
+
+def torchrun_script(
+    script: str, *args: str, nproc: int = 2, timeout: float = 300, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """`torchrun --nproc-per-node nproc <repo>/script args` as a user types it (output captured):
+    the tests of examples and benchmarks that are meant to be launched that way."""
+    repo = Path(__file__).resolve().parents[1]
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(repo)) if env is None else env
+    return subprocess.run(
+        [str(torchrun), "--nproc-per-node", str(nproc), str(repo / script), *args],
+        env=env, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def tiny_llama_config(layers: int = 2, kv_heads: int = 2, **extra: Any):
+    """The tests' tiny random GQA Llama (64-token vocabulary, width 32, 4 query heads)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=64, **extra,
+    )  # fmt: skip

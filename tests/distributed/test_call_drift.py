@@ -19,7 +19,7 @@ import functools
 
 import pytest
 
-from tests.harness import run_ranks, values
+from tests.harness import run_ranks, tiny_llama_config, values
 
 TOL = 1e-6  # aot_eager runs the same kernels as eager: only the graph around the ring differs
 H, HK, D, S = 4, 2, 8, 8  # heads, K/V heads (GQA), head size, local length (zigzag: 2 x 4)
@@ -213,16 +213,12 @@ def _default_compile(torch, rank, n):
 def _packed_llama(torch):
     """A tiny GQA Llama trained two steps on packed batches cut by shard_batch (position ids,
     then cu_seqlens), compiled fullgraph vs eager: losses and every gradient equal."""
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers import AutoModelForCausalLM
 
     from tokenring_xdit.integrations import transformers as tr_hf
 
     tr_hf.register()
-    cfg = LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        use_cache=False,
-    )  # fmt: skip
+    cfg = tiny_llama_config(layers=1, use_cache=False)
     gen = torch.Generator().manual_seed(5)
     ids = torch.randint(0, 64, (1, 24), generator=gen)
     pos = torch.cat([torch.arange(n) for n in (5, 1, 9, 3, 6)]).unsqueeze(0)

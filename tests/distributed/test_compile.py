@@ -16,7 +16,7 @@ import functools
 
 import pytest
 
-from tests.harness import run_ranks, values
+from tests.harness import run_ranks, tiny_llama_config, values
 from tests.reference import exact_attention, exact_grads
 
 FP32_TOL = 2e-5  # fp32 ring vs fp64 exact, and compiled vs eager (Inductor reorders fp32 math)
@@ -153,16 +153,12 @@ def _llama(rank, n):
     logits and every parameter gradient equal the eager model's (and the loss a single
     process's, as the eager integration test shows)."""
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers import AutoModelForCausalLM
 
     from tokenring_xdit.integrations import transformers as tr_hf
 
     tr_hf.register()
-    cfg = LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        use_cache=False,
-    )  # fmt: skip
+    cfg = tiny_llama_config(layers=1, use_cache=False)
     ids = torch.randint(0, 64, (1, 16), generator=torch.Generator().manual_seed(3))
     batch = tr_hf.shard_batch(ids)
     labels = batch.pop("shift_labels")

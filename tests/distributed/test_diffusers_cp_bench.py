@@ -7,25 +7,16 @@ against the one-process reference the script computes in the same run; TokenRing
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.harness import torchrun_script
+
 TOL = 1e-5  # fp32, max |err| of the final latents
 LAYERS = {"wan-tiny": 2, "flux-tiny": 2}  # CP attention calls per forward (self / joint)
 
 
 def test_tiny_run_matches_one_process(tmp_path):
     out = tmp_path / "dcp.json"
-    torchrun = Path(sys.executable).with_name("torchrun")
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    done = subprocess.run(
-        [str(torchrun), "--nproc-per-node", "2", str(ROOT / "benchmarks" / "diffusers_cp.py"),
-         "--tiny", "--out", str(out)],
-        env=env, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+    done = torchrun_script("benchmarks/diffusers_cp.py", "--tiny", "--out", str(out), timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
     rows = {(r["model"], r["setting"], r["backend"]): r for r in result["rows"]}

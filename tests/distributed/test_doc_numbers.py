@@ -4,11 +4,10 @@ every `tokenring_xdit/...py` path the docs name exists, so neither drifts silent
 from __future__ import annotations
 
 import ast
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.harness import torchrun_script
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -23,13 +22,7 @@ def test_training_losses_quoted_are_those_of_the_command():
     near = float(re.search(r"each step's loss within\s+([\d.]+) of the one shown", text)[1])
     loss_tol = float(re.search(r"`max_loss_err` <= (\d[\d.e-]*\d)", text)[1])
     grad_tol = float(re.search(r"`max_grad_err` <= (\d[\d.e-]*\d)", text)[1])
-    torchrun = Path(sys.executable).with_name("torchrun")
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    done = subprocess.run(
-        [str(torchrun), "--nproc-per-node", "2", str(ROOT / "examples" / "llm_train_tokenring.py"),
-         "--compare", "--steps", "3"],
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    done = torchrun_script("examples/llm_train_tokenring.py", "--compare", "--steps", "3")
     assert done.returncode == 0, done.stderr[-3000:]
     got = [float(x) for x in re.findall(r"^step \d+: loss ([\d.]+)", done.stdout, re.M)]
     assert len(got) == 3, done.stdout

@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.harness import torchrun_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -16,11 +16,8 @@ def test_an_example_under_torchrun_prints_one_line_per_rank():
     line; no rank prints a traceback (torchrun's own report follows; it is not ours)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     env.pop("LOG_LEVEL", None)
-    torchrun = Path(sys.executable).with_name("torchrun")
-    argv = [str(torchrun), "--nproc_per_node=2", str(ROOT / "examples" / "hf_llama_tokenring.py")]
-    done = subprocess.run(
-        [*argv, "--seq", "90", "--steps", "1"], env=env, capture_output=True, text=True, timeout=300
-    )
+    done = torchrun_script("examples/hf_llama_tokenring.py", "--seq", "90", "--steps", "1",
+                           env=env)  # fmt: skip
     assert done.returncode != 0
     ours = [line for line in done.stderr.splitlines() if line.startswith("rank ")]
     assert sorted(line[:7] for line in ours) == ["rank 0:", "rank 1:"], done.stderr[-3000:]

@@ -21,7 +21,7 @@ import functools
 
 import pytest
 
-from tests.harness import run_ranks, values
+from tests.harness import run_ranks, tiny_llama_config, values
 
 WORLD_SIZES = [2, 3, 4]
 FP32_TOL = 2e-5
@@ -152,13 +152,9 @@ def _yunchang_gqa(rank, n, torch):
 
 def _llama(kv_heads, impl):
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers import AutoModelForCausalLM
 
-    cfg = LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=64,
-        tie_word_embeddings=False,
-    )  # fmt: skip
+    cfg = tiny_llama_config(kv_heads=kv_heads, tie_word_embeddings=False)
     torch.manual_seed(0)  # the same weights on every rank and in the single process
     return AutoModelForCausalLM.from_config(cfg, attn_implementation=impl)
 

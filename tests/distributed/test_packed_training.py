@@ -17,7 +17,7 @@ import functools
 import pytest
 
 from tests.distributed.test_llm_training import optimizer_step
-from tests.harness import run_ranks, values
+from tests.harness import run_ranks, tiny_llama_config, values
 
 SEQ = 24  # divides by 2N for N = 2, 3
 PACKINGS = ([5, 1, 9, 3, 6], [1, 13, 1, 1, 8])  # document lengths of the two steps
@@ -28,13 +28,9 @@ LAYOUTS = ("zigzag", "documents")  # shard_batch(layout=): the row's zigzag, doc
 
 def _llama(impl: str):
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers import AutoModelForCausalLM
 
-    cfg = LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        tie_word_embeddings=False,
-    )  # fmt: skip
+    cfg = tiny_llama_config(tie_word_embeddings=False)
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(cfg, attn_implementation=impl)
 

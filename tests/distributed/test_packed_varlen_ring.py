@@ -6,12 +6,9 @@ of every layout match fp64 per-document attention."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.harness import torchrun_script
+
 TOL = 2e-5  # fp32, max |err| of out, dq, dk, dv
 LAYOUTS = ["zigzag", "documents", "auto"]
 TOKENS = [256, 512]
@@ -19,15 +16,13 @@ TOKENS = [256, 512]
 
 def test_tiny_real_ring_has_every_layout_and_is_exact(tmp_path):
     out = tmp_path / "ring.json"
-    torchrun = Path(sys.executable).with_name("torchrun")
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    done = subprocess.run(
-        [str(torchrun), "--nproc-per-node", "2", str(ROOT / "benchmarks" / "packed_varlen.py"),
-         "--real-ring", "--device", "cpu", "--tokens", ",".join(map(str, TOKENS)),
-         "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--doc-lens", "16,96",
-         "--layout", ",".join(LAYOUTS), "--check", "--check-tokens", "256",
-         "--warmup", "1", "--iters", "2", "--out", str(out)],
-        env=env, capture_output=True, text=True, timeout=240,
+    done = torchrun_script(
+        "benchmarks/packed_varlen.py",
+        "--real-ring", "--device", "cpu", "--tokens", ",".join(map(str, TOKENS)),
+        "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--doc-lens", "16,96",
+        "--layout", ",".join(LAYOUTS), "--check", "--check-tokens", "256",
+        "--warmup", "1", "--iters", "2", "--out", str(out),
+        timeout=240,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
