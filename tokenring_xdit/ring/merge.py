@@ -95,14 +95,7 @@ class PartialMerge:
             to = self.layout.to_bhsd
             fused_merge.merge2_bhsd(to(dst), dst_lse, to(a), lse_a, to(b), lse_b)
             return
-        new_lse = torch.logaddexp(lse_a, lse_b)
-        top = new_lse
-        if self._empty_rows:  # exp(-inf - -inf) would be NaN: weigh against 0 there
-            top = torch.where(torch.isneginf(new_lse), torch.zeros_like(new_lse), new_lse)
-        weight_a = self.layout.lse_to_out(torch.exp(lse_a - top))
-        weight_b = self.layout.lse_to_out(torch.exp(lse_b - top))
-        dst.copy_(a.float() * weight_a + b.float() * weight_b)
-        dst_lse.copy_(new_lse)
+        lse_merge(dst, dst_lse, a, lse_a, b, lse_b, self.layout.lse_to_out, self._empty_rows)
 
     def result(self, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(out in `dtype` (default: the announced one), lse fp32 (b, h, s))."""
@@ -172,3 +165,27 @@ class SplitMerge:
 
     def result(self, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         return self.out.to(dtype or self.out.dtype), self.lse
+
+
+def lse_merge(
+    dst: torch.Tensor,
+    dst_lse: torch.Tensor,
+    a: torch.Tensor,
+    lse_a: torch.Tensor,
+    b: torch.Tensor,
+    lse_b: torch.Tensor,
+    lse_as_out,
+    empty_rows: bool = False,
+    acc: torch.dtype = torch.float32,
+) -> None:
+    """(dst, dst_lse) = the log-sum-exp merge of partials (a, lse_a) and (b, lse_b), in torch
+    ops computing in `acc` (dst may be a). `lse_as_out` views an lse so it broadcasts against
+    out; `empty_rows`: rows where both lse are -inf stay empty instead of NaN."""
+    new_lse = torch.logaddexp(lse_a, lse_b)
+    top = new_lse
+    if empty_rows:  # exp(-inf - -inf) would be NaN: weigh against 0 there
+        top = torch.where(torch.isneginf(new_lse), torch.zeros_like(new_lse), new_lse)
+    weight_a = lse_as_out(torch.exp(lse_a - top))
+    weight_b = lse_as_out(torch.exp(lse_b - top))
+    dst.copy_(a.to(acc) * weight_a + b.to(acc) * weight_b)
+    dst_lse.copy_(new_lse)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..layout import BHSD, BSHD, Layout
+from ..merge import lse_merge
 from ..standin import row_delta_bhsd
 
 __all__ = [
@@ -147,14 +148,11 @@ class RowsSeen:
 
 
 def merge_rows(out: torch.Tensor, lse: torch.Tensor, o, block_lse, lse_as_out) -> None:
-    """Merge the partial (o, block_lse) into rows (out, lse) in place (fp32 LSE merge; rows
-    still unwritten have out 0 and lse -inf). `lse_as_out` views an lse so it broadcasts
-    against out. The block's lse is finite on every row it covers (each row sees a key)."""
-    new = torch.logaddexp(lse, block_lse)
-    w_old, w_new = lse_as_out(torch.exp(lse - new)), lse_as_out(torch.exp(block_lse - new))
+    """Merge the partial (o, block_lse) into rows (out, lse) in place (rows still unwritten
+    have out 0 and lse -inf). `lse_as_out` views an lse so it broadcasts against out. The
+    block's lse is finite on every row it covers (each row sees a key)."""
     acc = torch.promote_types(out.dtype, torch.float32)
-    out.copy_(out.to(acc) * w_old + o.to(acc) * w_new)
-    lse.copy_(new)
+    lse_merge(out, lse, out, lse, o, block_lse, lse_as_out, acc=acc)
 
 
 def lse_bhs(lse: torch.Tensor, batch: int, heads: int, seq: int) -> torch.Tensor:
