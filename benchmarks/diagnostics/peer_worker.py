@@ -204,8 +204,35 @@ def main(argv: list[str] | None = None) -> None:
             time.sleep(FOREVER_S)  # sits in its exception handler
         events.say("exiting", code=EXIT_OTHER)
         raise
+    _exit_prep(events, torch, dist)
     events.say("exiting", code=code)
     sys.exit(code)
+
+
+def _exit_prep(events: Events, torch, dist) -> None:
+    """What the survivor does between the error and its exit, for diagnosing the exit itself
+    (PEER_EXIT_PREP, comma-separated: sleep<S>, sync, destroy, leak, threads); none by default."""
+    for step in filter(None, os.environ.get("PEER_EXIT_PREP", "").split(",")):
+        try:
+            if step.startswith("sleep"):
+                time.sleep(float(step[5:] or 3))
+            elif step == "sync" and torch.cuda.is_available():
+                torch.cuda.synchronize()
+            elif step == "destroy" and dist.is_initialized():
+                dist.destroy_process_group()
+            elif step == "leak":  # keep the aborted ring communicators alive through exit
+                import ctypes
+
+                from tokenring_xdit.ring.comm import teardown
+
+                for pg in list(teardown._ABORTED):
+                    ctypes.pythonapi.Py_IncRef(ctypes.py_object(pg))
+            elif step == "threads":
+                names = [t.name for t in threading.enumerate()]
+                events.say("threads", names=names)
+            events.say("exit_prep", step=step)
+        except Exception as exc:  # recorded: the exit is what is being diagnosed
+            events.say("exit_prep", step=step, error=f"{type(exc).__name__}: {str(exc)[:300]}")
 
 
 def _continue(events: Events, torch, dist, tr, device, qkv) -> None:

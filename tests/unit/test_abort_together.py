@@ -53,3 +53,21 @@ def test_a_stuck_abort_is_reported_and_waited_for(monkeypatch):
     assert 0.15 < time.monotonic() - t0 < 4
     holder.join(5)
     assert not holder.is_alive()
+
+
+def test_a_failed_rings_groups_are_never_freed(monkeypatch):
+    """Groups aborted because the ring failed stay alive to the end of the process (their
+    destructor at exit ended survivors in std::terminate on 2 x H200); a healthy teardown's
+    aborted groups are freed as usual."""
+    import sys
+    import weakref
+
+    monkeypatch.setattr(dist.distributed_c10d, "_abort_process_group", lambda g: None)
+    failed, healthy = _Group(), _Group()
+    before = sys.getrefcount(failed)
+    assert teardown.abort_together([failed], timeout_s=5, failed=True) == []
+    assert sys.getrefcount(failed) == before + 1
+    gone = weakref.ref(healthy)
+    assert teardown.abort_together([healthy], timeout_s=5) == []
+    del healthy
+    assert gone() is None
