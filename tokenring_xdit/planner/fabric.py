@@ -7,7 +7,9 @@ what the schedules do:
   two_peers   r -> r+1 and r -> r-1 at once, one NCCL group - TokenRing's Q + partial, all-to-all
 Each pattern is t = latency + bytes_out_per_rank / bandwidth: bandwidth fitted on the >= 16 MB
 messages, latency from the graphed TokenRing's cost per extra transfer
-(benchmarks/derive_planner_data.py). Fabrics with no committed measurement (PCIe, InfiniBand)
+(benchmarks/derive_planner_data.py). A probe run across nodes with several GPUs each (its meta
+"multi_node", benchmarks/multi_node.py) is read for what crossed the network: see
+`fit_nccl_peers`. Fabrics with no committed measurement (PCIe, InfiniBand)
 carry nominal figures that docs/planner.md states and asks to be measured.
 """
 
@@ -74,29 +76,54 @@ def _fit(sizes_bytes: np.ndarray, ms: np.ndarray, latency_ms: float | None) -> L
     """Bandwidth from the large messages; latency given, or the fitted intercept.
 
     nccl_peers times NCCL calls issued from Python back to back, so its intercept is mostly host
-    issue cost (modelled apart, params.host_us); the GPU-side latency comes from elsewhere.
+    issue cost (modelled apart, params.host_us); the GPU-side latency comes from elsewhere. A
+    fitted intercept is capped at the pattern's fastest measured call: three noisy large
+    messages can put it above the time a whole small message took.
     """
     big = sizes_bytes >= MIN_FIT_BYTES
     a = np.stack([np.ones(big.sum()), sizes_bytes[big]], axis=1)
     (lat, inv_bw), *_ = np.linalg.lstsq(a, ms[big], rcond=None)
-    lat = max(float(lat), 0.0) if latency_ms is None else latency_ms
-    return Link(latency_ms=lat, gbps=1.0 / (float(inv_bw) * 1e6))
+    if latency_ms is None:
+        latency_ms = min(max(float(lat), 0.0), float(ms.min()))
+    return Link(latency_ms=latency_ms, gbps=1.0 / (float(inv_bw) * 1e6))
+
+
+# Across nodes with 2 GPUs each the probe's pairs (0->1, 2->3) stay inside a node; the ranks
+# that cross are those at a node's edge. two_peers (r -> r+1 and r -> r-1) then sends one
+# message per rank over the network while every rank does: the network traffic of a ring
+# across nodes, one peer each way at full occupancy. one_peer_both_ways crosses from the edge
+# ranks only (a quieter network). Two network peers per rank are not probed: they share the
+# rank's link, as link_fabric prices a NIC. (column, network messages per rank) per pattern:
+_ACROSS_NODES = {
+    "one_way": ("one_peer_both_ways", 1.0),
+    "ring": ("two_peers", 1.0),
+    "two_peers": ("two_peers", 1.0),
+}
+
+
+def _probe_gpus_per_node(data: dict) -> int:
+    return int(data.get("meta", {}).get("multi_node", {}).get("gpus_per_node", 1))
 
 
 def fit_nccl_peers(
     path: str | Path, name: str | None = None, latency_ms: float | None = None
 ) -> Fabric:
-    """Fit the three patterns of one `nccl_peers_*.json` file."""
+    """Fit the three patterns of one `nccl_peers_*.json` file. A probe of the multi-node
+    launcher with several GPUs per node describes the network between nodes by what crossed
+    it (_ACROSS_NODES); with more than 2 GPUs per node fewer ranks cross in the probe than in a
+    ring across nodes, so a shared network is priced on the fast side."""
     with open(path) as f:
         data = json.load(f)
     rows = data["rows"]
+    # two_peers moves twice the message per rank
+    columns = {p: (c, 2.0 if p == "two_peers" else 1.0) for p, c in PATTERNS.items()}
+    if _probe_gpus_per_node(data) > 1:
+        columns = _ACROSS_NODES
     links = {}
-    for pattern, column in PATTERNS.items():
+    for pattern, (column, scale) in columns.items():
         pts = [(r["MB"] * 2**20, r[f"{column}_ms"]) for r in rows if r.get(f"{column}_ms")]
         if pattern == "one_way" and not pts:  # odd rank counts have no pairs
             pts = [(r["MB"] * 2**20, r["one_peer_both_ways_ms"]) for r in rows]
-        # two_peers moves twice the message per rank
-        scale = 2.0 if pattern == "two_peers" else 1.0
         x = np.array([p[0] * scale for p in pts], dtype=float)
         links[pattern] = _fit(x, np.array([p[1] for p in pts], dtype=float), latency_ms)
     return Fabric(name=name or Path(path).stem, source=str(path), **links)
