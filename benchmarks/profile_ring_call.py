@@ -13,6 +13,9 @@ time with no GPU work at all (host gaps, launches, waits between streams).
 `--defer 0 0.5` profiles each shape once per `defer_own` (0: the own block whole at step 0).
 `--events` adds `events`: every GPU activity of one call on its own (kind, stream, start and
 duration in us from the call's first activity), to read the order a timeline sum hides.
+`--eager` profiles the call without CUDA graphs (`cuda_graph=False`, ring_sweep's
+token_ring_eager): its timeline's `idle` is then the host's gaps between launches. The script
+uses only the public API, so run with PYTHONPATH at an older package it profiles that one.
 """
 
 from __future__ import annotations
@@ -141,7 +144,7 @@ def kernel_ms(
 
 def _profile_shape(
     group, rank: int, n: int, model: str, heads: int, dim: int, tokens: int, defer: float | None,
-    events: bool = False,
+    events: bool = False, eager: bool = False,
 ):  # fmt: skip
     from tokenring_xdit.config import current
     from tokenring_xdit.ring import token_ring_attn
@@ -157,7 +160,10 @@ def _profile_shape(
     cfg = current() if defer is None else current().replace(defer_own=defer)
 
     def ring():
-        return token_ring_attn(q, k, v, group=group, layout="bhsd", kernel="cudnn", config=cfg)
+        return token_ring_attn(
+            q, k, v, group=group, layout="bhsd", kernel="cudnn", config=cfg,
+            cuda_graph=False if eager else None,
+        )  # fmt: skip
 
     def blocks_alone():  # the n per-block kernels a rank runs in one ring call
         for _ in range(n):
@@ -175,6 +181,7 @@ def _profile_shape(
         ring=n,
         rank=rank,
         defer_own=cfg.defer_own,
+        graphed=not eager,
         call_ms=call_ms,
         kernels_in_ring_ms=in_ring,
         attention_alone_ms=alone.get("attention"),
@@ -194,6 +201,7 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", default=["flux:16896", "pixart:16384", "pixart:4096"])
     ap.add_argument("--defer", nargs="+", type=float, default=[None], help="defer_own values")
     ap.add_argument("--events", action="store_true", help="every GPU activity of one call")
+    ap.add_argument("--eager", action="store_true", help="the call without CUDA graphs")
     args = ap.parse_args()
     from tokenring_xdit.ring import setup_token_ring_group
 
@@ -208,7 +216,9 @@ def main() -> None:
             continue
         for defer in args.defer:
             rows.append(
-                _profile_shape(group, rank, n, model, heads, dim, tokens, defer, args.events)
+                _profile_shape(
+                    group, rank, n, model, heads, dim, tokens, defer, args.events, args.eager
+                )
             )
             if rank == 0:
                 print(json.dumps({k: v for k, v in rows[-1].items() if k != "events"}), flush=True)

@@ -25,7 +25,8 @@ REGISTRY: dict[str, Kernel] = {
     k.name: k for k in (FLASH_ATTN, CUDNN, TORCH_FLASH, TORCH_EFFICIENT, CPU_FLASH, MATH, FA4)
 }
 # Records of optional packages: (is it installed, the pip name). `fa4` is not in `_AUTO`: by name
-# only until measured faster than cuDNN (docs/kernels-fa4.md).
+# only (measured on H200: forward slower than cuDNN on 2k-4k blocks, fwd+bwd ~10 % faster only
+# from 8k-token blocks; a beta with seconds of JIT per configuration; docs/kernels-fa4.md).
 _PACKAGES = {"flash_attn": (has_flash_attn, "flash-attn"), "fa4": (has_fa4, "flash-attn-4")}
 # Kernels for packed documents only (they take the segments themselves).
 DOC_REGISTRY: dict[str, Kernel] = {k.name: k for k in (MASKED, FLASH_VARLEN)}

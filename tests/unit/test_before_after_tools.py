@@ -1,0 +1,67 @@
+"""The before/after tools of issue 41 on CPU: plot_before_after's ratios from the committed
+4 x H200 runs (train_sweep and ring_sweep rows, the control columns), and hot_path_host's eager
+mode run for real on 2 gloo ranks at a few calls."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.plot_before_after import ratio_points  # noqa: E402
+
+RUNS = ROOT / "docs" / "benchmarks" / "ring4_h200x4" / "before_after_s6"
+
+
+def test_ratios_of_alternated_training_runs():
+    old = [RUNS / "mnt4_old_2.json", RUNS / "mnt4_old_4.json"]
+    new = [RUNS / "mnt4_new_1.json", RUNS / "mnt4_new_3.json"]
+    points = ratio_points(old, new, "token_ring_ms", "token_ring")
+    assert set(points) == {"gqa-32-8 16k causal", "mha-32 16k full"}
+    assert all(len(r) == 4 for r in points.values())  # every (old, new) pair
+    # 7.80 / 7.87, 8.84 / 7.87, 7.80 / 8.44, 8.84 / 8.44 (ms, README)
+    got = sorted(round(x, 3) for x in points["gqa-32-8 16k causal"])
+    assert got == [0.925, 0.991, 1.047, 1.122], got
+    control = ratio_points(old, new, "ulysses", "ulysses")  # a control names an impl
+    assert set(control) == set(points) and control != points
+
+
+def test_ratios_of_sweep_columns():
+    old, new = [RUNS / "sweep4_old.json"], [RUNS / "sweep4_new.json"]
+    eager = ratio_points(old, new, "token_ring_eager_ms", "token_ring")
+    assert abs(eager["flux 16896"][0] - 4.09 / 3.45) < 0.01  # the README's eager row
+    assert len(eager) == 5 and all(len(r) == 1 for r in eager.values())
+    control = ratio_points(old, new, "torch_ag_ms", "token_ring")
+    assert abs(control["flux 16896"][0] - 1.0) < 0.01  # the same run, another ring, unchanged
+
+
+def test_hot_path_host_eager_runs_and_counts_calls(tmp_path):
+    out = tmp_path / "eager.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/diagnostics/hot_path_host.py"), "--path",
+         "eager", "--ranks", "2", "--repeats", "20", "--top", "5", "--label", "test",
+         "--out", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    row = json.loads(out.read_text())
+    assert row["ranks"] == 2 and row["repeats"] == 20 and row["label"] == "test"
+    assert 0 < row["cpu_us"] and 0 < row["median_us"] <= row["p90_us"]
+    assert len(row["top_own_time"]) == 5
+    calls = row["calls_per_call"]
+    # one ring call per timed call: the forward loop once, the input check's exchange once
+    assert calls["tokenring_xdit/ring/forward.py:" + _line("forward.py", "ring_forward")] == 1
+    assert row["python_calls_per_call"] > 100
+    assert not any(str(ROOT) in k for k in calls)  # no machine paths
+
+
+def _line(module: str, fn: str) -> str:
+    text = (ROOT / "tokenring_xdit" / "ring" / module).read_text().splitlines()
+    at = next(i for i, x in enumerate(text, 1) if x.startswith(f"def {fn}("))
+    return f"{at}:{fn}"
