@@ -55,19 +55,20 @@ def test_a_stuck_abort_is_reported_and_waited_for(monkeypatch):
     assert not holder.is_alive()
 
 
-def test_a_failed_rings_groups_are_never_freed(monkeypatch):
-    """Groups aborted because the ring failed stay alive to the end of the process (their
-    destructor at exit ended survivors in std::terminate on 2 x H200); a healthy teardown's
-    aborted groups are freed as usual."""
-    import sys
-    import weakref
-
+def test_a_failed_ring_makes_the_exit_destroy_the_default_group(monkeypatch):
+    """After a ring failed, the exit hook destroys the groups the program left (their teardown
+    at interpreter finalisation ended NCCL survivors in std::terminate on 2 x H200)."""
     monkeypatch.setattr(dist.distributed_c10d, "_abort_process_group", lambda g: None)
-    failed, healthy = _Group(), _Group()
-    before = sys.getrefcount(failed)
-    assert teardown.abort_together([failed], timeout_s=5, failed=True) == []
-    assert sys.getrefcount(failed) == before + 1
-    gone = weakref.ref(healthy)
-    assert teardown.abort_together([healthy], timeout_s=5) == []
-    del healthy
-    assert gone() is None
+    monkeypatch.setattr(teardown, "_FAILED", [])
+    assert teardown.abort_together([_Group()], timeout_s=5) == []
+    assert teardown._FAILED == []  # a healthy teardown's abort
+    assert teardown.abort_together([_Group()], timeout_s=5, failed=True) == []
+    assert teardown._FAILED == [True]
+    destroyed = []
+    monkeypatch.setattr(teardown, "_MADE", [True])
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_backend", lambda *a: "nccl")
+    monkeypatch.setattr(dist, "destroy_process_group", lambda *a: destroyed.append(a))
+    monkeypatch.setattr(teardown, "release_ring_comms", lambda *a: None)
+    teardown._at_exit()
+    assert destroyed == [()]
