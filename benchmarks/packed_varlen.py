@@ -172,6 +172,7 @@ def _replays_of(layout, cu, q, k, v, do, rings, args) -> dict:
         res[f"work_{n}{tag}"] = {
             "layout": report["layout"],
             "spread": report["spread"],
+            "predicted_ms": [r["predicted_ms"] for r in report["ranks"]],
             "pairs_per_rank": [r["pairs"] for r in report["ranks"]],
             "kernel_calls": [r["kernel_calls"] for r in report["ranks"]],
             "q_transfers": [r["q_transfers"] for r in report["ranks"]],
@@ -222,6 +223,12 @@ def main() -> None:
     ring.add_argument("--head-dim", type=int, default=D)
     ring.add_argument("--dtype", default="auto", help="auto: bfloat16 on cuda, float32 on cpu")
     ring.add_argument("--check", action="store_true", help="errors vs fp64 per document")
+    ring.add_argument(
+        "--kernel",
+        default="auto",
+        help="the packed calls' kernel (token_ring_attn_func's kernel=): auto (flash_varlen on "
+        "CUDA), cudnn (cuDNN per segment), flash_varlen, masked, ...",
+    )
     ring.add_argument("--check-tokens", type=int, default=16384, help="the --check row")
     args = parser.parse_args()
     lo, hi = (int(x) for x in args.doc_lens.split(","))
@@ -230,9 +237,13 @@ def main() -> None:
 
         main_real_ring(args, lambda total: _documents(total, args.seed, lo, hi))
         return
-    ring_only = (args.device, args.heads, args.kv_heads, args.head_dim, args.dtype, args.check)
-    if ring_only != ("cuda", H, HK, D, "auto", False):
-        parser.error("--device/--heads/--kv-heads/--head-dim/--dtype/--check need --real-ring")
+    ring_only = (
+        args.device, args.heads, args.kv_heads, args.head_dim, args.dtype, args.check, args.kernel
+    )  # fmt: skip
+    if ring_only != ("cuda", H, HK, D, "auto", False, "auto"):
+        parser.error(
+            "--device/--heads/--kv-heads/--head-dim/--dtype/--check/--kernel need --real-ring"
+        )
     rings = [int(x) for x in args.rings.split(",") if x]
     rows = []
     for total in (int(x) for x in args.tokens.split(",")):

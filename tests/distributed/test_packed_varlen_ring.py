@@ -21,12 +21,13 @@ def test_tiny_real_ring_has_every_layout_and_is_exact(tmp_path):
         "--real-ring", "--device", "cpu", "--tokens", ",".join(map(str, TOKENS)),
         "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--doc-lens", "16,96",
         "--layout", ",".join(LAYOUTS), "--check", "--check-tokens", "256",
-        "--warmup", "1", "--iters", "2", "--out", str(out),
+        "--warmup", "1", "--iters", "2", "--kernel", "masked", "--out", str(out),
         timeout=240,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["meta"]["world_size"] == 2 and result["meta"]["backend"] == "gloo"
+    assert result["meta"]["kernel"] == "masked"
     assert [r["tokens"] for r in result["rows"]] == TOKENS
     for row in result["rows"]:
         cu = row["cu_seqlens"]
@@ -44,7 +45,7 @@ def test_tiny_real_ring_has_every_layout_and_is_exact(tmp_path):
             # exactly the documents' causal pairs, fewer than the dense causal ring's
             want = sum((b - a) * (b - a + 1) // 2 for a, b in zip(cu, cu[1:], strict=False))
             assert sum(entry["pairs_per_rank"]) == want < methods["dense_causal"]["pairs_total"]
-            assert entry["speedup_vs_dense_ring"] > 0
+            assert entry["speedup_vs_dense_ring"] > 0 and entry["predicted_ms"] > 0
     check = result["check"]
     assert check["tokens"] == 256 and set(check["max_abs"]) == set(LAYOUTS)
     for layout, errs in check["max_abs"].items():
