@@ -110,13 +110,17 @@ def piece_work(plan, q_lens: Sequence[int], tile: int) -> list[Work]:
     N) with no segment made (`shard`'s auto asks this for every new row). Tiles, segments and
     rows equal `plan_work`'s; calls are counted as if every piece were non-empty (exact when
     every document has >= 2N tokens; shorter ones leave gaps that split runs further).
-    `plan`: the documents layout's DocPlan (its schedule steps and which blocks attend)."""
+    `plan`: the documents layout's DocPlan (its documents and schedule steps)."""
     n, causal = plan.size, plan.causal
     slots, tiles, segs = 2 * n, [0] * n, [0] * n
-    for lens in piece_lengths(plan.docs.bounds, n):
+    held = [0] * slots  # per slot: a bit per document with a non-empty piece there
+    for d, lens in enumerate(piece_lengths(plan.docs.bounds, n)):
         t = [-(-x // tile) for x in lens]
         later_t = list(accumulate(reversed(t), initial=0))[::-1]  # later_t[a]: slots >= a
         later_n = list(accumulate((x > 0 for x in reversed(lens)), initial=0))[::-1]
+        for a, x in enumerate(lens):
+            if x:
+                held[a] |= 1 << d
         for r in range(n):
             for b in (r, slots - 1 - r):
                 if not lens[b]:
@@ -130,9 +134,10 @@ def piece_work(plan, q_lens: Sequence[int], tile: int) -> list[Work]:
     out = []
     for r in range(n):
         calls = rows = 0
-        for t, st in enumerate(plan.steps[r][:n]):
-            if plan.attends(r, t):
-                qs, ks = _slots(st.q_owner, st.q_part, n), _slots(r, st.kv_part, n)
+        for st in plan.steps[r][:n]:
+            qs, ks = _slots(st.q_owner, st.q_part, n), _slots(r, st.kv_part, n)
+            pairs = [(a, b) for a in qs for b in ks if _kind(a, b, causal) is not None]
+            if any(held[a] & held[b] for a, b in pairs):  # the block attends
                 calls += _calls(qs, ks, causal)
                 rows += _q_rows(st, q_lens)
         out.append(Work(tiles[r], segs[r], calls, rows))
