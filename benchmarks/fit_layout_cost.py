@@ -2,9 +2,10 @@
 
     python benchmarks/fit_layout_cost.py                  # the committed H200 replays -> the
                                                           # packaged table
-    python benchmarks/fit_layout_cost.py --replays packed_varlen.json --out cost.json
+    python benchmarks/fit_layout_cost.py --replays a.json b.json --out cost.json
 
---replays: benchmarks/packed_varlen.py's JSON (--layout zigzag,documents[,auto]): every rank of
+--replays: benchmarks/packed_varlen.py's JSONs (--layout zigzag,documents[,auto]; several are
+pooled, e.g. the committed rows and longer documents' rows): every rank of
 every `replay_N[_layout]_flash_varlen` (the kernel a real packed ring runs on CUDA) is one sample,
 its Work recomputed from the row's cu_seqlens and the layout its `work_N[_layout]` ran. The
 output records the constants, the samples' residuals and their source, so the table can be
@@ -80,12 +81,17 @@ def table(report: dict, source: str, tile: int = TILE) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--replays", default=REPLAYS, help="packed_varlen.py's JSON (one GPU)")
+    ap.add_argument(
+        "--replays", nargs="+", default=[REPLAYS], help="packed_varlen.py's JSONs (one GPU)"
+    )
     ap.add_argument("--out", default=str(DATA), help="where the table goes")
     args = ap.parse_args()
-    path = Path(args.replays)
-    report = json.loads((path if path.is_absolute() else ROOT / path).read_text())
-    out = table(report, args.replays)
+    reports = []
+    for name in args.replays:
+        path = Path(name)
+        reports.append(json.loads((path if path.is_absolute() else ROOT / path).read_text()))
+    pooled = {"meta": reports[0].get("meta", {}), "rows": [r for x in reports for r in x["rows"]]}
+    out = table(pooled, ", ".join(args.replays))
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps({"constants": out["constants"], "fit": out["fit"]}, indent=1))
 
