@@ -262,6 +262,7 @@ def main_real_ring(args, documents) -> None:
         "iters": args.iters,
         "layouts": layouts,
         "kernel": args.kernel,
+        "order": args.order,
     }
     if rank == 0:
         print(_table(result["rows"], layouts))
