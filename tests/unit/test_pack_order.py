@@ -1,7 +1,7 @@
 """balanced_order: a packing order of the documents that evens the row's zigzag by the cost
 model (ring/pack_order.py). A permutation, the same for the same lengths (every rank, every
 run), never predicted slower than the given order, and on the committed H200 rows predicted
-faster by 7-25%. (Exactness needs no test of its own: a reordered row is just another packed
+faster by 7-22%. (Exactness needs no test of its own: a reordered row is just another packed
 row; tests/distributed/test_packed_varlen_ring.py runs one through the ring against fp64.)"""
 
 from __future__ import annotations
