@@ -81,6 +81,12 @@ SWEEPS: dict[str, tuple[str, str]] = {
         "python",
         "rewrites tokenring_xdit/planner/data/ from the committed measurements (no GPU)",
     ),
+    "fit_layout_cost": (
+        "python",
+        "refits the packed-layout cost model `auto` picks with "
+        "(tokenring_xdit/ring/data/packed_layout_cost.json) from packed_varlen's one-GPU "
+        "replays (no GPU)",
+    ),
     "plot_sweep": ("python", "plots ring_sweep results: time per call and efficiency vs tokens"),
     "plot_e2e": ("python", "plots e2e_pipeline results: seconds per image per setting"),
     "plot_train_speed": ("python", "plots train_ring1 and replay_rank results side by side"),

@@ -3,8 +3,9 @@
 Every rank builds the same seeded row as the one-GPU mode (q, k, v from one generator on the
 device, then dout), cuts it with the public `tokenring_xdit.shard(x, causal=True,
 cu_seqlens=cu, layout=L)` and times `token_ring_attn_func(q, k, v, causal=True,
-cu_seqlens=cu)` forward + backward per layout, next to the dense causal ring on the same row
-(zigzag shards, no cu_seqlens: the bar the packed call must never be slower than). Time of an
+cu_seqlens=cu, kernel=K)` (K: --kernel, default auto) forward + backward per layout, next to
+the dense causal ring on the same row (zigzag shards, no cu_seqlens, its own auto kernel: the
+bar the packed call must never be slower than). Time of an
 iteration = the slowest rank's (all_reduce MAX), the median over --iters after --warmup
 (ranks_ms: each rank's own median, waits for its peers included). The ideal is each document
 alone through SDPA on rank 0, / N. --check: out and gradients of every layout against fp64
@@ -99,12 +100,12 @@ def _shards(full, layout: str | None, cu):
     return [tokenring_xdit.shard(x, causal=True, **kw).detach().requires_grad_() for x in full]
 
 
-def _fwd_bwd(q, k, v, do, cu):
+def _fwd_bwd(q, k, v, do, cu, kernel="auto"):
     from tokenring_xdit import token_ring_attn_func
 
     for x in (q, k, v):
         x.grad = None
-    kw = {} if cu is None else {"cu_seqlens": cu}
+    kw = {} if cu is None else {"cu_seqlens": cu, "kernel": kernel}
     out = token_ring_attn_func(q, k, v, causal=True, **kw)
     out.backward(do)
     return out
@@ -142,7 +143,7 @@ def _check(args, documents, device, dtype, heads, layouts) -> dict:
     res = {}
     for layout in layouts:
         q, k, v, do = _shards(full, layout, cu)
-        out = _fwd_bwd(q, k, v, do, cu)
+        out = _fwd_bwd(q, k, v, do, cu, args.kernel)
         got = [
             tokenring_xdit.unshard(x.detach(), causal=True, cu_seqlens=cu, layout=layout)
             for x in (out, q.grad, k.grad, v.grad)
@@ -183,7 +184,8 @@ def _row(total, args, documents, device, dtype, heads, layouts) -> dict:
     dense_pairs = total * (total + 1) // 2
     for name in ("dense_causal", *layouts):
         layout = None if name == "dense_causal" else name
-        step = functools.partial(_fwd_bwd, *_shards(full, layout, cu), cu if layout else None)
+        packed = (cu, args.kernel) if layout else (None,)  # the dense ring: its own auto kernel
+        step = functools.partial(_fwd_bwd, *_shards(full, layout, cu), *packed)
         ms, ranks_ms = _clock(step, args.warmup, args.iters, device, ring=True)
         entry = {"ms": ms, "efficiency": row["ideal_ring"] / ms, "ranks_ms": ranks_ms}
         if layout is None:
@@ -193,6 +195,7 @@ def _row(total, args, documents, device, dtype, heads, layouts) -> dict:
             entry.update(
                 layout_used=report["layout"],
                 spread=report["spread"],
+                predicted_ms=report["predicted_ms"],  # the cost model's slowest rank
                 pairs_per_rank=[r["pairs"] for r in report["ranks"]],
                 pairs_vs_dense=report["pairs_total"] / dense_pairs,
             )
@@ -258,6 +261,8 @@ def main_real_ring(args, documents) -> None:
         "warmup": args.warmup,
         "iters": args.iters,
         "layouts": layouts,
+        "kernel": args.kernel,
+        "order": args.order,
     }
     if rank == 0:
         print(_table(result["rows"], layouts))

@@ -34,7 +34,9 @@ cu_seqlens): the slowest rank's ms, efficiency = (per_document / N) / ms, the sp
 dense ring and each rank's attended pairs (`document_work`). --check: out and gradients of every
 layout vs fp64 per-document attention at --check-tokens (max abs error). --device cpu runs it
 on gloo at a tiny size (e.g. --tokens 256 --heads 4 --kv-heads 2 --head-dim 16
---doc-lens 16,96).
+--doc-lens 16,96). --kernel names the packed calls' kernel (default auto: flash_varlen on CUDA);
+--order balanced packs the drawn documents in `tokenring_xdit.ring.pack_order.balanced_order`
+for the ring's size (the row's zigzag evened by the packing order alone).
 """
 
 from __future__ import annotations
@@ -61,6 +63,23 @@ def _documents(total: int, seed: int, lo: int = 512, hi: int = 8192) -> list[int
     while cu[-1] < total:
         cu.append(min(total, cu[-1] + rng.randint(lo, hi)))
     return cu
+
+
+def _ordered(cu: list[int], args) -> list[int]:
+    """cu with its documents in balanced_order for the ring's size (--order balanced; every
+    rank computes the same order from the same lengths)."""
+    if args.order == "packed":
+        return cu
+    import torch.distributed as dist
+
+    from tokenring_xdit.ring.pack_order import balanced_order
+
+    lengths = [b - a for a, b in zip(cu, cu[1:], strict=False)]
+    order = balanced_order(lengths, dist.get_world_size())
+    out = [0]
+    for i in order:
+        out.append(out[-1] + lengths[i])
+    return out
 
 
 def _grad_fn(f, ins, do):
@@ -172,6 +191,7 @@ def _replays_of(layout, cu, q, k, v, do, rings, args) -> dict:
         res[f"work_{n}{tag}"] = {
             "layout": report["layout"],
             "spread": report["spread"],
+            "predicted_ms": [r["predicted_ms"] for r in report["ranks"]],
             "pairs_per_rank": [r["pairs"] for r in report["ranks"]],
             "kernel_calls": [r["kernel_calls"] for r in report["ranks"]],
             "q_transfers": [r["q_transfers"] for r in report["ranks"]],
@@ -222,17 +242,36 @@ def main() -> None:
     ring.add_argument("--head-dim", type=int, default=D)
     ring.add_argument("--dtype", default="auto", help="auto: bfloat16 on cuda, float32 on cpu")
     ring.add_argument("--check", action="store_true", help="errors vs fp64 per document")
+    ring.add_argument(
+        "--order",
+        choices=("packed", "balanced"),
+        default="packed",
+        help="balanced: pack the drawn documents in tokenring_xdit.ring.pack_order's "
+        "balanced_order for the ring's size (the row's zigzag evened by the packing order)",
+    )
+    ring.add_argument(
+        "--kernel",
+        default="auto",
+        help="the packed calls' kernel (token_ring_attn_func's kernel=): auto (flash_varlen on "
+        "CUDA), cudnn (cuDNN per segment), flash_varlen, masked, ...",
+    )
     ring.add_argument("--check-tokens", type=int, default=16384, help="the --check row")
     args = parser.parse_args()
     lo, hi = (int(x) for x in args.doc_lens.split(","))
     if args.real_ring:
         from _packed_ring import main_real_ring
 
-        main_real_ring(args, lambda total: _documents(total, args.seed, lo, hi))
+        main_real_ring(args, lambda total: _ordered(_documents(total, args.seed, lo, hi), args))
         return
-    ring_only = (args.device, args.heads, args.kv_heads, args.head_dim, args.dtype, args.check)
-    if ring_only != ("cuda", H, HK, D, "auto", False):
-        parser.error("--device/--heads/--kv-heads/--head-dim/--dtype/--check need --real-ring")
+    ring_only = (
+        args.device, args.heads, args.kv_heads, args.head_dim, args.dtype, args.check,
+        args.kernel, args.order,
+    )  # fmt: skip
+    if ring_only != ("cuda", H, HK, D, "auto", False, "auto", "packed"):
+        parser.error(
+            "--device/--heads/--kv-heads/--head-dim/--dtype/--check/--kernel/--order need "
+            "--real-ring"
+        )
     rings = [int(x) for x in args.rings.split(",") if x]
     rows = []
     for total in (int(x) for x in args.tokens.split(",")):

@@ -63,14 +63,11 @@ def _case(rank: int, n: int, c: dict) -> dict:
     k, v = (torch.randn(1, s, hk, d, generator=gen, dtype=torch.float64) for _ in "kv")
     q, k, v, do = (x.float().double() for x in (q, k, v, do))  # the ring's rounded inputs
     ref = _reference(torch, q, k, v, do, cu, causal)
-    pos = shard_positions(s, rank, n, causal=causal, cu_seqlens=cu, layout="documents")
+    split = c.get("split", "documents")
+    pos = shard_positions(s, rank, n, causal=causal, cu_seqlens=cu, layout=split)
 
     def local(x):  # (1, S, ...) -> this rank's shard, in the case's layout
-        x = (
-            x[:, pos]
-            if c["explicit"]
-            else shard(x, causal=causal, cu_seqlens=cu, layout="documents")
-        )
+        x = x[:, pos] if c["explicit"] else shard(x, causal=causal, cu_seqlens=cu, layout=split)
         return x if c["layout"] == "bshd" else x.transpose(1, 2).contiguous()
 
     def back(x):
@@ -137,20 +134,67 @@ def _errors(rank: int, n: int) -> dict:
     return {name: _try(fn) for name, fn in cases.items()}
 
 
+# --- auto: the layout `shard(..., layout="auto")` picks, on every rank alone ------------------
+
+AUTO_CASES = 8  # per ring size
+
+
+def _draw_auto(n: int, i: int) -> dict:
+    """Rows of 10-40 tokens per rank with one long document among short ones (the row's zigzag
+    unbalanced), or short ones only; even cases are cut by `auto` with the packaged table,
+    odd ones in the layout a pairs-only table picks (`_pairs_only`), so both layouts run."""
+    rng = random.Random(f"{SEED}/auto/{n}/{i}")
+    total = 2 * n * rng.randint(5, 20)
+    long_at = rng.randrange(total // 2)
+    cuts = {long_at, long_at + total // 2} if i % 4 < 2 else set()
+    cuts |= set(rng.sample(range(1, total), rng.randint(1, 6)))
+    cu = [0, *sorted(x for x in cuts if 0 < x < total), total]
+    return {
+        "total": total, "cu": cu, "causal": i % 3 != 2, "hk": rng.choice([4, 2]), "d": 8,
+        "layout": "bshd", "explicit": False, "seed": rng.randrange(2**31),
+        "table": "packaged" if i % 2 == 0 else "pairs_only",
+    }  # fmt: skip
+
+
+def _pairs_only():
+    from tokenring_xdit.ring.layout_cost import LayoutCost
+
+    return LayoutCost(tile=1, tile_ms=1e-6, segment_ms=0.0, call_ms=0.0, row_ms=0.0)
+
+
+def _auto_case(rank: int, n: int, c: dict) -> dict:
+    from tokenring_xdit.ring.documents import Documents, pick_layout
+
+    docs = Documents.of(c["cu"])
+    picked = pick_layout(docs, n, c["causal"])  # what shard(layout="auto") cuts
+    if c["table"] == "packaged":
+        res = _case(rank, n, {**c, "split": "auto"})
+    else:
+        picked = pick_layout(docs, n, c["causal"], cost=_pairs_only())
+        res = _case(rank, n, {**c, "split": picked})
+    return {**res, "picked": picked}
+
+
 def _rank(rank: int, n: int) -> dict:
     import torch
 
     from tokenring_xdit.ring.documents import document_work
 
     torch.set_num_threads(1)
-    results = []
+    results, autos = [], []
     for i in range(CASES_PER_SIZE):
         c = _draw(n, i)
         res = _case(rank, n, c)
         work = document_work(c["cu"], n, causal=c["causal"], layout="documents")["ranks"][rank]
         res["plan_kernels"], res["plan_q"] = work["kernel_calls"], work["q_transfers"]
         results.append(res)
-    return {"cases": results, "errors": _errors(rank, n)}
+    for i in range(AUTO_CASES):
+        c = _draw_auto(n, i)
+        res = _auto_case(rank, n, c)
+        work = document_work(c["cu"], n, causal=c["causal"], layout=res["picked"])["ranks"][rank]
+        res["plan_kernels"], res["plan_q"] = work["kernel_calls"], work["q_transfers"]
+        autos.append(res)
+    return {"cases": results, "autos": autos, "errors": _errors(rank, n)}
 
 
 @functools.cache
@@ -172,6 +216,32 @@ def test_documents_layout_matches_exact_attention(n):
     assert set(worst) == {"out", "lse", "dq", "dk", "dv"}
     for name, (err, rank, i, c) in worst.items():
         assert err <= TOL, f"{name} error {err:.3g} on rank {rank}, case {i}: {c}"
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_auto_is_agreed_and_exact_either_way(n):
+    """Every rank picks alone from the documents; all pick alike (the packaged table's choice
+    is also document_work's here), the shards of the choice give exact attention whichever
+    layout it is, and across the cases both layouts ran."""
+    from tokenring_xdit.ring.documents import document_work
+
+    ranks = _launch(n)
+    used = set()
+    for i in range(AUTO_CASES):
+        c = _draw_auto(n, i)
+        picks = {res["autos"][i]["picked"] for res in ranks}
+        assert len(picks) == 1, (i, picks)
+        picked = picks.pop()
+        used.add(picked)
+        if c["table"] == "packaged":
+            assert picked == document_work(c["cu"], n, causal=c["causal"])["auto"]
+        for rank, res in enumerate(ranks):
+            case = res["autos"][i]
+            assert case["kernels"] == case["plan_kernels"], (rank, i, case)
+            assert case["q_messages"] == case["plan_q"], (rank, i, case)
+            for name, err in case["errs"].items():
+                assert err <= TOL, f"auto case {i} ({picked}): {name} {err:.3g} on rank {rank}"
+    assert used == {"zigzag", "documents"}, used
 
 
 def test_the_draws_cover_what_the_issue_asks():

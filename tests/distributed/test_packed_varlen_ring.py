@@ -21,12 +21,13 @@ def test_tiny_real_ring_has_every_layout_and_is_exact(tmp_path):
         "--real-ring", "--device", "cpu", "--tokens", ",".join(map(str, TOKENS)),
         "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--doc-lens", "16,96",
         "--layout", ",".join(LAYOUTS), "--check", "--check-tokens", "256",
-        "--warmup", "1", "--iters", "2", "--out", str(out),
+        "--warmup", "1", "--iters", "2", "--kernel", "masked", "--out", str(out),
         timeout=240,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["meta"]["world_size"] == 2 and result["meta"]["backend"] == "gloo"
+    assert result["meta"]["kernel"] == "masked"
     assert [r["tokens"] for r in result["rows"]] == TOKENS
     for row in result["rows"]:
         cu = row["cu_seqlens"]
@@ -44,10 +45,45 @@ def test_tiny_real_ring_has_every_layout_and_is_exact(tmp_path):
             # exactly the documents' causal pairs, fewer than the dense causal ring's
             want = sum((b - a) * (b - a + 1) // 2 for a, b in zip(cu, cu[1:], strict=False))
             assert sum(entry["pairs_per_rank"]) == want < methods["dense_causal"]["pairs_total"]
-            assert entry["speedup_vs_dense_ring"] > 0
+            assert entry["speedup_vs_dense_ring"] > 0 and entry["predicted_ms"] > 0
     check = result["check"]
     assert check["tokens"] == 256 and set(check["max_abs"]) == set(LAYOUTS)
     for layout, errs in check["max_abs"].items():
         assert set(errs) == {"out", "dq", "dk", "dv"}, errs
         assert all(0 <= e <= TOL for e in errs.values()), (layout, errs)
     assert "dense_causal" in done.stdout and "check 256 tokens" in done.stdout
+
+
+def test_balanced_packing_order_runs_exact(tmp_path):
+    """--order balanced: the drawn documents packed in balanced_order for the ring's size (the
+    same order on both ranks; 4 documents of 1024 tokens: predicted 1.048 -> 1.019 ms), the
+    row's zigzag, exact vs fp64."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from packed_varlen import _documents
+
+    from tokenring_xdit.ring.pack_order import balanced_order
+
+    out = tmp_path / "ring.json"
+    done = torchrun_script(
+        "benchmarks/packed_varlen.py",
+        "--real-ring", "--device", "cpu", "--tokens", "1024", "--heads", "4", "--kv-heads", "2",
+        "--head-dim", "16", "--doc-lens", "32,640", "--layout", "zigzag", "--check",
+        "--check-tokens", "1024", "--order", "balanced", "--warmup", "1", "--iters", "1",
+        "--out", str(out),
+        timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["meta"]["order"] == "balanced"
+    drawn = _documents(1024, 0, 32, 640)
+    lengths = [b - a for a, b in zip(drawn, drawn[1:], strict=False)]
+    order = balanced_order(lengths, 2)
+    assert order != sorted(order)  # a row this uneven is reordered
+    cu = result["rows"][0]["cu_seqlens"]
+    assert [b - a for a, b in zip(cu, cu[1:], strict=False)] == [lengths[i] for i in order]
+    assert result["check"]["tokens"] == 1024  # the check row is this reordered row
+    for errs in result["check"]["max_abs"].values():
+        assert all(0 <= e <= TOL for e in errs.values()), errs

@@ -23,7 +23,8 @@ def _worker(rank, n):
     ids = torch.arange(16).unsqueeze(0)
     pos, cu = _packed(torch, [5, 3, 8])
     agreed = tr_hf.shard_batch(ids, position_ids=pos, cu_seqlens=cu, layout="zigzag")
-    per_doc = tr_hf.shard_batch(ids, position_ids=pos, cu_seqlens=cu)  # auto: documents here
+    per_doc = tr_hf.shard_batch(ids, position_ids=pos, cu_seqlens=cu, layout="documents")
+    auto = tr_hf.shard_batch(ids, position_ids=pos, cu_seqlens=cu)  # 16 tokens: the zigzag
     _, other_cu = _packed(torch, [6, 2, 8])  # offset 5 vs 6
     try:
         tr_hf.shard_batch(ids, position_ids=pos, cu_seqlens=other_cu)
@@ -32,19 +33,21 @@ def _worker(rank, n):
     else:
         refused = "no error"
     cut = [x["position_ids"].tolist() for x in (agreed, per_doc)]
-    return cut, agreed["cu_seq_lens_q"].tolist(), refused, per_doc["input_ids"].tolist()
+    same = auto["input_ids"].tolist() == agreed["input_ids"].tolist()
+    return cut, agreed["cu_seq_lens_q"].tolist(), refused, per_doc["input_ids"].tolist(), same
 
 
 def test_disagreeing_position_ids_and_cu_seqlens_are_refused_on_every_rank():
     results = values(run_ranks(_worker, 2, timeout=120))
-    for _, cu, refused, _ in results:
+    for _, cu, refused, _, same in results:
+        assert same  # auto: tiny documents cut in 2N pieces cost more than they balance
         assert cu == [0, 5, 8, 16]
         assert "position_ids and cu_seqlens disagree at token 5" in refused, refused
         assert "pass only one of them" in refused
     # the agreeing pair keeps the given (per-document) positions, zigzag-cut
     assert results[0][0][0] == [[0, 1, 2, 3, 4, 5, 6, 7]]
     assert results[1][0][0] == [[4, 0, 1, 2, 0, 1, 2, 3]]
-    # auto: the documents layout (docs/training.md's rule: pieces 2 1 1 1 | 0 1 1 1 | 2 2 2 2);
+    # the documents layout (docs/training.md's rule: pieces 2 1 1 1 | 0 1 1 1 | 2 2 2 2);
     # the position ids follow the tokens
     assert results[0][3] == [[0, 1, 8, 9, 4, 7, 14, 15]]
     assert results[1][3] == [[2, 5, 10, 11, 3, 6, 12, 13]]

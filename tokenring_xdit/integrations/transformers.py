@@ -230,8 +230,8 @@ def shard_batch(
     sequence with one more document (labels -100) to reach the multiple. `layout`: how a packed
     row is cut (`tokenring_xdit.shard`'s): "zigzag" (the row's split), "documents" (every
     document in 2N pieces: balanced whatever the lengths) or "auto" (the smaller predicted
-    spread); input ids, position ids and labels all follow it, and the attention calls follow
-    the layout `shard` declares for these documents.
+    time of the slowest rank); input ids, position ids and labels all follow it, and the
+    attention calls follow the layout `shard` declares for these documents.
     """
     shift = causal if shift_labels is None else shift_labels
     docs = _batch_documents(input_ids, position_ids, cu_seqlens)

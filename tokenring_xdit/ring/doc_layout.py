@@ -40,7 +40,7 @@ from .schedules.blocks import ALL, FRONT
 
 __all__ = [
     "ROW", "DOCUMENTS", "LAYOUTS", "Segment", "check_total", "piece_lengths", "local_pieces",
-    "local_positions", "block_pieces", "pieces_meet", "piece_pairs",
+    "local_positions", "block_pieces", "pieces_meet", "piece_pairs", "segment_runs",
 ]  # fmt: skip
 
 # ROW: the row's own split (the zigzag; contiguous shards when not causal)
@@ -167,3 +167,19 @@ def block_pieces(bounds, world_size: int, q: tuple[int, str], kv: tuple[int, str
                     raise AssertionError("a causal piece must hold the same tokens on both sides")
                 segs.append(Segment(q0, q1, k0, k1, True))
     return tuple(segs)
+
+
+def segment_runs(segs: tuple[Segment, ...]) -> list[list[Segment]]:
+    """Runs of segments that abut on both sides with one causal flag: one varlen call each.
+    A segment joins the run that ends where it starts (in the documents layout the runs of a
+    block interleave: a query piece meets its document's front and back key pieces)."""
+    groups: list[list[Segment]] = []
+    ends: dict[tuple[int, int, bool], list[Segment]] = {}
+    for s in sorted(segs, key=lambda s: (s.q0, s.k0)):
+        group = ends.pop((s.q0, s.k0, s.causal), None)
+        if group is None:
+            group = []
+            groups.append(group)
+        group.append(s)
+        ends[(s.q1, s.k1, s.causal)] = group
+    return groups

@@ -15,10 +15,10 @@ so a causal call must carry proof, checked on every rank before any transfer (ri
 for any process group (no yunchang groups needed): zigzag for causal attention (and the
 declaration above), contiguous otherwise. A packed row (`cu_seqlens=`) may instead be cut in the
 documents layout (ring/doc_layout.py: every document in 2N pieces, balanced whatever the
-lengths); `layout="auto"` picks the layout whose predicted spread is smaller
-(`documents.document_work`). `shard` declares the layout it cut for (group, length, documents),
-and a packed call on those documents follows that declaration (`call_layout`), agreed across
-the ring like the rest of the call.
+lengths); `layout="auto"` picks the layout whose slowest rank has the smaller predicted time
+(`documents.document_work`, ring/layout_cost.py). `shard` declares the layout it cut for
+(group, length, documents), and a packed call on those documents follows that declaration
+(`call_layout`), agreed across the ring like the rest of the call.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def shard_positions(
 
 
 def _split(layout: str, cu_seqlens, total: int, world_size: int, causal: bool) -> str:
-    """The layout `shard` cuts: ROW or DOCUMENTS ("auto": the smaller predicted spread)."""
+    """The layout `shard` cuts: ROW or DOCUMENTS ("auto": the smaller predicted time)."""
     if layout not in (*LAYOUTS, "auto"):
         raise ValueError(f"layout must be 'auto', 'zigzag' or 'documents', got {layout!r}")
     if cu_seqlens is None:
@@ -296,7 +296,7 @@ def shard(
     Packed rows: `cu_seqlens` (document offsets in the full row) and `layout`: "zigzag" (the
     row's split above), "documents" (every document cut into 2N pieces, rank r holding pieces
     r and 2N-1-r of each: ring/doc_layout.py; the length must divide by 2N) or "auto" (the one
-    of smaller predicted spread, `document_work`; equal on every rank). The layout is declared
+    of smaller predicted time, `document_work`; equal on every rank). The layout is declared
     for (group, length, documents): a call with these cu_seqlens follows it. Position ids and
     labels follow `shard_positions` (or shard them with the same arguments).
     """

@@ -8,27 +8,11 @@ from __future__ import annotations
 
 import torch
 
-from ..documents import Segment
+from ..doc_layout import Segment, segment_runs
 from ..layout import BHSD, Layout
 from ..standin import out_standin_bhsd
 from .base import Kernel, RowsSeen, empty_partial, merge_rows
 from .sdpa import flash_backward, flash_forward, no_rng
-
-
-def segment_runs(segs: tuple[Segment, ...]) -> list[list[Segment]]:
-    """Runs of segments that abut on both sides with one causal flag: one varlen call each.
-    A segment joins the run that ends where it starts (in the documents layout the runs of a
-    block interleave: a query piece meets its document's front and back key pieces)."""
-    groups: list[list[Segment]] = []
-    ends: dict[tuple[int, int, bool], list[Segment]] = {}
-    for s in sorted(segs, key=lambda s: (s.q0, s.k0)):
-        group = ends.pop((s.q0, s.k0, s.causal), None)
-        if group is None:
-            group = []
-            groups.append(group)
-        group.append(s)
-        ends[(s.q1, s.k1, s.causal)] = group
-    return groups
 
 
 def _rows(x: torch.Tensor, i: int, sl: slice, layout: Layout) -> torch.Tensor:
