@@ -43,7 +43,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-FP32_TOL = 2e-5  # compiled vs eager and vs exact (relative to max(1, |exact|)), as the file
+FP32_TOL = 2e-5  # vs eager, and vs exact relative to max(1, |exact|) (test_gpu_compile.py)
 BF16_TOL = 3e-2  # compiled vs eager in bf16 (test_gpu_compile.py's bound)
 BF16_EXACT_TOL = 4e-2  # bf16 ring vs fp64 exact, relative to max(1, |exact|) (test_gpu_packed.py)
 BF16_LSE_TOL = 1e-2  # bf16 lse vs exact, absolute (test_gpu_packed.py)
