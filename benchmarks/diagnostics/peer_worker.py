@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _exit_prep(events: Events, torch, dist) -> None:
     """What the survivor does between the error and its exit, for diagnosing the exit itself
-    (PEER_EXIT_PREP, comma-separated: sleep<S>, sync, destroy, leak, threads); none by default."""
+    (PEER_EXIT_PREP, comma-separated: sleep<S>, sync, destroy, threads); none by default."""
     for step in filter(None, os.environ.get("PEER_EXIT_PREP", "").split(",")):
         try:
             if step.startswith("sleep"):
@@ -222,13 +222,6 @@ def _exit_prep(events: Events, torch, dist) -> None:
                 torch.cuda.synchronize()
             elif step == "destroy" and dist.is_initialized():
                 dist.destroy_process_group()
-            elif step == "leak":  # keep the aborted ring communicators alive through exit
-                import ctypes
-
-                from tokenring_xdit.ring.comm import teardown
-
-                for pg in list(teardown._ABORTED):
-                    ctypes.pythonapi.Py_IncRef(ctypes.py_object(pg))
             elif step == "threads":
                 names = [t.name for t in threading.enumerate()]
                 events.say("threads", names=names)

@@ -58,11 +58,17 @@ def test_a_stuck_abort_is_reported_and_waited_for(monkeypatch):
 def test_a_failed_ring_makes_the_exit_destroy_the_default_group(monkeypatch):
     """After a ring failed, the exit hook destroys the groups the program left (their teardown
     at interpreter finalisation ended NCCL survivors in std::terminate on 2 x H200)."""
+    from datetime import timedelta
+
+    from tokenring_xdit.ring.comm import RingComms
+
     monkeypatch.setattr(dist.distributed_c10d, "_abort_process_group", lambda g: None)
     monkeypatch.setattr(teardown, "_FAILED", [])
     assert teardown.abort_together([_Group()], timeout_s=5) == []
     assert teardown._FAILED == []  # a healthy teardown's abort
-    assert teardown.abort_together([_Group()], timeout_s=5, failed=True) == []
+    ring = RingComms(None, (0,), None, None, None, timedelta(seconds=5), "nccl")
+    ring.fail("a peer is gone")
+    ring.fail("and again")
     assert teardown._FAILED == [True]
     destroyed = []
     monkeypatch.setattr(teardown, "_MADE", [True])

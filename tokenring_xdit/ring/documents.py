@@ -312,7 +312,7 @@ def document_work(
     if layout not in (*LAYOUTS, "auto"):
         raise ValueError(f"layout must be 'auto', 'zigzag' or 'documents', got {layout!r}")
     layouts = _layouts(docs, n, causal, cost)
-    auto = _pick(_predicted(docs, n, causal, cost))
+    auto = _pick({k: v and v["predicted_ms"] for k, v in layouts.items()})
     chosen = layouts[auto if layout == "auto" else layout]
     if chosen is None:
         check_total(total, n)

@@ -123,6 +123,7 @@ class RingComms:
     marks: list = field(default_factory=list, repr=False)
 
     def fail(self, why: str) -> None:
+        teardown.ring_failed()
         if self.failed is None:
             self.failed = why
         if self.base is not None:

@@ -117,6 +117,12 @@ def remove_guard() -> None:
     _GUARD.clear()
 
 
+def ring_failed() -> None:
+    """Note that a ring of this process failed (the exit hook then destroys the groups)."""
+    if not _FAILED:
+        _FAILED.append(True)
+
+
 def made_rings() -> None:
     """Note that this process made ring communicators (the exit hook acts only then)."""
     if not _MADE:
@@ -172,7 +178,7 @@ def _tear_down(comms) -> None:  # a groups.RingComms
         except (RuntimeError, ValueError):
             pass  # already destroyed with the world group
     if nccl:
-        abort_together(nccl, comms.deadline.total_seconds(), failed=comms.failed is not None)
+        abort_together(nccl, comms.deadline.total_seconds())
 
 
 def _drain(deadline: timedelta) -> None:
@@ -193,12 +199,9 @@ _ABORTING = threading.Lock()
 _ABORTED: weakref.WeakSet = weakref.WeakSet()  # groups whose abort already ran
 
 
-def abort_together(
-    groups: list[dist.ProcessGroup], timeout_s: float = 60.0, *, failed: bool = False
-) -> list:
+def abort_together(groups: list[dist.ProcessGroup], timeout_s: float = 60.0) -> list:
     """Abort NCCL communicators all at once, one thread each; returns those whose abort did
-    not finish within `timeout_s` (they are left to torch). `failed`: the ring failed (a peer
-    is gone or stuck); the exit then destroys the default group (`_at_exit` says why).
+    not finish within `timeout_s` (they are left to torch).
 
     Why at once: an NCCL abort raises its communicator's abort flag and then waits for that
     communicator's queued GPU work, which can wait (through the compute stream) on ANOTHER
@@ -225,8 +228,6 @@ def abort_together(
         for t in threads:
             t.join(max(end - time.monotonic(), 0.0))
         _ABORTED.update(groups)
-        if failed:
-            _FAILED.append(True)
         return [g for g, t in zip(groups, threads, strict=True) if t.is_alive()]
     finally:
         _ABORTING.release()
@@ -248,13 +249,17 @@ def _abort_one(group: dist.ProcessGroup) -> None:
 
 def _at_exit() -> None:
     """Before interpreter finalisation: our communicators, then a gloo default group the
-    program did not destroy (see the module docstring)."""
+    program did not destroy (see the module docstring), or any default group once a ring
+    failed (`_destroy_default_group`)."""
     release_graphs()  # a graph holding NCCL kernels keeps its communicator busy
     gc.collect()
     release_ring_comms()
     # only in programs that used a ring: one that never did keeps torch's own exit behaviour
     if _MADE and dist.is_initialized() and (dist.get_backend() == "gloo" or _FAILED):
         _destroy_default_group()
+
+
+_EXIT_DESTROY_S = 30.0  # an NCCL destroy is local after the abort: 0.25-0.35 s measured
 
 
 def _destroy_default_group() -> None:
@@ -274,9 +279,6 @@ def _destroy_default_group() -> None:
 
     threading.Thread(target=destroy, name="tokenring-exit", daemon=True).start()
     done.wait(_EXIT_DESTROY_S)
-
-
-_EXIT_DESTROY_S = 30.0  # an NCCL destroy is local after the abort: 0.25-0.35 s measured
 
 
 # At interpreter exit, before finalisation tears down gloo's threads in no particular order

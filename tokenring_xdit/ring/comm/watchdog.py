@@ -121,6 +121,6 @@ def _expire(comms: RingComms, call: tuple[str, list]) -> None:
     # why). Measured (issue 44, 2 x H200, deadline 8 s): eager training, a causal forward and
     # graphed inference then raise in the calling thread about 8.1 s after the peer died.
     lanes = [g for g in comms.owned() if g is not comms.check]
-    stuck = abort_together(lanes, comms.deadline.total_seconds(), failed=True)
+    stuck = abort_together(lanes, comms.deadline.total_seconds())
     if stuck:
         log.error("TokenRing: the abort of %d ring communicator(s) did not finish", len(stuck))
