@@ -11,10 +11,10 @@ matrix three times: every survivor raised TokenRingCommError 8.0-10.2 s after th
 calling thread (compiled 12 s), naming the rank and the step; the packed path's host used to
 block inside the call (a cu_seqlens copy behind the dead peer's transfers: fixed); 9 of 12
 plain survivors then died in std::terminate at exit (SIGABRT), fixed by destroying the groups
-at exit after a ring failed (5 of 5 clean after the fix; the whole matrix not re-run). Until
-then the "infer_graphed" scenarios ran causal calls, which are never graphed: as replays they
-are unmeasured, and a replay's message cannot name the step (one replay runs them all), hence
-the strict xfails.
+at exit after a ring failed (5 of 5 clean after the fix). The "infer_graphed"
+scenarios used to run causal calls, which are never graphed; as replays (seventh session) they
+raised without naming the step, as did the IPC replays: each replay now names the step its
+capture's events say it stopped at.
 """
 
 from __future__ import annotations
@@ -33,19 +33,9 @@ pytestmark = [
     pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs"),
 ]
 
-GRAPH_STEP = "a CUDA-graph replay runs every step at once: its message names the peers, no step"
-XFAIL: dict[str, str] = {  # every graphed scenario in which the survivor raises
-    name: GRAPH_STEP
-    for name in (
-        "infer_graphed-die-plain-cuda",
-        "infer_graphed-hang-plain-cuda",
-        "infer_graphed-raise_exit-plain-cuda",
-        "infer_graphed-raise_stay-plain-cuda",
-        "infer_graphed-die-plain-cuda-continue",
-        "infer_graphed-hang-plain-cuda-grouptimeout",
-        "infer_graphed-hang-torchrun-cuda",
-    )
-}
+# Scenarios expected to fail (name -> why), strict; none now: a graph replay names its step
+# by the events its capture recorded (ring/comm/step_marks.py).
+XFAIL: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import torch
 
 from .call import PreparedCall
 from .forward import local_forward, ring_forward
-from .graphs import graphs_wanted, run_graphed
+from .graphs import graphs_wanted
 
 __all__ = ["infer"]
 
@@ -35,7 +35,7 @@ def infer(
     else:
         signature = tuple((x.shape, x.stride(), x.dtype) for x in inputs)
         graph_key = (ring.pos.group, ring.key, call.graph_key(), signature)  # agreed + shapes
-        result = run_graphed(graph_key, inputs, run, ring.pos.group)
+        result = ring.graphed(graph_key, inputs, run)
     ring.finished("forward")
     if swapped:
         return result[0].transpose(1, 2), result[1]

@@ -8,16 +8,19 @@ looked up by name in `TRANSPORTS`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from .comm import RingComms, RingPosition, torch_lanes
 from .comm.ipc import ipc_finished, ipc_lanes
+from .comm.step_marks import capture_marks, replay_marks
 from .comm.watchdog import watch
 from .doc_layout import ROW
 from .documents import Documents
+from .graphs import run_graphed
 
 __all__ = ["Ring", "TRANSPORTS"]
 
@@ -64,6 +67,22 @@ class Ring:
     def lanes(self):
         """(Q lane, return lane) for one call."""
         return TRANSPORTS[self.transport][0](self.comms, self.pos.rank)
+
+    def graphed(self, key: Hashable, inputs: tuple[torch.Tensor, ...], run: Callable) -> Any:
+        """`run(inputs)` through the ring call graphs under `key` (agreed on every rank): the
+        first call of a key runs eagerly, then it is captured and replayed. A replay's steps
+        are named by the events its capture recorded (comm/step_marks.py)."""
+        ran = []
+
+        def marked(xs):
+            ran.append(True)
+            with capture_marks(self.comms, key):
+                return run(xs)
+
+        result = run_graphed(key, inputs, marked, self.pos.group)
+        if not ran:
+            replay_marks(self.comms, key)
+        return result
 
     def finished(self, what: str) -> None:
         """Bound the work this call queued by the ring's deadline (never blocks the host on

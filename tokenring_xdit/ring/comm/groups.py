@@ -121,6 +121,10 @@ class RingComms:
     # call in flight; the deadline's watchdog takes them with the call and names the first
     # step whose transfers never completed
     marks: list = field(default_factory=list, repr=False)
+    # the same for CUDA-graph replays (comm/step_marks.py): the marks of the call being
+    # captured, and each graph key's marks, which a replay of it takes as its own
+    captured: list | None = field(default=None, repr=False)
+    graph_marks: dict = field(default_factory=dict, repr=False)
 
     def fail(self, why: str) -> None:
         teardown.ring_failed()

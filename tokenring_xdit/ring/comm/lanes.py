@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from .errors import COUNTERS, LIKELY_CAUSES, TokenRingCommError
 from .groups import RingComms, describe_peer
+from .step_marks import mark_captured_step
 from .teardown import wait_for_aborts
 
 __all__ = ["Lane", "TorchLane", "torch_lanes"]
@@ -57,7 +58,9 @@ class TorchLane:
         self._timeout_s = comms.deadline.total_seconds() if gloo else None
         # per-step marks for the deadline's error (eager NCCL calls; lanes are made inside the
         # call, so a capture is seen here once instead of at every wait)
-        self._mark = not gloo and not torch.cuda.is_current_stream_capturing()
+        capturing = not gloo and torch.cuda.is_current_stream_capturing()
+        self._mark = not gloo and not capturing
+        self._mark_captured = not gloo and capturing  # replays name steps (step_marks.py)
 
     def post(
         self,
@@ -113,6 +116,8 @@ class TorchLane:
             marks.append((pending[-1][0], (self.name,) + pending[-1][1]))
             if len(marks) > 256:  # a path that never reached watch(): keep the newest
                 del marks[:128]
+        elif self._mark_captured and pending:
+            mark_captured_step(self.comms, self.name, pending[-1][1])
 
     def _error(self, about: tuple, exc: BaseException) -> TokenRingCommError:
         return transfer_error(self, about, exc, self.comms.deadline.total_seconds())

@@ -27,7 +27,8 @@ import torch
 import torch.distributed as dist
 
 from .errors import LIKELY_CAUSES
-from .groups import RingComms, describe_peer
+from .groups import RingComms
+from .step_marks import stalled_step
 from .teardown import abort_together
 
 __all__ = ["watch"]
@@ -69,23 +70,6 @@ def thread_local_capture_mode() -> bool:
         return False
 
 
-def _stalled_step(comms: RingComms, marks: list) -> str:
-    """Where the call stopped: its first step whose transfers never completed, and the peers
-    (an eager call's lane works); a graph replay's steps are not seen one by one."""
-    for work, (lane, _, step, sends, recvs) in marks:
-        if not work.is_completed():
-            peers = [f"send to {describe_peer(comms, p)}" for p in dict.fromkeys(sends)]
-            peers += [f"receive from {describe_peer(comms, p)}" for p in dict.fromkeys(recvs)]
-            return f", stopped at step {step} on the {lane} lane ({', '.join(peers)})"
-    if marks:
-        return ""
-    peers = sorted({(comms.ranks.index(dist.get_rank()) + d) % len(comms.ranks) for d in (-1, 1)})
-    return (
-        ", in a CUDA-graph replay (its steps are not observed one by one; its transfers go "
-        f"to and come from {' and '.join(describe_peer(comms, p) for p in peers)})"
-    )
-
-
 def _run() -> None:
     if not thread_local_capture_mode():
         log.debug("TokenRing watchdog: could not set the thread-local capture mode")
@@ -112,7 +96,7 @@ def _expire(comms: RingComms, call: tuple[str, list]) -> None:
     message = (
         f"TokenRing {what} on the ring of global ranks {list(comms.ranks)} did not finish within "
         f"its deadline of {comms.deadline.total_seconds():.0f} s on global rank "
-        f"{dist.get_rank() if dist.is_initialized() else 0}{_stalled_step(comms, marks)}; "
+        f"{dist.get_rank() if dist.is_initialized() else 0}{stalled_step(comms, marks)}; "
         + LIKELY_CAUSES.format(timeout=comms.deadline.total_seconds())
     )
     comms.fail(message)

@@ -27,6 +27,7 @@ import torch
 from ..errors import LIKELY_CAUSES, TokenRingCommError
 from ..groups import RingComms, describe_peer
 from ..lanes import transfer_error
+from ..step_marks import mark_captured_step, stalled_step
 from . import driver as drv
 from .protocol import READY, TAKEN, pack
 from .state import _RINGS, IpcRing, _by_peer, _count, _nbytes, _poll, _Work
@@ -55,13 +56,15 @@ def ipc_finished(comms: RingComms, what: str) -> None:
     ring = _RINGS.get(comms)
     if ring is None or torch.cuda.is_current_stream_capturing():
         return
+    marks, comms.marks = comms.marks, []  # a replay's captured steps (step_marks.py)
     event = torch.cuda.Event()
     event.record(torch.cuda.current_stream(ring.device))
     if not _poll(event, time.monotonic() + ring.timeout_s):
         ring.outstanding.append(event)
         message = (
             f"TokenRing {what} over ipc did not finish within {ring.timeout_s:.0f} s on "
-            f"{describe_peer(comms, ring.rank)}; " + LIKELY_CAUSES.format(timeout=ring.timeout_s)
+            f"{describe_peer(comms, ring.rank)}{stalled_step(comms, marks)}; "
+            + LIKELY_CAUSES.format(timeout=ring.timeout_s)
         )
         ring.fail(message)
         raise TokenRingCommError(message)
@@ -186,6 +189,8 @@ class IpcLane:
         if torch.cuda.is_current_stream_capturing():  # joins the capture; checked per replay
             for work in pending:
                 current.wait_event(work.event)
+            if pending:  # a stuck replay names this step (step_marks.py)
+                mark_captured_step(self.comms, self.name, pending[-1].about)
             return
         for work in pending:
             if not _poll(work.event, deadline):
