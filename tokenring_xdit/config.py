@@ -235,6 +235,16 @@ class RingConfig:
         "faster calls at ring 2 from 16k tokens, up to 8 % at ring 4",
         _microseconds,
     )
+    replay_step_marks: bool = _setting(
+        "REPLAY_STEP_MARKS",
+        False,
+        "`1`: a CUDA-graph replay that misses the ring's deadline names the step it stopped at "
+        "(each step's wait records an event inside the graph; measured 3-20 % slower graphed "
+        "calls at ring 4 on H200, most at 4k tokens); `0`: its error names the peers only. Read "
+        "when a ring's communicators are made",
+        _flag,
+        COMM,
+    )
     validate: ValidateMode = _setting(
         "VALIDATE",
         "auto",
@@ -293,7 +303,7 @@ class RingConfig:
     def comm(self) -> CommSettings:
         """The communicator-scope settings (what ring/comm is passed when it makes a ring's
         communicators). Made once per config: every call passes it, few calls make a ring."""
-        return CommSettings(self.comm_high_priority, self.timeout)
+        return CommSettings(self.comm_high_priority, self.timeout, self.replay_step_marks)
 
     def auto_fabric(self) -> str:
         """The fabric `auto` predicts with: from the environment only (cheap, and the same on
@@ -311,6 +321,7 @@ class CommSettings:
 
     high_priority: bool = False  # NCCL lanes on high-priority streams
     timeout: float | None = None  # the ring's deadline (s); None: its groups' own timeouts
+    replay_step_marks: bool = False  # graph replays record an event per step (step_marks.py)
 
 
 def scope_of(field: str) -> str:

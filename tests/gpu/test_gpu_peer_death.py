@@ -12,9 +12,11 @@ calling thread (compiled 12 s), naming the rank and the step; the packed path's 
 block inside the call (a cu_seqlens copy behind the dead peer's transfers: fixed); 9 of 12
 plain survivors then died in std::terminate at exit (SIGABRT), fixed by destroying the groups
 at exit after a ring failed (5 of 5 clean after the fix). The "infer_graphed"
-scenarios used to run causal calls, which are never graphed; as replays (seventh session) they
-raised without naming the step, as did the IPC replays: each replay now names the step its
-capture's events say it stopped at.
+scenarios used to run causal calls, which are never graphed. As real replays (seventh session)
+they never raised: NCCL's abort waits until every CUDA graph that captured the communicator is
+destroyed, so the watchdog now drops our graphs before it aborts. A replay names its step only
+with TOKENRING_XDIT_REPLAY_STEP_MARKS=1 (events inside the graph, which cost graphed calls), which
+the matrix's replays turn on; one scenario ("-peers-only") checks the default message.
 """
 
 from __future__ import annotations

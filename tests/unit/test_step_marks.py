@@ -32,7 +32,12 @@ class _Work:
 
 def _comms():
     return SimpleNamespace(
-        ranks=(4, 5, 6, 7), backend="gloo", marks=[], captured=None, graph_marks={}
+        ranks=(4, 5, 6, 7),
+        backend="nccl",
+        settings=SimpleNamespace(replay_step_marks=True),
+        marks=[],
+        captured=None,
+        graph_marks={},
     )
 
 

@@ -11,6 +11,7 @@ group agrees on the capture (all keep a graph or none does), so ranks never dive
 from __future__ import annotations
 
 import hashlib
+import threading
 import traceback
 import weakref
 from collections.abc import Callable, Hashable, Sequence
@@ -78,23 +79,28 @@ class GraphCache:
         self.stats = GraphStats()
         self._graphs: dict[Hashable, _Graph | None] = {}  # None: stay eager for this key
         self._pool = None
+        self._lock = threading.Lock()
         _LIVE.add(self)
 
     def __call__(
         self, key: Hashable, leaves: Sequence[Any], run: Callable[[Sequence[Any]], Any], group
     ) -> Any:
-        entry = self._graphs.get(key, _MISSING)
-        if entry is _MISSING and self.max_entries is not None:
-            if len(self._graphs) >= self.max_entries:
-                entry = None
+        with self._lock:  # a ring's deadline may drop every graph from its watchdog thread
+            entry = self._graphs.get(key, _MISSING)
+            if entry is _MISSING and self.max_entries is not None:
+                if len(self._graphs) >= self.max_entries:
+                    entry = None
+            if entry is not _MISSING and self.lru is not None:
+                self._graphs[key] = self._graphs.pop(key)  # most recently used last
         if entry is _MISSING:
             result = run(leaves)  # warm-up, and this call's answer
-            if self.lru is not None and len(self._graphs) >= self.lru:
-                del self._graphs[next(iter(self._graphs))]  # least recently used
-            self._graphs[key] = self._capture(key, leaves, run, group)
+            with self._lock:
+                if self.lru is not None and len(self._graphs) >= self.lru:
+                    del self._graphs[next(iter(self._graphs))]  # least recently used
+            graph = self._capture(key, leaves, run, group)
+            with self._lock:
+                self._graphs[key] = graph
             return result
-        if self.lru is not None:
-            self._graphs[key] = self._graphs.pop(key)  # most recently used last
         if entry is None:
             self.stats.eager += 1
             return run(leaves)
@@ -110,8 +116,9 @@ class GraphCache:
 
     def clear(self) -> None:
         """Drop every graph (their memory too); the next call of each key captures again."""
-        self._graphs.clear()
-        self._pool = None
+        with self._lock:
+            self._graphs.clear()
+            self._pool = None
 
     def __len__(self) -> int:
         return len(self._graphs)

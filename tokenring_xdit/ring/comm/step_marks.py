@@ -7,7 +7,8 @@ lane wait also records an external CUDA event (a record node of the graph: every
 it again when the step's transfers are done). The graph's key keeps those events with the steps
 they follow; a replay hands them to the deadline's check as that call's marks, and the first
 event a stuck replay has not reached names its step. Cost: one event record node per lane wait
-in the graph, no host work per replay.
+in the graph, no host work per replay; measured 3-20 % on graphed calls at ring 4 (H200), so
+off unless `TOKENRING_XDIT_REPLAY_STEP_MARKS=1` (the error then names the peers only).
 
 A mark is (handle, (lane, what, step, send peers, receive peers)); a handle has
 `is_completed()` (an NCCL work, or `Reached` around a captured event).
@@ -54,7 +55,8 @@ def mark_captured_step(comms: RingComms, lane: str, about: tuple) -> None:
 @contextmanager
 def capture_marks(comms: RingComms | None, key: Hashable) -> Iterator[None]:
     """Around one ring call: if it is being captured, keep its step marks under `key`."""
-    if comms is None or comms.backend == "gloo" or not torch.cuda.is_current_stream_capturing():
+    wanted = comms is not None and comms.settings.replay_step_marks and comms.backend != "gloo"
+    if not (wanted and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
         yield
         return
     comms.captured = []
@@ -86,7 +88,8 @@ def stalled_step(comms: RingComms, marks: list) -> str:
             return f", stopped at step {step} on the {lane} lane{where} ({', '.join(peers)})"
     if marks:
         return ""
-    peers = sorted({(comms.ranks.index(dist.get_rank()) + d) % len(comms.ranks) for d in (-1, 1)})
+    me = comms.ranks.index(dist.get_rank()) if dist.is_initialized() else 0
+    peers = sorted({(me + d) % len(comms.ranks) for d in (-1, 1)})
     return (
         ", in a CUDA-graph replay (its steps are not observed one by one; its transfers go "
         f"to and come from {' and '.join(describe_peer(comms, p) for p in peers)})"

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from .errors import LIKELY_CAUSES
 from .groups import RingComms
 from .step_marks import stalled_step
-from .teardown import abort_together
+from .teardown import abort_together, release_graphs
 
 __all__ = ["watch"]
 
@@ -101,6 +101,10 @@ def _expire(comms: RingComms, call: tuple[str, list]) -> None:
     )
     comms.fail(message)
     log.error("%s", message)
+    # NCCL's abort waits until every CUDA graph that captured the communicator is destroyed
+    # (commDestroySync polls its persistent references): drop ours first, or a stuck replay's
+    # abort never ends. The graphs of other rings are captured again on their next call.
+    release_graphs()
     # Frees the GPU from the stuck transfers: both lanes at once (teardown.abort_together says
     # why). Measured (issue 44, 2 x H200, deadline 8 s): eager training, a causal forward and
     # graphed inference then raise in the calling thread about 8.1 s after the peer died.
