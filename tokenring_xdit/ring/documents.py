@@ -34,15 +34,12 @@ import torch
 
 from .doc_layout import (
     DOCUMENTS,
-    LAYOUTS,
     ROW,
     Segment,
     block_pieces,
     check_total,
     pieces_meet,
 )
-from .layout_cost import LayoutCost, Work, piece_work, plan_work
-from .layout_cost import load as load_cost
 from .schedules.blocks import ALL, FRONT, BlockStep
 
 __all__ = [
@@ -239,53 +236,11 @@ def doc_plan(docs: Documents, schedule, q_lens: tuple[int, ...], split: str = RO
     return DocPlan(docs, n, tuple(segments), steps, split)
 
 
-# documents win `auto` only where their slowest rank's predicted time is this much lower: the
-# model ranks layouts from a few measured rows (layout_cost.py), so a near tie keeps the row's
-# zigzag (fewer transfers: it skips the blocks of documents inside a chunk)
+# documents win `auto` only where their best (layout, kernel) pair's slowest rank is predicted
+# this much faster than the row's: the model ranks pairs from a few measured rows
+# (layout_cost.py), so a near tie keeps the row's zigzag (fewer transfers: it skips the blocks
+# of documents inside a chunk)
 AUTO_MARGIN = 0.05
-
-
-def _works(plan: DocPlan, q_lens: tuple[int, ...], tile: int) -> list[Work]:
-    """Every rank's Work as the cost model sees it: the row's split from its blocks, the
-    documents layout from its piece lengths (layout_cost.piece_work: no segment made)."""
-    if plan.split == DOCUMENTS:
-        return piece_work(plan, q_lens, tile)
-    return [plan_work(plan, q_lens, r, tile) for r in range(len(q_lens))]
-
-
-def _work(plan: DocPlan, q_lens: tuple[int, ...], cost: LayoutCost) -> dict:
-    """Per rank: pairs, blocks that run a kernel, segments, varlen calls, kernel tiles, the
-    model's predicted ms (layout_cost.py), query transfers and returns; over the ranks: the
-    pairs, their spread and the slowest rank's predicted ms."""
-    n = len(q_lens)
-    works = _works(plan, q_lens, cost.tile)
-    ranks = []
-    for r, work in enumerate(works):
-        blocks = [plan.block(r, t) for t in range(n)]
-        ranks.append(
-            {
-                "pairs": sum(s.pairs for b in blocks for s in b),
-                "kernel_calls": sum(1 for b in blocks if b),
-                "segments": sum(len(b) for b in blocks),
-                "varlen_calls": work.calls,
-                "tiles": work.tiles,
-                "predicted_ms": cost.ms(work),
-                "q_transfers": sum(plan.q_send(r, st) for st in plan.steps[r]),
-                "returns": sum(plan.ret_send(r, st) for st in plan.steps[r]),
-            }
-        )
-    pairs = [x["pairs"] for x in ranks]
-    return {
-        "ranks": ranks,
-        "pairs_total": sum(pairs),
-        "spread": _spread(pairs),
-        "predicted_ms": max(x["predicted_ms"] for x in ranks),
-    }
-
-
-def _spread(pairs: list[int]) -> float:
-    mean = sum(pairs) / len(pairs)
-    return (max(pairs) / mean) if mean else 1.0
 
 
 def document_work(
@@ -293,86 +248,36 @@ def document_work(
     world_size: int,
     causal: bool = True,
     layout: str = ROW,
-    cost: LayoutCost | None = None,
+    cost=None,
+    kernels=None,
 ) -> dict:
-    """Load-balance report of a packed sequence over a ring of `world_size` without running
-    anything. Top level: the layout `layout` ("zigzag": the row's split, TokenRing's zigzag when
-    causal and contiguous shards otherwise; "documents"; "auto": the one `auto` picks): per rank
-    the attended (query, key) pairs, kernel calls (blocks that attend), segments, varlen calls,
-    kernel tiles, predicted ms (forward + backward, layout_cost.py), query transfers and
-    returns; the spread (max / mean pairs), the slowest rank's predicted ms and the dense total
-    it replaces. "layouts" holds the report of each layout (None where the documents layout
-    cannot cut the row: T not a multiple of 2N), "auto" the layout `shard(..., layout="auto")`
-    picks: the smaller predicted time of the slowest rank (`cost`: the table, default the
-    packaged one)."""
-    docs, cost = Documents.of(cu_seqlens), cost or load_cost()
-    n, total = world_size, docs.total
-    if total % (2 * n if causal else n):
-        raise ValueError(f"{total} tokens do not split evenly over {n} ranks; pad the sequence")
-    if layout not in (*LAYOUTS, "auto"):
-        raise ValueError(f"layout must be 'auto', 'zigzag' or 'documents', got {layout!r}")
-    layouts = _layouts(docs, n, causal, cost)
-    auto = _pick({k: v and v["predicted_ms"] for k, v in layouts.items()})
-    chosen = layouts[auto if layout == "auto" else layout]
-    if chosen is None:
-        check_total(total, n)
-    dense = total * (total + 1) // 2 if causal else total * total
-    return {
-        "documents": docs.count,
-        "tokens": total,
-        "layout": auto if layout == "auto" else layout,
-        **chosen,
-        "dense_pairs": dense,
-        "layouts": layouts,
-        "auto": auto,
-    }
+    """Load-balance and time report of a packed sequence over a ring of `world_size` without
+    running anything. Top level: the layout `layout` ("zigzag": the row's split, TokenRing's
+    zigzag when causal and contiguous shards otherwise; "documents"; "auto": the one `auto`
+    picks): per rank the attended (query, key) pairs, kernel calls (blocks that attend),
+    segments, varlen calls, kernel tiles, predicted ms (forward + backward, layout_cost.py) with
+    the layout's fastest kernel ("predicted_ms") and with each ("predicted_ms_by_kernel"),
+    query transfers and returns; the spread (max / mean pairs), that kernel ("kernel"), the
+    slowest rank's predicted ms, each kernel's ("kernels") and the dense pairs it replaces.
+    "layouts" holds the report of each layout (None where the documents layout cannot cut the
+    row: T not a multiple of 2N); "auto" / "auto_kernel" the (layout, kernel) pair `auto` picks
+    on CUDA in half precision (`doc_choice.pick`: the smaller predicted time of the slowest
+    rank); "choices" every pair's predicted ms (fastest first) and its ratio to
+    "dense_ring_ms", the dense causal ring's predicted time on the same row (cuDNN, no mask);
+    "slower_than_dense" the pairs predicted slower than it. `cost`: the table (default the
+    packaged one; a single LayoutCost prices flash_varlen alone); `kernels`: the kernels auto
+    may pick (default every one of the table)."""
+    from .doc_choice import document_work as report  # doc_choice builds on this module
+
+    return report(cu_seqlens, world_size, causal, layout, cost, kernels)
 
 
-def _schedule(causal: bool):
-    from .schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
+def pick_layout(docs: Documents, world_size: int, causal: bool, cost=None) -> str:
+    """The layout `auto` picks for `docs` over `world_size` ranks: the layout of the (layout,
+    kernel) pair whose slowest rank has the smaller predicted time (layout_cost.py,
+    doc_choice.py), from the agreed documents and the packaged cost table alone (`cost`:
+    another table, e.g. refitted on other GPUs; every rank must pass the same), so every rank
+    picks alike."""
+    from .doc_choice import pick_layout as picked
 
-    return CAUSAL_ZIGZAG if causal else NON_CAUSAL_BLOCKS
-
-
-def _layouts(docs: Documents, n: int, causal: bool, cost: LayoutCost) -> dict:
-    """The work report of each layout (documents: None where T is no multiple of 2N)."""
-    schedule, q_lens = _schedule(causal), (docs.total // n,) * n
-    out = {ROW: _work(doc_plan(docs, schedule, q_lens), q_lens, cost), DOCUMENTS: None}
-    if docs.total % (2 * n) == 0:
-        out[DOCUMENTS] = _work(doc_plan(docs, schedule, q_lens, DOCUMENTS), q_lens, cost)
-    return out
-
-
-@functools.lru_cache(maxsize=64)
-def _predicted(docs: Documents, n: int, causal: bool, cost: LayoutCost) -> dict:
-    """{layout: the slowest rank's predicted ms} (documents: None where T is no multiple of
-    2N), without making the documents layout's segments: what `shard` asks per new row."""
-    schedule, q_lens = _schedule(causal), (docs.total // n,) * n
-    out = {ROW: None, DOCUMENTS: None}
-    for split in LAYOUTS:
-        if split == DOCUMENTS and docs.total % (2 * n):
-            continue
-        plan = doc_plan(docs, schedule, q_lens, split)
-        out[split] = max(cost.ms(w) for w in _works(plan, q_lens, cost.tile))
-    return out
-
-
-def _pick(predicted: dict) -> str:
-    """DOCUMENTS where its slowest rank's predicted ms beats the row's by AUTO_MARGIN."""
-    per_doc = predicted[DOCUMENTS]
-    if per_doc is not None and per_doc < predicted[ROW] * (1 - AUTO_MARGIN):
-        return DOCUMENTS
-    return ROW
-
-
-def pick_layout(
-    docs: Documents, world_size: int, causal: bool, cost: LayoutCost | None = None
-) -> str:
-    """The layout `auto` picks for `docs` over `world_size` ranks: the one whose slowest rank
-    has the smaller predicted time (layout_cost.py), from the agreed documents and the
-    packaged cost table alone (`cost`: another table, e.g. refitted on other GPUs; every rank
-    must pass the same), so every rank picks alike."""
-    n = world_size
-    if n == 1 or docs.total % (2 * n if causal else n):
-        return ROW
-    return _pick(_predicted(docs, n, causal, cost or load_cost()))
+    return picked(docs, world_size, causal, cost)
