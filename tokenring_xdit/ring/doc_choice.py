@@ -224,9 +224,21 @@ def document_work(
     cost=None,
     kernels: Sequence[str] | None = None,
 ) -> dict:
-    """The load-balance and time report of a packed row over a ring (documents.document_work:
-    its docstring lists the fields); `kernels`: the ones auto may pick (default the table's:
-    CUDA half precision where cuDNN works)."""
+    """Load-balance and time report of a packed sequence over a ring of `world_size` without
+    running anything. Top level: the layout `layout` ("zigzag": the row's split, TokenRing's
+    zigzag when causal and contiguous shards otherwise; "documents"; "auto": the one `auto`
+    picks): per rank the attended (query, key) pairs, kernel calls (blocks that attend),
+    segments, varlen calls, kernel tiles, predicted ms (forward + backward, layout_cost.py) with
+    the layout's fastest kernel ("predicted_ms") and with each ("predicted_ms_by_kernel"),
+    query transfers and returns; the spread (max / mean pairs), that kernel ("kernel"), the
+    slowest rank's predicted ms, each kernel's ("kernels") and the dense pairs it replaces.
+    "layouts" holds the report of each layout (None where the documents layout cannot cut the
+    row: T not a multiple of 2N); "auto" / "auto_kernel" the (layout, kernel) pair `auto` picks
+    on CUDA in half precision (`pick`); "choices" every pair's predicted ms (fastest first) and
+    its ratio to "dense_ring_ms", the dense causal ring's predicted time on the same row (cuDNN,
+    no mask); "slower_than_dense" the pairs predicted slower than it. `cost`: the table (default
+    the packaged one; a single LayoutCost prices flash_varlen alone); `kernels`: the kernels
+    auto may pick (default every one of the table: CUDA half precision where cuDNN works)."""
     docs, costs = Documents.of(cu_seqlens), _costs(cost, kernels)
     n, total = world_size, docs.total
     if total % (2 * n if causal else n):

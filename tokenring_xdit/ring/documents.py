@@ -47,8 +47,8 @@ __all__ = [
     "Segment",
     "DocPlan",
     "doc_plan",
-    "document_work",
-    "pick_layout",
+    "document_work",  # noqa: F822 (module __getattr__: doc_choice.py)
+    "pick_layout",  # noqa: F822
 ]
 
 
@@ -243,41 +243,11 @@ def doc_plan(docs: Documents, schedule, q_lens: tuple[int, ...], split: str = RO
 AUTO_MARGIN = 0.05
 
 
-def document_work(
-    cu_seqlens,
-    world_size: int,
-    causal: bool = True,
-    layout: str = ROW,
-    cost=None,
-    kernels=None,
-) -> dict:
-    """Load-balance and time report of a packed sequence over a ring of `world_size` without
-    running anything. Top level: the layout `layout` ("zigzag": the row's split, TokenRing's
-    zigzag when causal and contiguous shards otherwise; "documents"; "auto": the one `auto`
-    picks): per rank the attended (query, key) pairs, kernel calls (blocks that attend),
-    segments, varlen calls, kernel tiles, predicted ms (forward + backward, layout_cost.py) with
-    the layout's fastest kernel ("predicted_ms") and with each ("predicted_ms_by_kernel"),
-    query transfers and returns; the spread (max / mean pairs), that kernel ("kernel"), the
-    slowest rank's predicted ms, each kernel's ("kernels") and the dense pairs it replaces.
-    "layouts" holds the report of each layout (None where the documents layout cannot cut the
-    row: T not a multiple of 2N); "auto" / "auto_kernel" the (layout, kernel) pair `auto` picks
-    on CUDA in half precision (`doc_choice.pick`: the smaller predicted time of the slowest
-    rank); "choices" every pair's predicted ms (fastest first) and its ratio to
-    "dense_ring_ms", the dense causal ring's predicted time on the same row (cuDNN, no mask);
-    "slower_than_dense" the pairs predicted slower than it. `cost`: the table (default the
-    packaged one; a single LayoutCost prices flash_varlen alone); `kernels`: the kernels auto
-    may pick (default every one of the table)."""
-    from .doc_choice import document_work as report  # doc_choice builds on this module
+def __getattr__(name: str):
+    """`document_work` and `pick_layout` (public here) live in doc_choice.py, which builds on
+    this module's plans: imported when first asked for."""
+    if name in ("document_work", "pick_layout"):
+        from . import doc_choice
 
-    return report(cu_seqlens, world_size, causal, layout, cost, kernels)
-
-
-def pick_layout(docs: Documents, world_size: int, causal: bool, cost=None) -> str:
-    """The layout `auto` picks for `docs` over `world_size` ranks: the layout of the (layout,
-    kernel) pair whose slowest rank has the smaller predicted time (layout_cost.py,
-    doc_choice.py), from the agreed documents and the packaged cost table alone (`cost`:
-    another table, e.g. refitted on other GPUs; every rank must pass the same), so every rank
-    picks alike."""
-    from .doc_choice import pick_layout as picked
-
-    return picked(docs, world_size, causal, cost)
+        return getattr(doc_choice, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
