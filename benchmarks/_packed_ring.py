@@ -240,8 +240,7 @@ def _methods(layouts, kernels):
 def _kernel_used(kernel, layout, cu, n, device, dtype, heads) -> str:
     """The record a packed call with `kernel` runs here (the product's own choice: the probe
     and, for auto, the cost model's pick for these documents, ring size and layout)."""
-    from tokenring_xdit.ring.doc_choice import PackedRow
-    from tokenring_xdit.ring.documents import Documents
+    from tokenring_xdit.ring.documents import Documents, PackedRow
     from tokenring_xdit.ring.kernels import doc_pair, select_pair
 
     d = heads[2]

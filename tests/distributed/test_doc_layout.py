@@ -182,8 +182,7 @@ def _kernel_picks(n: int, c: dict, picked: str) -> dict:
     (masked, whatever the documents)."""
     import torch
 
-    from tokenring_xdit.ring.doc_choice import PackedRow, pick
-    from tokenring_xdit.ring.documents import Documents
+    from tokenring_xdit.ring.documents import Documents, PackedRow, pick
     from tokenring_xdit.ring.kernels import resolve_kernel
     from tokenring_xdit.ring.kernels.registry import auto_doc_kernel
     from tokenring_xdit.ring.layout import BSHD

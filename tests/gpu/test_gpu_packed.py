@@ -59,8 +59,7 @@ def test_auto_picks_flash_varlen(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_auto_picks_the_cost_models_kernel_for_the_row(dtype):
-    from tokenring_xdit.ring.doc_choice import PackedRow
-    from tokenring_xdit.ring.documents import Documents
+    from tokenring_xdit.ring.documents import Documents, PackedRow
     from tokenring_xdit.ring.kernels import doc_pair, select_pair
 
     dev = torch.device("cuda")

@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tokenring_xdit.ring import doc_choice
-from tokenring_xdit.ring.doc_choice import PackedRow
+from tokenring_xdit.ring import documents
 from tokenring_xdit.ring.doc_layout import DOCUMENTS, ROW
-from tokenring_xdit.ring.documents import Documents
+from tokenring_xdit.ring.documents import Documents, PackedRow
 from tokenring_xdit.ring.kernels import MASKED, doc_pair, resolve_kernel, select_pair
 from tokenring_xdit.ring.kernels.registry import auto_doc_kernel
 from tokenring_xdit.ring.layout import BSHD
@@ -40,7 +39,7 @@ def test_cuda_half_runs_the_models_fastest_kernel_for_the_layout(tokens, dtype):
     assert auto_doc_kernel("cuda", dtype, PackedRow(docs, 4, True, DOCUMENTS), every) == (
         "flash_varlen"
     )
-    assert doc_choice.pick(docs, 4, True) == (ROW, "cudnn")
+    assert documents.pick(docs, 4, True) == (ROW, "cudnn")
 
 
 def test_only_kernels_that_work_here_are_picked():
@@ -66,7 +65,7 @@ def test_the_pick_is_a_function_of_the_agreed_values_only():
         auto_doc_kernel("cuda", torch.bfloat16, PackedRow(Documents(ROWS[t]), n, True, s), every)
         for t, n, s in keys
     ]
-    doc_choice._split_ms.cache_clear()
+    documents._split_ms.cache_clear()
     again = [
         auto_doc_kernel(
             "cuda", torch.bfloat16, PackedRow(Documents(tuple(list(ROWS[t]))), n, True, s), every
@@ -80,8 +79,8 @@ def test_the_pick_is_a_function_of_the_agreed_values_only():
 def test_rows_the_layout_cannot_cut_get_the_first_kernel_not_an_error():
     """The input check names a row that does not split; the kernel choice must not raise first."""
     docs = Documents((0, 5, 30))
-    assert doc_choice.pick_kernel(docs, 4, True, DOCUMENTS) == "flash_varlen"
-    assert doc_choice.pick_kernel(docs, 4, True, ROW) == "flash_varlen"
+    assert documents.pick_kernel(docs, 4, True, DOCUMENTS) == "flash_varlen"
+    assert documents.pick_kernel(docs, 4, True, ROW) == "flash_varlen"
 
 
 def test_the_cpu_call_keeps_the_masked_record_whatever_cuda_would_pick():

@@ -1,4 +1,4 @@
-"""The packed cost model `auto` picks with (ring/layout_cost.py, ring/doc_choice.py) against the
+"""The packed cost model `auto` picks with (ring/layout_cost.py, ring/documents.py) against the
 committed H200 measurements: the packaged table is what benchmarks/fit_layout_cost.py derives
 from the committed one-GPU replays (one set of constants per kernel), it reproduces every
 replayed rank, and on every committed real ring (2 and 4 x H200) it ranks the (layout, kernel)
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tokenring_xdit.ring import doc_choice
+from tokenring_xdit.ring import documents
 from tokenring_xdit.ring.doc_layout import DOCUMENTS, LAYOUTS, ROW, piece_pairs
 from tokenring_xdit.ring.documents import (
     AUTO_MARGIN,
@@ -129,7 +129,7 @@ def test_auto_picks_the_pair_that_ran_fastest_on_the_real_rings(key):
     predicted = {(lay, k): report["layouts"][lay]["kernels"][k] for lay, k in ms}
     assert sorted(ms, key=ms.get) == sorted(predicted, key=predicted.get), (ms, predicted)
     restricted = {lay: {k: v for (y, k), v in predicted.items() if y == lay} for lay in LAYOUTS}
-    assert doc_choice._pick(restricted) == min(ms, key=ms.get)
+    assert documents._pick(restricted) == min(ms, key=ms.get)
     if len(ms) == 4:
         assert (report["auto"], report["auto_kernel"]) == (ROW, "cudnn")
         assert report["layouts"][DOCUMENTS]["kernel"] == "flash_varlen"  # 63-252 segments
@@ -177,9 +177,9 @@ def test_the_choice_is_a_pure_function_of_the_documents():
         total = 8 * rng.randint(64, 4096)
         cuts = rng.sample(range(1, total), rng.randint(0, 20))
         rows.append(Documents((0, *sorted(cuts), total)))
-    first = [doc_choice.pick(d, 4, True) for d in rows]
-    doc_choice._split_ms.cache_clear()
-    again = [doc_choice.pick(Documents(tuple(d.bounds)), 4, True) for d in reversed(rows)]
+    first = [documents.pick(d, 4, True) for d in rows]
+    documents._split_ms.cache_clear()
+    again = [documents.pick(Documents(tuple(d.bounds)), 4, True) for d in reversed(rows)]
     assert first == again[::-1]
     assert [pick_layout(d, 4, True) for d in rows] == [x[0] for x in first]
 
@@ -215,7 +215,7 @@ def test_long_documents_pick_documents_short_ones_keep_the_zigzag():
     for n in (2, 4):
         report = document_work(two_long, n, kernels=("flash_varlen",))
         assert report["auto"] == DOCUMENTS, report["layouts"][DOCUMENTS]["predicted_ms"]
-    assert doc_choice.pick(Documents(tuple(two_long)), 2, True) == (DOCUMENTS, "cudnn")
+    assert documents.pick(Documents(tuple(two_long)), 2, True) == (DOCUMENTS, "cudnn")
     report = document_work(two_long, 4)
     assert (report["auto"], report["auto_kernel"]) == (ROW, "cudnn")
     per_doc = report["layouts"][DOCUMENTS]["kernels"]["cudnn"]
@@ -229,7 +229,7 @@ def test_long_documents_pick_documents_short_ones_keep_the_zigzag():
     while cu[-1] < 32768:
         cu.append(min(32768, cu[-1] + rng.randint(50, 400)))
     for n in (2, 4, 8):
-        assert doc_choice.pick(Documents(tuple(cu)), n, True) == (ROW, "flash_varlen")
+        assert documents.pick(Documents(tuple(cu)), n, True) == (ROW, "flash_varlen")
 
 
 def _dense_measured(key) -> float:
@@ -250,7 +250,7 @@ def test_the_report_names_the_pairs_that_ran_slower_than_the_dense_ring(key):
     for (layout, kernel), ms in MEASURED[key].items():
         named = f"{layout}/{kernel}" in report["slower_than_dense"]
         assert named == (ms > dense), (layout, kernel, ms, dense, report["dense_ring_ms"])
-    assert report["dense_ring_ms"] == doc_choice.dense_ring_ms(key[0][-1], key[1])
+    assert report["dense_ring_ms"] == documents.dense_ring_ms(key[0][-1], key[1])
     assert 0.8 < report["dense_ring_ms"] / dense < 1.0  # compute only: the ring adds transfers
 
 

@@ -29,9 +29,8 @@ from ..config import RingConfig, current
 from .agree import CallSpec, Problem, agree, digest, needs_grad
 from .block_forward import BlockCall
 from .comm import RingPosition
-from .doc_choice import PackedRow
 from .doc_layout import ROW
-from .documents import Documents, doc_plan
+from .documents import Documents, PackedRow, doc_plan
 from .forward import RingCall
 from .head_start import ring_pause_us
 from .kernels import BlockKernel, KernelChoice, SwappedKernel, resolve_kernel

@@ -170,7 +170,7 @@ def _pair_works(name: str, device: str, dtype: torch.dtype, d_qk: int, d_v: int)
 def auto_doc_kernel(device_type: str, dtype, row, usable: Callable[[str], bool]) -> str | None:
     """The kernel name `auto` runs a packed-documents call with: "masked" off CUDA half
     precision; on it the priced kernel (layout_cost.KERNELS: flash_varlen, cuDNN per segment)
-    whose slowest rank is predicted fastest for `row` (a doc_choice.PackedRow: the agreed
+    whose slowest rank is predicted fastest for `row` (a documents.PackedRow: the agreed
     documents, ring size, causality and layout; None: the first usable) among those
     `usable(name)` says work for this dtype and head size (the probe); None if none does. Pure
     given `usable`: every rank with the same inputs gets the same name."""

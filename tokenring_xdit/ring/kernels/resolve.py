@@ -44,7 +44,7 @@ def resolve_kernel(
 ) -> KernelChoice:  # fmt: skip
     """The kernel of a call: `kernel` is "auto", a registry name, a `KeyedKernel` or a callable
     (q, k, v, scale, layout) -> (out, lse); training (`train`) takes names only. `row`: a packed
-    call's agreed documents, ring size, causality and layout (doc_choice.PackedRow), from which
+    call's agreed documents, ring size, causality and layout (documents.PackedRow), from which
     `auto` picks its packed kernel (registry.auto_doc_kernel)."""
     try:
         gqa = q.shape[layout.head_dim] != k.shape[layout.head_dim]  # K/V keep their head count
