@@ -192,7 +192,12 @@ def _replays_of(layout, cu, q, k, v, do, rings, args) -> dict:
         res[f"work_{n}{tag}"] = {
             "layout": report["layout"],
             "spread": report["spread"],
-            "predicted_ms": [r["predicted_ms"] for r in report["ranks"]],
+            "predicted_ms": [r["predicted_ms"] for r in report["ranks"]],  # its best kernel
+            "kernel": report["kernel"],
+            "predicted_ms_by_kernel": {
+                k: [r["predicted_ms_by_kernel"][k] for r in report["ranks"]]
+                for k in report["kernels"]
+            },
             "pairs_per_rank": [r["pairs"] for r in report["ranks"]],
             "kernel_calls": [r["kernel_calls"] for r in report["ranks"]],
             "q_transfers": [r["q_transfers"] for r in report["ranks"]],
