@@ -3,9 +3,12 @@
 Every rank builds the same seeded row as the one-GPU mode (q, k, v from one generator on the
 device, then dout), cuts it with the public `tokenring_xdit.shard(x, causal=True,
 cu_seqlens=cu, layout=L)` and times `token_ring_attn_func(q, k, v, causal=True,
-cu_seqlens=cu, kernel=K)` (K: --kernel, default auto) forward + backward per layout, next to
-the dense causal ring on the same row (zigzag shards, no cu_seqlens, its own auto kernel: the
-bar the packed call must never be slower than). Time of an
+cu_seqlens=cu, kernel=K)` forward + backward per layout L and kernel K (--kernel, a comma list,
+default auto: the pair `auto` picks; several kernels run side by side in one process, each
+entry `L/K`, and record the kernel record that ran, `kernel_used`, and the cost model's
+`predicted_ms` for it), next to the dense causal ring on the same row (zigzag shards, no
+cu_seqlens, its own auto kernel: the bar the packed call must never be slower than, with its
+predicted ms `dense_ring_ms`). Time of an
 iteration = the slowest rank's (all_reduce MAX), the median over --iters after --warmup
 (ranks_ms: each rank's own median, waits for its peers included). The ideal is each document
 alone through SDPA on rank 0, / N. --check: out and gradients of every layout against fp64
@@ -141,9 +144,9 @@ def _check(args, documents, device, dtype, heads, layouts) -> dict:
     full = make_row(total, args.seed, device, dtype, heads)
     refs = _reference(cu, *full)
     res = {}
-    for layout in layouts:
+    for layout, kernel, name in _methods(layouts, _kernels(args)):
         q, k, v, do = _shards(full, layout, cu)
-        out = _fwd_bwd(q, k, v, do, cu, args.kernel)
+        out = _fwd_bwd(q, k, v, do, cu, kernel)
         got = [
             tokenring_xdit.unshard(x.detach(), causal=True, cu_seqlens=cu, layout=layout)
             for x in (out, q.grad, k.grad, v.grad)
@@ -152,9 +155,9 @@ def _check(args, documents, device, dtype, heads, layouts) -> dict:
             name: float((g.double() - r).abs().max())
             for name, g, r in zip(("out", "dq", "dk", "dv"), got, refs, strict=True)
         }
-        res[layout] = errs
+        res[name] = errs
         if dist.get_rank() == 0:
-            print(f"  check {total} tokens {layout}: max abs {errs}", flush=True)
+            print(f"  check {total} tokens {name}: max abs {errs}", flush=True)
     return {"tokens": total, "documents": len(cu) - 1, "max_abs": res}
 
 
@@ -182,48 +185,86 @@ def _row(total, args, documents, device, dtype, heads, layouts) -> dict:
     row["per_document"] = float(ideal[0])
     row["ideal_ring"] = row["per_document"] / n
     dense_pairs = total * (total + 1) // 2
-    for name in ("dense_causal", *layouts):
-        layout = None if name == "dense_causal" else name
-        packed = (cu, args.kernel) if layout else (None,)  # the dense ring: its own auto kernel
-        step = functools.partial(_fwd_bwd, *_shards(full, layout, cu), *packed)
+    step = functools.partial(_fwd_bwd, *_shards(full, None, cu), None)  # its own auto kernel
+    ms, ranks_ms = _clock(step, args.warmup, args.iters, device, ring=True)
+    report = document_work(cu, n, causal=True)
+    row["methods"]["dense_causal"] = {
+        "ms": ms, "efficiency": row["ideal_ring"] / ms, "ranks_ms": ranks_ms,
+        "pairs_total": dense_pairs,  # every rank: about dense_pairs / N
+        "predicted_ms": report["dense_ring_ms"],
+    }  # fmt: skip
+    row["auto"] = {"layout": report["auto"], "kernel": report["auto_kernel"],
+                   "choices": report["choices"]}  # fmt: skip
+    for layout, kernel, name in _methods(layouts, _kernels(args)):
+        step = functools.partial(_fwd_bwd, *_shards(full, layout, cu), cu, kernel)
         ms, ranks_ms = _clock(step, args.warmup, args.iters, device, ring=True)
-        entry = {"ms": ms, "efficiency": row["ideal_ring"] / ms, "ranks_ms": ranks_ms}
-        if layout is None:
-            entry["pairs_total"] = dense_pairs  # every rank: about dense_pairs / N
-        else:
-            report = document_work(cu, n, causal=True, layout=layout)
-            entry.update(
-                layout_used=report["layout"],
-                spread=report["spread"],
-                predicted_ms=report["predicted_ms"],  # the cost model's slowest rank
-                pairs_per_rank=[r["pairs"] for r in report["ranks"]],
-                pairs_vs_dense=report["pairs_total"] / dense_pairs,
-            )
-        row["methods"][name] = entry
+        report = document_work(cu, n, causal=True, layout=layout)
+        used = _kernel_used(kernel, report["layout"], cu, n, device, dtype, heads)
+        priced = PRICED.get(used)
+        row["methods"][name] = {
+            "ms": ms,
+            "efficiency": row["ideal_ring"] / ms,
+            "ranks_ms": ranks_ms,
+            "kernel": kernel,
+            "kernel_used": used,
+            "layout_used": report["layout"],
+            "spread": report["spread"],
+            # the cost model's slowest rank with the kernel that ran (None: not priced)
+            "predicted_ms": report["kernels"].get(priced) if priced else None,
+            "pairs_per_rank": [r["pairs"] for r in report["ranks"]],
+            "pairs_vs_dense": report["pairs_total"] / dense_pairs,
+            "speedup_vs_dense_ring": row["methods"]["dense_causal"]["ms"] / ms,
+        }
         del step
-    methods = row["methods"]
-    for layout in layouts:
-        methods[layout]["speedup_vs_dense_ring"] = (
-            methods["dense_causal"]["ms"] / methods[layout]["ms"]
-        )
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return row
 
 
-def _table(rows, layouts) -> str:
-    head = f"{'tokens':>7} {'docs':>4} {'N':>2} {'ideal/N':>8} {'method':>15} {'ms':>9} "
-    lines = [head + f"{'eff':>5} {'vs dense':>8}  pairs per rank"]
+# record name -> the cost table's kernel (layout_cost.KERNELS)
+PRICED = {"flash_varlen": "flash_varlen", "cudnn+segments": "cudnn"}
+
+
+def _kernels(args) -> list[str]:
+    return [x for x in args.kernel.split(",") if x]
+
+
+def _methods(layouts, kernels):
+    """(layout, kernel, entry name) of every packed run: the layout's name alone with one
+    kernel (the files of before), `layout/kernel` with several."""
+    for layout in layouts:
+        for kernel in kernels:
+            yield layout, kernel, layout if len(kernels) == 1 else f"{layout}/{kernel}"
+
+
+def _kernel_used(kernel, layout, cu, n, device, dtype, heads) -> str:
+    """The record a packed call with `kernel` runs here (the product's own choice: the probe
+    and, for auto, the cost model's pick for these documents, ring size and layout)."""
+    from tokenring_xdit.ring.documents import Documents, PackedRow
+    from tokenring_xdit.ring.kernels import doc_pair, select_pair
+
+    d = heads[2]
+    args = (device, dtype, d, d)
+    row = PackedRow(Documents(tuple(cu)), n, True, layout)
+    return doc_pair(kernel, *args, lambda name: select_pair(name, *args, False), row).name
+
+
+def _table(rows) -> str:
+    head = f"{'tokens':>7} {'docs':>4} {'N':>2} {'ideal/N':>8} {'method':>26} {'ms':>9} "
+    lines = [head + f"{'eff':>5} {'vs dense':>8} {'model':>7}  pairs per rank"]
     for r in rows:
-        for name in ("dense_causal", *layouts):
-            e = r["methods"][name]
+        for name, e in r["methods"].items():
             pairs = e.get("pairs_per_rank", "")
-            shown = f"auto:{e['layout_used']}" if name == "auto" else name
+            shown = name
+            if "kernel_used" in e:
+                shown = f"{name}:{e['layout_used']}/{e['kernel_used']}"
             vs = f"{e['speedup_vs_dense_ring']:8.2f}" if "speedup_vs_dense_ring" in e else " " * 8
+            model = f"{e['predicted_ms']:7.2f}" if e.get("predicted_ms") is not None else " " * 7
             lines.append(
                 f"{r['tokens']:>7} {r['documents']:>4} {r['ring']:>2} {r['ideal_ring']:8.2f} "
-                f"{shown:>15} {e['ms']:9.2f} {e['efficiency']:5.2f} {vs}  {pairs}"
+                f"{shown[-26:]:>26} {e['ms']:9.2f} {e['efficiency']:5.2f} {vs} {model}  {pairs}"
             )
+        lines.append(f"  auto picks {r['auto']['layout']}/{r['auto']['kernel']}")
     return "\n".join(lines)
 
 
@@ -261,11 +302,11 @@ def main_real_ring(args, documents) -> None:
         "warmup": args.warmup,
         "iters": args.iters,
         "layouts": layouts,
-        "kernel": args.kernel,
+        "kernel": args.kernel,  # a comma list: each packed entry says its own
         "order": args.order,
     }
     if rank == 0:
-        print(_table(result["rows"], layouts))
+        print(_table(result["rows"]))
         Path(args.out).write_text(json.dumps(result, indent=1))
         print(json.dumps(result["meta"]))
     dist.barrier()

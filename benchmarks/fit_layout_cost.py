@@ -5,10 +5,14 @@
     python benchmarks/fit_layout_cost.py --replays a.json b.json --out cost.json
 
 --replays: benchmarks/packed_varlen.py's JSONs (--layout zigzag,documents[,auto]; several are
-pooled, e.g. the committed rows and longer documents' rows): every rank of
-every `replay_N[_layout]_flash_varlen` (the kernel a real packed ring runs on CUDA) is one sample,
-its Work recomputed from the row's cu_seqlens and the layout its `work_N[_layout]` ran. The
-output records the constants, the samples' residuals and their source, so the table can be
+pooled, e.g. the committed rows and longer documents' rows). Each kernel of the table
+(`layout_cost.KERNELS`) is fitted on its own samples: every rank of every
+`replay_N[_layout]_<pair>` (`flash_varlen`, or `cudnn+segments` for `cudnn`), its Work
+recomputed from the row's cu_seqlens and the layout its `work_N[_layout]` ran; the ring of one
+(`ring1_<pair>`: the whole row as one block); and for cuDNN the whole row as one causal call
+(`dense_causal`: SDPA cuDNN, the row as a single segment, which anchors cuDNN's tile rate on
+large blocks: the dense causal ring `document_work` reports is priced with it). The output
+records each kernel's constants, its samples' residuals and their source, so the table can be
 checked against the JSON it came from (tests/unit/test_layout_cost.py does).
 """
 
@@ -16,41 +20,57 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
 
 from tokenring_xdit.ring.documents import Documents, doc_plan
-from tokenring_xdit.ring.layout_cost import DATA, TERMS, fit, plan_work
+from tokenring_xdit.ring.layout_cost import DATA, KERNELS, TERMS, fit, plan_work
 from tokenring_xdit.ring.schedules import CAUSAL_ZIGZAG
 
 ROOT = Path(__file__).resolve().parent.parent
 REPLAYS = "docs/benchmarks/packed_ring_h200/packed_varlen_layouts.json"
-KERNEL, TILE = "flash_varlen", 128
+TILE = 128
+# the table's kernel -> the name of its pair in packed_varlen.py's keys
+PAIRS = {"flash_varlen": "flash_varlen", "cudnn": "cudnn+segments"}
 
 
-def samples(report: dict, tile: int = TILE) -> list[tuple[str, object, float]]:
-    """(label, Work, ms) for every replayed rank of `report`."""
-    out = []
+def _rank_work(cu: tuple[int, ...], n: int, layout: str, tile: int) -> list:
+    q_lens = (cu[-1] // n,) * n
+    plan = doc_plan(Documents(cu), CAUSAL_ZIGZAG, q_lens, layout)
+    return [plan_work(plan, q_lens, r, tile) for r in range(n)]
+
+
+def samples(
+    report: dict, tile: int = TILE, kernel: str = "flash_varlen"
+) -> list[tuple[str, object, float]]:
+    """(label, Work, ms) for every replayed rank of `report` run with `kernel`, its ring of
+    one and (cuDNN) its whole row as one call."""
+    pair, out = PAIRS[kernel], []
     for row in report["rows"]:
         cu = tuple(row["cu_seqlens"])
         total = cu[-1]
         for key, value in row.items():
-            if not (key.startswith("replay_") and key.endswith("_" + KERNEL)):
+            if not (key.startswith("replay_") and key.endswith("_" + pair)):
                 continue
-            middle = key[len("replay_") : -len(KERNEL) - 1]  # "4" or "4_documents"
+            middle = key[len("replay_") : -len(pair) - 1]  # "4" or "4_documents"
             n_text, _, tag = middle.partition("_")
             n = int(n_text)
             layout = row[f"work_{n}" + (f"_{tag}" if tag else "")]["layout"]
-            q_lens = (total // n,) * n
-            plan = doc_plan(Documents(cu), CAUSAL_ZIGZAG, q_lens, layout)
+            works = _rank_work(cu, n, layout, tile)
             for r, ms in enumerate(value["ranks_ms"]):
-                label = f"{total} tokens N={n} {tag or 'zigzag'} rank {r}"
-                out.append((label, plan_work(plan, q_lens, r, tile), ms))
+                out.append((f"{total} tokens N={n} {tag or 'zigzag'} rank {r}", works[r], ms))
+        if isinstance(row.get(f"ring1_{pair}"), float):
+            out.append((f"{total} tokens N=1", _rank_work(cu, 1, "zigzag", tile)[0],
+                        row[f"ring1_{pair}"]))  # fmt: skip
+        if kernel == "cudnn" and isinstance(row.get("dense_causal"), float):
+            whole = _rank_work((0, total), 1, "zigzag", tile)[0]
+            out.append((f"{total} tokens as one causal call", whole, row["dense_causal"]))
     return out
 
 
-def table(report: dict, source: str, tile: int = TILE) -> dict:
-    """The cost table (as data/packed_layout_cost.json holds it) fitted on `report`."""
-    found = samples(report, tile)
+def kernel_table(report: dict, kernel: str, source: str, tile: int = TILE) -> dict:
+    """One kernel's entry of the table: constants, the fit's errors, every sample's residual."""
+    found = samples(report, tile, kernel)
     cost = fit(((w, ms) for _, w, ms in found), tile, source)
     residuals = []
     for label, work, ms in found:
@@ -58,11 +78,7 @@ def table(report: dict, source: str, tile: int = TILE) -> dict:
         residuals.append({"rank": label, "work": work._asdict(), "ms": ms, "model_ms": pred})
     rel = [abs(x["model_ms"] - x["ms"]) / x["ms"] for x in residuals]
     return {
-        "source": source,
-        "meta": report.get("meta", {}),
-        "kernel": KERNEL,
-        "model": "ms = tile_ms*tiles + segment_ms*segments + call_ms*calls + row_ms*rows/1000",
-        "terms": list(TERMS),
+        "pair": PAIRS[kernel],
         "constants": {
             "tile": tile,
             "tile_ms": cost.tile_ms,
@@ -73,9 +89,21 @@ def table(report: dict, source: str, tile: int = TILE) -> dict:
         "fit": {
             "samples": len(rel),
             "max_rel_error": max(rel),
+            "median_rel_error": statistics.median(rel),
             "mean_rel_error": sum(rel) / len(rel),
         },
         "residuals": residuals,
+    }
+
+
+def table(report: dict, source: str, tile: int = TILE) -> dict:
+    """The cost table (as data/packed_layout_cost.json holds it) fitted on `report`."""
+    return {
+        "source": source,
+        "meta": report.get("meta", {}),
+        "model": "ms = tile_ms*tiles + segment_ms*segments + call_ms*calls + row_ms*rows/1000",
+        "terms": list(TERMS),
+        "kernels": {k: kernel_table(report, k, source, tile) for k in KERNELS},
     }
 
 
@@ -93,7 +121,8 @@ def main() -> None:
     pooled = {"meta": reports[0].get("meta", {}), "rows": [r for x in reports for r in x["rows"]]}
     out = table(pooled, ", ".join(args.replays))
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
-    print(json.dumps({"constants": out["constants"], "fit": out["fit"]}, indent=1))
+    summary = {k: {"constants": v["constants"], "fit": v["fit"]} for k, v in out["kernels"].items()}
+    print(json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":

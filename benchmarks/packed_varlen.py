@@ -34,7 +34,8 @@ cu_seqlens): the slowest rank's ms, efficiency = (per_document / N) / ms, the sp
 dense ring and each rank's attended pairs (`document_work`). --check: out and gradients of every
 layout vs fp64 per-document attention at --check-tokens (max abs error). --device cpu runs it
 on gloo at a tiny size (e.g. --tokens 256 --heads 4 --kv-heads 2 --head-dim 16
---doc-lens 16,96). --kernel names the packed calls' kernel (default auto: flash_varlen on CUDA);
+--doc-lens 16,96). --kernel names the packed calls' kernels (a comma list, each run beside the
+others: e.g. auto,flash_varlen,cudnn; default auto, the (layout, kernel) cost model's pick);
 --order balanced packs the drawn documents in `tokenring_xdit.ring.pack_order.balanced_order`
 for the ring's size (the row's zigzag evened by the packing order alone).
 """
@@ -191,7 +192,12 @@ def _replays_of(layout, cu, q, k, v, do, rings, args) -> dict:
         res[f"work_{n}{tag}"] = {
             "layout": report["layout"],
             "spread": report["spread"],
-            "predicted_ms": [r["predicted_ms"] for r in report["ranks"]],
+            "predicted_ms": [r["predicted_ms"] for r in report["ranks"]],  # its best kernel
+            "kernel": report["kernel"],
+            "predicted_ms_by_kernel": {
+                k: [r["predicted_ms_by_kernel"][k] for r in report["ranks"]]
+                for k in report["kernels"]
+            },
             "pairs_per_rank": [r["pairs"] for r in report["ranks"]],
             "kernel_calls": [r["kernel_calls"] for r in report["ranks"]],
             "q_transfers": [r["q_transfers"] for r in report["ranks"]],
@@ -252,8 +258,9 @@ def main() -> None:
     ring.add_argument(
         "--kernel",
         default="auto",
-        help="the packed calls' kernel (token_ring_attn_func's kernel=): auto (flash_varlen on "
-        "CUDA), cudnn (cuDNN per segment), flash_varlen, masked, ...",
+        help="the packed calls' kernels, a comma list run side by side (token_ring_attn_func's "
+        "kernel=): auto (the cost model's pick on CUDA half: flash_varlen or cuDNN per segment), "
+        "cudnn (cuDNN per segment), flash_varlen, masked, ...",
     )
     ring.add_argument("--check-tokens", type=int, default=16384, help="the --check row")
     args = parser.parse_args()

@@ -172,7 +172,33 @@ def _auto_case(rank: int, n: int, c: dict) -> dict:
     else:
         picked = pick_layout(docs, n, c["causal"], cost=_pairs_only())
         res = _case(rank, n, {**c, "split": picked})
-    return {**res, "picked": picked}
+    return {**res, "picked": picked, **_kernel_picks(n, c, picked)}
+
+
+def _kernel_picks(n: int, c: dict, picked: str) -> dict:
+    """The packed kernel `auto` would run on CUDA in bf16 (the pure choice, no GPU: every
+    kernel taken as working), on this row and on it scaled x64 and x1024 (where cuDNN per
+    segment wins), each in the layout `auto` cuts it in; and the record the CPU call resolves
+    (masked, whatever the documents)."""
+    import torch
+
+    from tokenring_xdit.ring.documents import Documents, PackedRow, pick
+    from tokenring_xdit.ring.kernels import resolve_kernel
+    from tokenring_xdit.ring.kernels.registry import auto_doc_kernel
+    from tokenring_xdit.ring.layout import BSHD
+
+    cuda, pairs = [], []
+    for scale in (1, 64, 1024):
+        docs = Documents(tuple(x * scale for x in c["cu"]))
+        layout, kernel = pick(docs, n, c["causal"])
+        row = PackedRow(docs, n, c["causal"], layout)
+        cuda.append(auto_doc_kernel("cuda", torch.bfloat16, row, lambda name: True))
+        pairs.append([layout, kernel])
+    q = torch.zeros(1, c["total"] // n, 4, 8)
+    row = PackedRow(Documents(tuple(c["cu"])), n, c["causal"], picked)
+    cpu = resolve_kernel("auto", None, q, q, q, BSHD, train=True, deterministic=False,
+                         packed=True, row=row)  # fmt: skip
+    return {"cuda_kernels": cuda, "pairs": pairs, "cpu_family": list(cpu.family)}
 
 
 def _rank(rank: int, n: int) -> dict:
@@ -242,6 +268,24 @@ def test_auto_is_agreed_and_exact_either_way(n):
             for name, err in case["errs"].items():
                 assert err <= TOL, f"auto case {i} ({picked}): {name} {err:.3g} on rank {rank}"
     assert used == {"zigzag", "documents"}, used
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_the_packed_kernel_pick_is_agreed_and_changes_nothing_on_cpu(n):
+    """Every rank picks the CUDA half-precision kernel alone from the documents, ring size and
+    layout: all alike, `pick`'s kernel, both kernels across the scaled rows; on the CPU the
+    call's record stays the masked kernel (its exactness: the test above)."""
+    ranks = _launch(n)
+    kernels = set()
+    for i in range(AUTO_CASES):
+        got = {repr((res["autos"][i]["cuda_kernels"], res["autos"][i]["pairs"])) for res in ranks}
+        assert len(got) == 1, (i, got)
+        case = ranks[0]["autos"][i]
+        assert case["cuda_kernels"] == [k for _, k in case["pairs"]]
+        kernels |= set(case["cuda_kernels"])
+        for res in ranks:
+            assert res["autos"][i]["cpu_family"] == ["pair", "masked", False]
+    assert kernels == {"flash_varlen", "cudnn"}, kernels
 
 
 def test_the_draws_cover_what_the_issue_asks():

@@ -1,7 +1,8 @@
 """benchmarks/packed_varlen.py --real-ring end to end: `torchrun --nproc-per-node 2` as the GPU
-command is typed, on gloo at a tiny size (fp32, GQA, short documents). Every layout and the
-dense causal ring get a timed row with the plan's per-rank pairs, and --check's out and gradients
-of every layout match fp64 per-document attention."""
+command is typed, on gloo at a tiny size (fp32, GQA, short documents). Every (layout, kernel) of
+the --kernel list and the dense causal ring get a timed row with the plan's per-rank pairs and
+the kernel record that ran, and --check's out and gradients of every one match fp64
+per-document attention."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from tests.harness import torchrun_script
 
 TOL = 2e-5  # fp32, max |err| of out, dq, dk, dv
 LAYOUTS = ["zigzag", "documents", "auto"]
+KERNELS = ["masked", "auto"]  # on the CPU auto is the masked kernel too
+METHODS = [f"{layout}/{kernel}" for layout in LAYOUTS for kernel in KERNELS]
 TOKENS = [256, 512]
 
 
@@ -21,37 +24,44 @@ def test_tiny_real_ring_has_every_layout_and_is_exact(tmp_path):
         "--real-ring", "--device", "cpu", "--tokens", ",".join(map(str, TOKENS)),
         "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--doc-lens", "16,96",
         "--layout", ",".join(LAYOUTS), "--check", "--check-tokens", "256",
-        "--warmup", "1", "--iters", "2", "--kernel", "masked", "--out", str(out),
+        "--warmup", "1", "--iters", "2", "--kernel", ",".join(KERNELS), "--out", str(out),
         timeout=240,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["meta"]["world_size"] == 2 and result["meta"]["backend"] == "gloo"
-    assert result["meta"]["kernel"] == "masked"
+    assert result["meta"]["kernel"] == "masked,auto"
     assert [r["tokens"] for r in result["rows"]] == TOKENS
     for row in result["rows"]:
         cu = row["cu_seqlens"]
         assert cu[0] == 0 and cu[-1] == row["tokens"] and len(cu) - 1 == row["documents"] > 2
         assert row["per_document"] > 0 and row["ideal_ring"] == row["per_document"] / 2
         methods = row["methods"]
-        assert set(methods) == {"dense_causal", *LAYOUTS}, sorted(methods)
+        assert set(methods) == {"dense_causal", *METHODS}, sorted(methods)
         for name, entry in methods.items():
             assert entry["ms"] > 0 and entry["efficiency"] > 0, (name, entry)
             assert len(entry["ranks_ms"]) == 2 and min(entry["ranks_ms"]) > 0, (name, entry)
-        assert methods["auto"]["layout_used"] in ("zigzag", "documents")
-        for layout in LAYOUTS:
-            entry = methods[layout]
+        assert methods["dense_causal"]["predicted_ms"] > 0
+        # what auto picks on CUDA half for this row (the cost model), recorded beside the runs
+        assert row["auto"]["layout"] in LAYOUTS
+        assert row["auto"]["kernel"] in ("flash_varlen", "cudnn")
+        assert len(row["auto"]["choices"]) == 4
+        for name in METHODS:
+            entry = methods[name]
+            assert entry["layout_used"] in ("zigzag", "documents")
+            assert entry["kernel_used"] == "masked" and entry["predicted_ms"] is None  # unpriced
             assert len(entry["pairs_per_rank"]) == 2 and min(entry["pairs_per_rank"]) > 0
             # exactly the documents' causal pairs, fewer than the dense causal ring's
             want = sum((b - a) * (b - a + 1) // 2 for a, b in zip(cu, cu[1:], strict=False))
             assert sum(entry["pairs_per_rank"]) == want < methods["dense_causal"]["pairs_total"]
-            assert entry["speedup_vs_dense_ring"] > 0 and entry["predicted_ms"] > 0
+            assert entry["speedup_vs_dense_ring"] > 0
     check = result["check"]
-    assert check["tokens"] == 256 and set(check["max_abs"]) == set(LAYOUTS)
-    for layout, errs in check["max_abs"].items():
+    assert check["tokens"] == 256 and set(check["max_abs"]) == set(METHODS)
+    for name, errs in check["max_abs"].items():
         assert set(errs) == {"out", "dq", "dk", "dv"}, errs
-        assert all(0 <= e <= TOL for e in errs.values()), (layout, errs)
+        assert all(0 <= e <= TOL for e in errs.values()), (name, errs)
     assert "dense_causal" in done.stdout and "check 256 tokens" in done.stdout
+    assert "auto picks" in done.stdout
 
 
 def test_balanced_packing_order_runs_exact(tmp_path):

@@ -2,7 +2,10 @@
 
 python -m pytest -m gpu tests/gpu/test_gpu_packed.py -q
 
-- `auto` picks torch's flash kernel with cu_seqlens ("flash_varlen") for bf16/fp16 on CUDA;
+- `auto` picks torch's flash kernel with cu_seqlens ("flash_varlen") for bf16/fp16 on CUDA
+  where no documents are known, and the cost model's kernel for a row (cuDNN per segment for the
+  zigzag of ring 4 on the measured 32k row, flash_varlen for its documents layout), the probe
+  agreeing that both work here;
 - every document pair (flash_varlen, torch flash and cuDNN per segment), MHA and GQA, both
   layouts, on a block of random documents (causal diagonal and full off-diagonal segments, rows
   that meet no key) vs fp64 masked attention: out, lse, and dq/dk/dv fed the global lse and only
@@ -52,6 +55,20 @@ def test_auto_picks_flash_varlen(dtype):
         "auto", dev, dtype, 128, 128, lambda n: select_pair(n, dev, dtype, 128, 128, False)
     )
     assert pair.name == "flash_varlen"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_auto_picks_the_cost_models_kernel_for_the_row(dtype):
+    from tokenring_xdit.ring.documents import Documents, PackedRow
+    from tokenring_xdit.ring.kernels import doc_pair, select_pair
+
+    dev = torch.device("cuda")
+    args = (dev, dtype, 128, 128)
+    docs = Documents((0, 7429, 11096, 17817, 25621, 29578, 30421, 32768))  # the measured row
+    for split, want in (("zigzag", "cudnn+segments"), ("documents", "flash_varlen")):
+        row = PackedRow(docs, 4, True, split)
+        pair = doc_pair("auto", *args, lambda n: select_pair(n, *args, False), row)
+        assert pair.name == want, (split, pair.name)
 
 
 def _doc_pair(name, args):

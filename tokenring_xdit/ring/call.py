@@ -30,7 +30,7 @@ from .agree import CallSpec, Problem, agree, digest, needs_grad
 from .block_forward import BlockCall
 from .comm import RingPosition
 from .doc_layout import ROW
-from .documents import Documents, doc_plan
+from .documents import Documents, PackedRow, doc_plan
 from .forward import RingCall
 from .head_start import ring_pause_us
 from .kernels import BlockKernel, KernelChoice, SwappedKernel, resolve_kernel
@@ -263,9 +263,11 @@ def prepare(
     grad = needs_grad(q, k, v) if grad is None else grad
     packed = options.packed
     train = options.causal or grad or packed
+    # a packed call's `auto` kernel: from the documents, ring size and layout (all agreed below)
+    row = PackedRow(docs, pos.size, options.causal, split) if packed and docs is not None else None
     kernel = resolve_kernel(
         options.kernel, options.kernel_key, q, k, v, layout,
-        train=train, deterministic=options.deterministic, packed=packed,
+        train=train, deterministic=options.deterministic, packed=packed, row=row,
     )  # fmt: skip
     if kernel.problem or not problem:
         problem, text = kernel.problem, kernel.problem_text

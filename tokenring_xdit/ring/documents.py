@@ -1,248 +1,91 @@
-"""Packed documents over the ring: which query/key pairs of a block share a document.
+"""Packed documents over the ring: what `auto` picks, (layout, kernel) by predicted time, and the
+report of it.
 
-A packed sequence is several documents laid end to end; attention stays inside each document
-(and is causal inside it for a decoder). The documents are given for the WHOLE (global)
-sequence as `cu_seqlens` (0 = b_0 < b_1 < ... < b_D = total, flash-attn's convention), the
-same on every ring rank (the input check agrees on it before any transfer, `ring/agree/`).
+Which (query, key) pairs of a block share a document, and the plan of a call (`Documents`,
+`DocPlan`, `doc_plan`), are doc_blocks.py's (imported here: this is their public module).
 
-Each rank holds some global token ranges (a zigzag shard: chunks r and 2N-1-r; or the r-th
-contiguous shard), and each block step runs a query TILE (a part of some rank's shard) against
-a key tile (a part of this rank's). Inside a tile the tokens of one document are one run: a
-document that reaches from the front chunk into the back chunk covers the end of the first and
-the start of the second, which sit next to each other in the tile. So a block is a short list
-of `Segment`s (query run x key run of one document), causal on the diagonal block and full
-elsewhere (the zigzag schedule only pairs tiles whose keys all precede the queries). A block
-with no segment is skipped: no kernel, no return of its partial, and a query tile that no
-later holder needs stops travelling (`DocPlan`, which every rank computes alike from the agreed
-layout). Off the diagonal a zigzag block meets at most one document (the one reaching across
-the chunks between the tiles), so the work left is the diagonal's per-document triangles plus
-one rectangle per document that crosses a chunk boundary.
+A packed call runs in one of two layouts (the row's zigzag, or every document cut in 2N pieces:
+doc_layout.py) and, on CUDA in half precision, through one of two exact kernels: `flash_varlen`
+(torch flash with cu_seqlens, one call per run of segments) or `cudnn` (cuDNN once per segment).
+Neither wins everywhere: measured on 4 x H200, cuDNN per segment runs the zigzag's few segments
+per rank in ~0.6x flash_varlen's time and the documents layout's 63-252 segments 1.5-3x slower
+(docs/benchmarks/packed_ring_h200/). So every (layout, kernel) pair's slowest rank is priced with
+that kernel's constants (layout_cost.py) and `auto` takes the fastest pair; the documents layout
+only where it beats the row's best pair by AUTO_MARGIN (the model ranks from a few measured rows;
+a near tie keeps the zigzag, which skips blocks and transfers).
 
-In the documents layout (doc_layout.py: every document cut into 2N pieces) a tile is a list of
-pieces instead, each inside one document, and a block's segments come from `block_pieces`: per
-document a full rectangle or a causal diagonal, several documents per block; `document_work`
-reports both layouts and which one `auto` picks.
+The layout is picked when `shard(..., layout="auto")` cuts the row (`pick_layout`, from the
+documents and the ring's size: shard does not know the call's dtype, so it assumes every kernel
+of the table); the kernel when the call is prepared (`pick_kernel`, for the layout the call
+runs, among the kernels that work for its dtype and head size). Both are functions of agreed
+values and the packaged table only (never a reading of the local GPU), so every rank picks
+alike; the call's kernel record is part of the agreed header (its family).
+
+`document_work` reports it all without running anything, with the dense causal ring's predicted
+time beside it: the same row as ONE document (no mask), its zigzag blocks priced with cuDNN's
+constants (the dense ring runs cuDNN; the cuDNN fit includes the whole row as one call). A pair
+predicted slower than that is named in `slower_than_dense` (never switched to a dense call:
+that would attend across documents).
 """
 
 from __future__ import annotations
 
-import bisect
 import functools
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
-import torch
-
-from .doc_layout import (
-    DOCUMENTS,
-    LAYOUTS,
-    ROW,
-    Segment,
-    block_pieces,
-    check_total,
-    pieces_meet,
-)
-from .layout_cost import LayoutCost, Work, piece_work, plan_work
-from .layout_cost import load as load_cost
-from .schedules.blocks import ALL, FRONT, BlockStep
+from .doc_blocks import DocPlan, Documents, block_segments, doc_plan
+from .doc_layout import DOCUMENTS, LAYOUTS, ROW, Segment, check_total
+from .layout_cost import KERNELS, LayoutCost, Work, load_kernels, piece_work, plan_work
 
 __all__ = [
-    "Documents",
-    "Segment",
-    "DocPlan",
-    "doc_plan",
-    "document_work",
-    "pick_layout",
-]
+    "Documents", "Segment", "DocPlan", "doc_plan", "block_segments", "PackedRow",
+    "document_work", "pick", "pick_layout", "pick_kernel", "dense_ring_ms", "AUTO_MARGIN",
+]  # fmt: skip
+
+# documents win `auto` only where their best (layout, kernel) pair's slowest rank is predicted
+# this much faster than the row's: the model ranks pairs from a few measured rows
+# (layout_cost.py), so a near tie keeps the row's zigzag (fewer transfers: it skips the blocks
+# of documents inside a chunk)
+AUTO_MARGIN = 0.05
+
+Costs = tuple[tuple[str, LayoutCost], ...]  # (kernel, its constants), in auto's tie order
 
 
-@dataclass(frozen=True)
-class Documents:
-    """The document boundaries of the global sequence (cu_seqlens as a tuple of ints)."""
-
-    bounds: tuple[int, ...]
-
-    @property
-    def total(self) -> int:
-        return self.bounds[-1]
-
-    @property
-    def count(self) -> int:
-        return len(self.bounds) - 1
-
-    @classmethod
-    def of(cls, cu_seqlens, total: int | None = None) -> Documents:
-        """Checked Documents from cu_seqlens (tensor or sequence of ints); ValueError says why.
-        Zero-length documents are dropped (they attend nothing)."""
-        if isinstance(cu_seqlens, torch.Tensor):
-            if cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point():
-                raise ValueError("cu_seqlens must be a 1-d integer tensor")
-            cu_seqlens = cu_seqlens.tolist()  # a host read (keep it on the CPU: docs)
-        bounds = [int(x) for x in cu_seqlens]
-        if len(bounds) < 2 or bounds[0] != 0:
-            raise ValueError(f"cu_seqlens must start at 0 and have >= 2 entries, got {bounds[:8]}")
-        if any(b > a for a, b in zip(bounds[1:], bounds, strict=False)):
-            raise ValueError("cu_seqlens must be non-decreasing (document offsets)")
-        if total is not None and bounds[-1] != total:
-            raise ValueError(
-                f"cu_seqlens ends at {bounds[-1]} but the global sequence has {total} tokens "
-                "(cu_seqlens describe the WHOLE packed sequence, not this rank's shard; pad with "
-                "a last document to reach the padded length)"
-            )
-        return cls(tuple(dict.fromkeys(bounds)))  # drops repeats, keeps order
-
-    def doc_at(self, index: int) -> int:
-        """Document number of global token `index`."""
-        return bisect.bisect_right(self.bounds, index) - 1
-
-
-# --- where a rank's tokens are --------------------------------------------------------------
-
-
-def _local_ranges(rank: int, q_lens: tuple[int, ...], zigzag: bool) -> list[tuple[int, int]]:
-    """Global token ranges of `rank`'s shard in the row's split, in its local order."""
-    if zigzag:
-        n, c = len(q_lens), q_lens[rank] // 2
-        back = 2 * n - 1 - rank
-        return [(rank * c, (rank + 1) * c), (back * c, (back + 1) * c)]
-    start = sum(q_lens[:rank])
-    return [(start, start + q_lens[rank])]
-
-
-def _part_ranges(ranges: list[tuple[int, int]], part: str) -> list[tuple[int, int]]:
-    if part == ALL:
-        return ranges
-    if len(ranges) != 2:
-        raise ValueError(f"a {part!r} part needs a zigzag shard")
-    return [ranges[0] if part == FRONT else ranges[1]]
-
-
-def _runs(docs: Documents, ranges: list[tuple[int, int]]) -> dict[int, tuple[int, int]]:
-    """doc -> (start, end) of its tokens in a tile made of `ranges` (tile coordinates)."""
-    runs: dict[int, tuple[int, int]] = {}
-    offset = 0
-    for g0, g1 in ranges:
-        i = docs.doc_at(g0) if g1 > g0 else 0
-        while g0 < g1:
-            end = min(g1, docs.bounds[i + 1])
-            t0, t1 = offset, offset + end - g0
-            if i in runs:
-                if runs[i][1] != t0:  # impossible for zigzag / contiguous tiles (docstring)
-                    raise AssertionError(f"document {i} is split inside a tile")
-                t0 = runs[i][0]
-            runs[i] = (t0, t1)
-            offset, g0, i = t1, end, i + 1
-    return runs
-
-
-def block_segments(docs: Documents, q_ranges, k_ranges, causal: bool) -> tuple[Segment, ...]:
-    """The segments of one block of the row's split (empty: no pair to attend)."""
-    q_runs, k_runs = _runs(docs, q_ranges), _runs(docs, k_ranges)
-    segs = []
-    for doc, (q0, q1) in q_runs.items():
-        if doc in k_runs:
-            k0, k1 = k_runs[doc]
-            if causal and (q0, q1) != (k0, k1):
-                raise AssertionError("a causal block must hold the same tokens on both sides")
-            segs.append(Segment(q0, q1, k0, k1, causal))
-    return tuple(segs)
-
-
-# --- the plan of one call -----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DocPlan:
-    """Per (rank, step) of a block schedule: the kernel's segments and which transfers run.
-
-    Pure and equal on every rank (built from the agreed documents, lengths, schedule and
-    layout: the row's split or `doc_layout.DOCUMENTS`). In the documents layout a block's
-    segments are made when first asked for (a block holds ~2 per document; a rank runs only
-    its own blocks and asks of the others only whether they attend, which the documents of
-    their pieces answer: `doc_layout.pieces_meet`)."""
+class PackedRow(NamedTuple):
+    """What a packed call's kernel choice depends on (all agreed by the input check): the
+    documents, the ring's size, causality and the layout the call runs."""
 
     docs: Documents
-    size: int
-    segments: tuple[tuple[tuple[Segment, ...], ...], ...] | None  # [rank][step]; () = skipped
-    steps: tuple[tuple[BlockStep, ...], ...]  # [rank] the schedule's rows
-    split: str = ROW
-    causal: bool = False  # the schedule's (the documents layout's rule needs it)
-    _made: dict = field(default_factory=dict, compare=False, repr=False)  # lazy blocks
+    world_size: int
+    causal: bool
+    split: str
 
-    def block(self, rank: int, step: int) -> tuple[Segment, ...]:
-        if step >= self.size:
-            return ()
-        if self.segments is not None:
-            return self.segments[rank][step]
-        found = self._made.get((rank, step))
-        if found is None:
-            st = self.steps[rank][step]
-            q, kv = (st.q_owner, st.q_part), (rank, st.kv_part)
-            found = block_pieces(self.docs.bounds, self.size, q, kv, self.causal)
-            self._made[(rank, step)] = found
-        return found
-
-    def attends(self, rank: int, step: int) -> bool:
-        """Whether the block of `rank` at `step` has a segment (without making it off the
-        diagonal in the documents layout, where every pair of pieces that meet attends)."""
-        if self.segments is not None or step >= self.size or self.steps[rank][step].causal:
-            return bool(self.block(rank, step))
-        st = self.steps[rank][step]
-        q, kv = (st.q_owner, st.q_part), (rank, st.kv_part)
-        return pieces_meet(self.docs.bounds, self.size, q, kv)
-
-    def q_needed(self, owner: int, after: int) -> bool:
-        """Does any holder of `owner`'s query run a kernel on it after step `after`? (At step t
-        rank r holds the query of r + t: the zigzag moves Q to r-1; the non-causal table to
-        r+1, so its holder is owner + t.)"""
-        return any(self.attends(self._holder(owner, t), t) for t in range(after + 1, self.size))
-
-    def _holder(self, owner: int, t: int) -> int:
-        for r in range(self.size):  # tiny loops: N <= a few dozen
-            if self.steps[r][t].q_owner == owner:
-                return r
-        raise AssertionError("no holder")
-
-    def q_send(self, rank: int, st: BlockStep) -> bool:
-        return st.q_send_to is not None and self.q_needed(st.q_owner, st.step)
-
-    def q_recv(self, rank: int, st: BlockStep) -> bool:
-        return st.q_recv_from is not None and self.q_needed(st.q_recv_owner, st.step)
-
-    def ret_send(self, rank: int, st: BlockStep) -> bool:
-        return st.ret_send_to is not None and self.attends(rank, st.step - 1)
-
-    def ret_recv(self, rank: int, st: BlockStep) -> bool:
-        return st.ret_recv_from is not None and self.attends(st.ret_recv_from, st.step - 1)
+    def kernel(self, kernels: Sequence[str]) -> str:
+        """The fastest of `kernels` predicted for this row (`pick_kernel`)."""
+        return pick_kernel(self.docs, self.world_size, self.causal, self.split, kernels)
 
 
-@functools.lru_cache(maxsize=64)
-def doc_plan(docs: Documents, schedule, q_lens: tuple[int, ...], split: str = ROW) -> DocPlan:
-    """The DocPlan of `schedule` (a block schedule) over shards of `q_lens` tokens cut in
-    layout `split` (the row's split, or DOCUMENTS: every document cut in 2N pieces)."""
-    n = len(q_lens)
-    steps = tuple(schedule.block_steps(r, n) for r in range(n))
-    if split == DOCUMENTS:
-        check_total(docs.total, n)
-        return DocPlan(docs, n, None, steps, split, bool(schedule.causal))
-    ranges = [_local_ranges(r, q_lens, bool(schedule.causal) and n > 1) for r in range(n)]
-    segments = []
-    for r in range(n):
-        row = []
-        for st in steps[r]:
-            if not st.kernel:
-                row.append(())
-                continue
-            q_ranges = _part_ranges(ranges[st.q_owner], st.q_part)
-            k_ranges = _part_ranges(ranges[r], st.kv_part)
-            row.append(block_segments(docs, q_ranges, k_ranges, st.causal))
-        segments.append(tuple(row))
-    return DocPlan(docs, n, tuple(segments), steps, split)
+def _costs(cost, kernels: Sequence[str] | None = None) -> Costs:
+    """cost: None (the packaged table, every kernel), one LayoutCost (a one-kernel table, priced
+    as flash_varlen: the single-kernel form of before) or {kernel: LayoutCost}; `kernels`: the
+    ones auto may pick (None: all of the table's)."""
+    if cost is None:
+        table = load_kernels()
+    elif isinstance(cost, LayoutCost):
+        table = {KERNELS[0]: cost}
+    else:
+        table = dict(cost)
+    chosen = tuple(table) if kernels is None else tuple(k for k in table if k in kernels)
+    if not chosen:
+        raise ValueError(f"no priced kernel in {list(kernels or ())}; the table has {list(table)}")
+    return tuple((k, table[k]) for k in chosen)
 
 
-# documents win `auto` only where their slowest rank's predicted time is this much lower: the
-# model ranks layouts from a few measured rows (layout_cost.py), so a near tie keeps the row's
-# zigzag (fewer transfers: it skips the blocks of documents inside a chunk)
-AUTO_MARGIN = 0.05
+def _schedule(causal: bool):
+    from .schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
+
+    return CAUSAL_ZIGZAG if causal else NON_CAUSAL_BLOCKS
 
 
 def _works(plan: DocPlan, q_lens: tuple[int, ...], tile: int) -> list[Work]:
@@ -253,12 +96,111 @@ def _works(plan: DocPlan, q_lens: tuple[int, ...], tile: int) -> list[Work]:
     return [plan_work(plan, q_lens, r, tile) for r in range(len(q_lens))]
 
 
-def _work(plan: DocPlan, q_lens: tuple[int, ...], cost: LayoutCost) -> dict:
-    """Per rank: pairs, blocks that run a kernel, segments, varlen calls, kernel tiles, the
-    model's predicted ms (layout_cost.py), query transfers and returns; over the ranks: the
-    pairs, their spread and the slowest rank's predicted ms."""
+def _rank_ms(plan: DocPlan, q_lens: tuple[int, ...], costs: Costs) -> dict[str, list[float]]:
+    """{kernel: every rank's predicted ms} (the Work counted once per tile size)."""
+    works = {c.tile: _works(plan, q_lens, c.tile) for _, c in costs}
+    return {k: [c.ms(w) for w in works[c.tile]] for k, c in costs}
+
+
+def _cuts(total: int, n: int, causal: bool, split: str) -> bool:
+    """Whether `split` can cut a row of `total` tokens over `n` ranks (the row's split: in 2N
+    zigzag chunks when causal over N > 1, else N shards; the documents layout: 2N pieces)."""
+    if split == ROW:
+        return total % (2 * n if causal and n > 1 else n) == 0
+    return total % (2 * n) == 0
+
+
+@functools.lru_cache(maxsize=128)
+def _split_ms(docs: Documents, n: int, causal: bool, split: str, costs: Costs) -> dict:
+    """{kernel: the slowest rank's predicted ms} of one layout, or {} where it cannot cut."""
+    if not _cuts(docs.total, n, causal, split):
+        return {}
+    q_lens = (docs.total // n,) * n
+    plan = doc_plan(docs, _schedule(causal), q_lens, split)
+    return {k: max(ms) for k, ms in _rank_ms(plan, q_lens, costs).items()}
+
+
+def _predicted(docs: Documents, n: int, causal: bool, costs: Costs) -> dict:
+    """{layout: {kernel: the slowest rank's predicted ms}} ({} where it cannot cut)."""
+    return {split: _split_ms(docs, n, causal, split, costs) for split in LAYOUTS}
+
+
+def _best(by_kernel: Mapping[str, float]) -> tuple[str, float] | None:
+    """The kernel of the smallest ms (the first on a tie), or None."""
+    return min(by_kernel.items(), key=lambda x: x[1], default=None)
+
+
+def _pick(predicted: dict) -> tuple[str, str]:
+    """(layout, kernel): the documents layout where its best pair beats the row's by
+    AUTO_MARGIN, else the row's split with its best kernel."""
+    row, per_doc = _best(predicted[ROW]), _best(predicted[DOCUMENTS])
+    if per_doc is not None and (row is None or per_doc[1] < row[1] * (1 - AUTO_MARGIN)):
+        return DOCUMENTS, per_doc[0]
+    return ROW, row[0] if row is not None else KERNELS[0]
+
+
+def pick(
+    docs: Documents,
+    world_size: int,
+    causal: bool,
+    cost=None,
+    kernels: Sequence[str] | None = None,
+) -> tuple[str, str]:
+    """(layout, kernel) `auto` picks for `docs` over `world_size` ranks: the pair whose slowest
+    rank is predicted fastest (module docstring), from the agreed documents and the table alone
+    (`cost`: another table, e.g. refitted on other GPUs; every rank must pass the same;
+    `kernels`: the ones that may run, default the table's)."""
+    costs = _costs(cost, kernels)
+    n = world_size
+    if n == 1 or not _cuts(docs.total, n, causal, ROW):
+        return ROW, pick_kernel(docs, n, causal, ROW, kernels, cost)
+    return _pick(_predicted(docs, n, causal, costs))
+
+
+def pick_layout(docs: Documents, world_size: int, causal: bool, cost=None) -> str:
+    """The layout `shard(..., layout="auto")` cuts (`pick`'s, over every kernel of the table)."""
+    return pick(docs, world_size, causal, cost)[0]
+
+
+def pick_kernel(
+    docs: Documents,
+    world_size: int,
+    causal: bool,
+    split: str,
+    kernels: Sequence[str] | None = None,
+    cost=None,
+) -> str:
+    """The kernel `auto` runs a packed call of `docs` in layout `split` with: the one of
+    `kernels` (those that work here; default the table's) whose slowest rank is predicted
+    fastest. Rows the layout cannot cut (the input check names them) get the first one."""
+    costs = _costs(cost, kernels)
+    if world_size < 1 or not _cuts(docs.total, world_size, causal, split):
+        return costs[0][0]
+    found = _best(_split_ms(docs, world_size, causal, split, costs))
+    return found[0] if found is not None else costs[0][0]
+
+
+def dense_ring_ms(total: int, world_size: int, causal: bool = True, cost=None) -> float:
+    """The dense ring's predicted slowest rank on a row of `total` tokens: the row as one
+    document (no mask) in the row's split, priced with cuDNN's constants (the dense ring's
+    kernel; a one-kernel table: its own)."""
+    table = dict(_costs(cost))
+    dense = table.get("cudnn") or next(iter(table.values()))
+    n = world_size
+    q_lens = (total // n,) * n
+    plan = doc_plan(Documents((0, total)), _schedule(causal), q_lens)
+    return max(dense.ms(w) for w in _works(plan, q_lens, dense.tile))
+
+
+def _report(plan: DocPlan, q_lens: tuple[int, ...], costs: Costs) -> dict:
+    """One layout's report. Per rank: pairs, blocks that run a kernel, segments, varlen calls,
+    kernel tiles, predicted ms with the layout's best kernel (and with each), query transfers
+    and returns; over the ranks: pairs, spread, the best kernel and the slowest rank's ms."""
     n = len(q_lens)
-    works = _works(plan, q_lens, cost.tile)
+    by_kernel = _rank_ms(plan, q_lens, costs)
+    slowest = {k: max(ms) for k, ms in by_kernel.items()}
+    kernel = _best(slowest)[0]
+    works = _works(plan, q_lens, costs[0][1].tile)
     ranks = []
     for r, work in enumerate(works):
         blocks = [plan.block(r, t) for t in range(n)]
@@ -269,23 +211,22 @@ def _work(plan: DocPlan, q_lens: tuple[int, ...], cost: LayoutCost) -> dict:
                 "segments": sum(len(b) for b in blocks),
                 "varlen_calls": work.calls,
                 "tiles": work.tiles,
-                "predicted_ms": cost.ms(work),
+                "predicted_ms": by_kernel[kernel][r],
+                "predicted_ms_by_kernel": {k: ms[r] for k, ms in by_kernel.items()},
                 "q_transfers": sum(plan.q_send(r, st) for st in plan.steps[r]),
                 "returns": sum(plan.ret_send(r, st) for st in plan.steps[r]),
             }
         )
     pairs = [x["pairs"] for x in ranks]
+    mean = sum(pairs) / len(pairs)
     return {
         "ranks": ranks,
         "pairs_total": sum(pairs),
-        "spread": _spread(pairs),
-        "predicted_ms": max(x["predicted_ms"] for x in ranks),
+        "spread": (max(pairs) / mean) if mean else 1.0,
+        "kernel": kernel,
+        "predicted_ms": slowest[kernel],
+        "kernels": slowest,
     }
-
-
-def _spread(pairs: list[int]) -> float:
-    mean = sum(pairs) / len(pairs)
-    return (max(pairs) / mean) if mean else 1.0
 
 
 def document_work(
@@ -293,86 +234,57 @@ def document_work(
     world_size: int,
     causal: bool = True,
     layout: str = ROW,
-    cost: LayoutCost | None = None,
+    cost=None,
+    kernels: Sequence[str] | None = None,
 ) -> dict:
-    """Load-balance report of a packed sequence over a ring of `world_size` without running
-    anything. Top level: the layout `layout` ("zigzag": the row's split, TokenRing's zigzag when
-    causal and contiguous shards otherwise; "documents"; "auto": the one `auto` picks): per rank
-    the attended (query, key) pairs, kernel calls (blocks that attend), segments, varlen calls,
-    kernel tiles, predicted ms (forward + backward, layout_cost.py), query transfers and
-    returns; the spread (max / mean pairs), the slowest rank's predicted ms and the dense total
-    it replaces. "layouts" holds the report of each layout (None where the documents layout
-    cannot cut the row: T not a multiple of 2N), "auto" the layout `shard(..., layout="auto")`
-    picks: the smaller predicted time of the slowest rank (`cost`: the table, default the
-    packaged one)."""
-    docs, cost = Documents.of(cu_seqlens), cost or load_cost()
+    """Load-balance and time report of a packed sequence over a ring of `world_size` without
+    running anything. Top level: the layout `layout` ("zigzag": the row's split, TokenRing's
+    zigzag when causal and contiguous shards otherwise; "documents"; "auto": the one `auto`
+    picks): per rank the attended (query, key) pairs, kernel calls (blocks that attend),
+    segments, varlen calls, kernel tiles, predicted ms (forward + backward, layout_cost.py) with
+    the layout's fastest kernel ("predicted_ms") and with each ("predicted_ms_by_kernel"),
+    query transfers and returns; the spread (max / mean pairs), that kernel ("kernel"), the
+    slowest rank's predicted ms, each kernel's ("kernels") and the dense pairs it replaces.
+    "layouts" holds the report of each layout (None where the documents layout cannot cut the
+    row: T not a multiple of 2N); "auto" / "auto_kernel" the (layout, kernel) pair `auto` picks
+    on CUDA in half precision (`pick`); "choices" every pair's predicted ms (fastest first) and
+    its ratio to "dense_ring_ms", the dense causal ring's predicted time on the same row (cuDNN,
+    no mask); "slower_than_dense" the pairs predicted slower than it. `cost`: the table (default
+    the packaged one; a single LayoutCost prices flash_varlen alone); `kernels`: the kernels
+    auto may pick (default every one of the table: CUDA half precision where cuDNN works)."""
+    docs, costs = Documents.of(cu_seqlens), _costs(cost, kernels)
     n, total = world_size, docs.total
     if total % (2 * n if causal else n):
         raise ValueError(f"{total} tokens do not split evenly over {n} ranks; pad the sequence")
     if layout not in (*LAYOUTS, "auto"):
         raise ValueError(f"layout must be 'auto', 'zigzag' or 'documents', got {layout!r}")
-    layouts = _layouts(docs, n, causal, cost)
-    auto = _pick({k: v and v["predicted_ms"] for k, v in layouts.items()})
+    schedule, q_lens = _schedule(causal), (total // n,) * n
+    layouts = {ROW: _report(doc_plan(docs, schedule, q_lens), q_lens, costs), DOCUMENTS: None}
+    if _cuts(total, n, causal, DOCUMENTS):
+        layouts[DOCUMENTS] = _report(doc_plan(docs, schedule, q_lens, DOCUMENTS), q_lens, costs)
+    predicted = {k: (v["kernels"] if v else {}) for k, v in layouts.items()}
+    auto, auto_kernel = _pick(predicted) if n > 1 else (ROW, layouts[ROW]["kernel"])
     chosen = layouts[auto if layout == "auto" else layout]
     if chosen is None:
         check_total(total, n)
-    dense = total * (total + 1) // 2 if causal else total * total
+    dense_ms = dense_ring_ms(total, n, causal, cost)
+    choices = [
+        {"layout": split, "kernel": k, "predicted_ms": ms, "vs_dense": ms / dense_ms}
+        for split, by in predicted.items()
+        for k, ms in by.items()
+    ]
     return {
         "documents": docs.count,
         "tokens": total,
         "layout": auto if layout == "auto" else layout,
         **chosen,
-        "dense_pairs": dense,
+        "dense_pairs": total * (total + 1) // 2 if causal else total * total,
         "layouts": layouts,
         "auto": auto,
+        "auto_kernel": auto_kernel,
+        "choices": sorted(choices, key=lambda c: c["predicted_ms"]),
+        "dense_ring_ms": dense_ms,
+        "slower_than_dense": [
+            f"{c['layout']}/{c['kernel']}" for c in choices if c["predicted_ms"] > dense_ms
+        ],
     }
-
-
-def _schedule(causal: bool):
-    from .schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
-
-    return CAUSAL_ZIGZAG if causal else NON_CAUSAL_BLOCKS
-
-
-def _layouts(docs: Documents, n: int, causal: bool, cost: LayoutCost) -> dict:
-    """The work report of each layout (documents: None where T is no multiple of 2N)."""
-    schedule, q_lens = _schedule(causal), (docs.total // n,) * n
-    out = {ROW: _work(doc_plan(docs, schedule, q_lens), q_lens, cost), DOCUMENTS: None}
-    if docs.total % (2 * n) == 0:
-        out[DOCUMENTS] = _work(doc_plan(docs, schedule, q_lens, DOCUMENTS), q_lens, cost)
-    return out
-
-
-@functools.lru_cache(maxsize=64)
-def _predicted(docs: Documents, n: int, causal: bool, cost: LayoutCost) -> dict:
-    """{layout: the slowest rank's predicted ms} (documents: None where T is no multiple of
-    2N), without making the documents layout's segments: what `shard` asks per new row."""
-    schedule, q_lens = _schedule(causal), (docs.total // n,) * n
-    out = {ROW: None, DOCUMENTS: None}
-    for split in LAYOUTS:
-        if split == DOCUMENTS and docs.total % (2 * n):
-            continue
-        plan = doc_plan(docs, schedule, q_lens, split)
-        out[split] = max(cost.ms(w) for w in _works(plan, q_lens, cost.tile))
-    return out
-
-
-def _pick(predicted: dict) -> str:
-    """DOCUMENTS where its slowest rank's predicted ms beats the row's by AUTO_MARGIN."""
-    per_doc = predicted[DOCUMENTS]
-    if per_doc is not None and per_doc < predicted[ROW] * (1 - AUTO_MARGIN):
-        return DOCUMENTS
-    return ROW
-
-
-def pick_layout(
-    docs: Documents, world_size: int, causal: bool, cost: LayoutCost | None = None
-) -> str:
-    """The layout `auto` picks for `docs` over `world_size` ranks: the one whose slowest rank
-    has the smaller predicted time (layout_cost.py), from the agreed documents and the
-    packaged cost table alone (`cost`: another table, e.g. refitted on other GPUs; every rank
-    must pass the same), so every rank picks alike."""
-    n = world_size
-    if n == 1 or docs.total % (2 * n if causal else n):
-        return ROW
-    return _pick(_predicted(docs, n, causal, cost or load_cost()))

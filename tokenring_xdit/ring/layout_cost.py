@@ -4,7 +4,7 @@ Attended (query, key) pairs alone mislead. On one H200 (docs/benchmarks/packed_r
 documents layout's balanced ranks (24.6M pairs each, ring 4, 32k tokens, 7 documents) replayed
 in 12.1 ms, the row zigzag's worst rank (32.5M pairs) in 9.3 ms: cutting every document into 2N
 pieces makes short pieces (partly filled kernel tiles), many segments, two varlen calls per
-block and no skipped block. So a rank's forward + backward through `flash_varlen` is modelled as
+block and no skipped block. So a rank's forward + backward through a packed kernel is modelled as
 
     ms = tile_ms * tiles + segment_ms * segments + call_ms * calls + row_ms * rows / 1000
 
@@ -15,11 +15,14 @@ block and no skipped block. So a rank's forward + backward through `flash_varlen
   its host work (cu_seqlens to the device, the lse slice, gradients added back, a merge);
 - rows: the query rows of every block that attends (its partial merged, its gradients summed).
 
-The constants are data (data/packed_layout_cost.json), fitted by `fit` on the committed one-GPU
-replays of every rank (benchmarks/fit_layout_cost.py refits them). The model is for that shape
-(32 query / 8 K/V heads, head size 128, bf16, H200); it ranks layouts, it does not promise ms.
-Every rank uses this one table (never a reading of its own GPU), so the choice stays a function
-of the agreed documents alone.
+Each packed kernel has its own constants over the same terms (`KERNELS`): `flash_varlen` (one
+varlen call per run of segments) and `cudnn` (cuDNN once per segment, `segments_pair`: every
+segment its own forward and backward call with host work, so `segment_ms` dominates, while its
+tiles run ~2x faster). The constants are data (data/packed_layout_cost.json), fitted by `fit`
+on the committed one-GPU replays of every rank, per kernel (benchmarks/fit_layout_cost.py
+refits them). The model is for that shape (32 query / 8 K/V heads, head size 128, bf16, H200);
+it ranks (layout, kernel) pairs, it does not promise ms. Every rank uses this one table (never
+a reading of its own GPU), so the choice stays a function of the agreed documents alone.
 """
 
 from __future__ import annotations
@@ -35,10 +38,15 @@ from typing import NamedTuple
 from .doc_layout import Segment, piece_lengths, segment_runs
 from .schedules.blocks import ALL, BACK, FRONT
 
-__all__ = ["Work", "LayoutCost", "block_work", "plan_work", "piece_work", "load", "fit", "DATA"]
+__all__ = [
+    "Work", "LayoutCost", "block_work", "plan_work", "piece_work", "load", "load_kernels", "fit",
+    "DATA", "KERNELS",
+]  # fmt: skip
 
 DATA = Path(__file__).with_name("data") / "packed_layout_cost.json"
 TERMS = ("tiles", "segments", "calls", "rows")
+# the packed kernels the table prices (registry names), in `auto`'s order on a tie
+KERNELS = ("flash_varlen", "cudnn")
 
 
 class Work(NamedTuple):
@@ -165,13 +173,27 @@ class LayoutCost:
 
 
 @functools.lru_cache(maxsize=4)
-def load(path: str | None = None) -> LayoutCost:
-    """The cost table (default: the packaged one)."""
+def _table(path: str | None) -> tuple[tuple[str, LayoutCost], ...]:
     data = json.loads(Path(path or DATA).read_text())
-    c = data["constants"]
-    return LayoutCost(
-        int(c["tile"]), c["tile_ms"], c["segment_ms"], c["call_ms"], c["row_ms"], data["source"]
-    )
+    out = []
+    for name in KERNELS:
+        c = data["kernels"][name]["constants"]
+        cost = LayoutCost(
+            int(c["tile"]), c["tile_ms"], c["segment_ms"], c["call_ms"], c["row_ms"],
+            data["source"],
+        )  # fmt: skip
+        out.append((name, cost))
+    return tuple(out)
+
+
+def load(path: str | None = None, kernel: str = "flash_varlen") -> LayoutCost:
+    """One kernel's constants from the cost table (default: the packaged one)."""
+    return dict(_table(path))[kernel]
+
+
+def load_kernels(path: str | None = None) -> dict[str, LayoutCost]:
+    """Every kernel's constants ({name: LayoutCost}, in `KERNELS` order)."""
+    return dict(_table(path))
 
 
 def fit(samples: Iterable[tuple[Work, float]], tile: int, source: str = "") -> LayoutCost:

@@ -6,9 +6,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+from collections.abc import Callable
 
 import torch
 
+from ..layout_cost import KERNELS as KERNELS_PRICED
 from .base import HALF, BlockKernel, Kernel, KeyedKernel
 from .exact import MASKED, MATH
 from .fa4 import FA4, has_fa4
@@ -165,20 +167,43 @@ def _pair_works(name: str, device: str, dtype: torch.dtype, d_qk: int, d_v: int)
     return name == "math" or works(REGISTRY[name], "pair", torch.device(device), dtype, d_qk, d_v)
 
 
-def doc_pair(kernel, device: torch.device, dtype, d_qk: int, d_v: int, dense) -> Kernel:
+def auto_doc_kernel(device_type: str, dtype, row, usable: Callable[[str], bool]) -> str | None:
+    """The kernel name `auto` runs a packed-documents call with: "masked" off CUDA half
+    precision; on it the priced kernel (layout_cost.KERNELS: flash_varlen, cuDNN per segment)
+    whose slowest rank is predicted fastest for `row` (a documents.PackedRow: the agreed
+    documents, ring size, causality and layout; None: the first usable) among those
+    `usable(name)` says work for this dtype and head size (the probe); None if none does. Pure
+    given `usable`: every rank with the same inputs gets the same name."""
+    if device_type != "cuda" or dtype not in HALF:
+        return MASKED.name  # exact, and the CPU's fastest masked option at these sizes
+    ok = [name for name in KERNELS_PRICED if usable(name)]
+    if not ok:
+        return None
+    return ok[0] if row is None or len(ok) == 1 else row.kernel(ok)
+
+
+@functools.cache
+def _doc_works(name: str, device: str, dtype: torch.dtype, d_qk: int, d_v: int) -> bool:
+    """The probe of a priced packed kernel on two documents in one block."""
+    record = FLASH_VARLEN if name == FLASH_VARLEN.name else segments_pair(REGISTRY[name])
+    return works(record, "segments", torch.device(device), dtype, d_qk, d_v)
+
+
+def doc_pair(kernel, device: torch.device, dtype, d_qk: int, d_v: int, dense, row=None) -> Kernel:
     """The record for a packed-documents call. kernel: "auto", "masked", "flash_varlen", or a
     dense kernel name (then called per segment). `dense(name)` selects a dense record
-    (select_pair with the call's arguments)."""
+    (select_pair with the call's arguments); `row`: what `auto` picks the kernel for
+    (`auto_doc_kernel`)."""
     fast = device.type == "cuda" and dtype in HALF
     if kernel in DOC_REGISTRY:
         if kernel == "flash_varlen" and not fast:
             raise ValueError("kernel 'flash_varlen' needs CUDA tensors in float16/bfloat16")
         return DOC_REGISTRY[kernel]
     if kernel == "auto":
-        if not fast:
-            return MASKED  # exact, and the CPU's fastest masked option at these sizes
-        if works(FLASH_VARLEN, "segments", torch.device(device.type), dtype, d_qk, d_v):
-            return FLASH_VARLEN
+        usable = lambda name: _doc_works(name, device.type, dtype, d_qk, d_v)  # noqa: E731
+        kernel = auto_doc_kernel(device.type, dtype, row, usable) or "auto"
+        if kernel in DOC_REGISTRY:
+            return DOC_REGISTRY[kernel]
     record = dense(kernel)
     if record.packed_as is not None:
         return DOC_REGISTRY[record.packed_as]

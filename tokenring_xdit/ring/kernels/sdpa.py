@@ -159,6 +159,6 @@ CUDNN = Kernel(
     # Packed documents: cuDNN per segment once failed its exactness check on H200; every
     # failing case had a one-key block, which now goes to torch flash (module docstring). With
     # that, tests/gpu/test_gpu_packed.py's cuDNN-per-segment cases pass on 4 x H200 (pairs and
-    # every rank's loops, both layouts; docs/kernels-cudnn-segments.md). By name only: `auto`
-    # keeps flash_varlen / torch_flash until cuDNN per segment is measured faster.
+    # every rank's loops, both layouts; docs/kernels-cudnn-segments.md). Packed `auto` runs it
+    # where the cost model predicts it faster (few segments per rank: registry.auto_doc_kernel).
 )  # fmt: skip
