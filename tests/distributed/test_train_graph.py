@@ -4,18 +4,25 @@ nothing: out, lse, dq, dk, dv bitwise equal with it off, on (config=) and on (en
 causal zigzag and non-causal, MHA and GQA, fp32 and bf16, each also vs exact fp64; the ring
 graph cache stays empty. The switch is agreed: the call's header carries it (the Ring's
 settings differ with it), and ranks that differ fail together with one error naming it.
-(tests/gpu/test_gpu_train_graph.py checks the replays themselves.)
+The training benchmark's token_ring_graph method and the train profile's --graph run on the
+CPU too. (tests/gpu/test_gpu_train_graph.py checks the replays themselves.)
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from tests.distributed.test_bad_input import _assert_all_raise
 from tests.harness import run_ranks, values
 
+ROOT = Path(__file__).resolve().parents[2]
 VAR = "TOKENRING_XDIT_TRAIN_CUDA_GRAPH"
 # name, causal, query heads, K/V heads, dtype
 CASES = [
@@ -159,3 +166,48 @@ def test_ranks_that_differ_on_the_switch_fail_together(how):
         "TRAIN_CUDA_GRAPH",
         "rank 0 has off, rank 1 has on",
     )
+
+
+def _torchrun(script: str, *argv: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(ROOT / "benchmarks" / script), "--device", "cpu", *argv]  # fmt: skip
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    )
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_the_training_benchmark_runs_token_ring_graph_beside_the_others(tmp_path):
+    """benchmarks/multi_node_train.py's token_ring_graph (the switch on, zigzag shards for
+    causal rows) is checked against exact attention and timed beside token_ring and ulysses;
+    every rank's graph cache counts reach the JSON (nothing captured on the CPU)."""
+    out = tmp_path / "train.json"
+    run = _torchrun(
+        "multi_node_train.py", "--shapes", "g:4:2:16:causal,m:4:4:16:full", "--seqs", "64",
+        "--check", "--check-tokens", "16", "--iters", "1", "--warmup", "1",
+        "--methods", "token_ring,token_ring_graph,ulysses", "--out", str(out),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    data = json.loads(out.read_text())
+    methods = ("token_ring", "token_ring_graph", "ulysses")
+    assert set(data["checks"]) == {f"{s}/{m}" for s in "gm" for m in methods}
+    for key, errs in data["checks"].items():
+        assert "error" not in errs and max(errs.values()) < 0.03, (key, errs)  # bf16 vs fp64
+    assert {(r["shape"], r["impl"]) for r in data["rows"] if r.get("ms", 0) > 0} == {
+        (s, m) for s in "gm" for m in methods
+    }
+    stats = data["meta"]["graph_stats"]
+    assert [s["captures"] for s in stats] == [0, 0] and not any(s["refused"] for s in stats)
+
+
+def test_the_train_profile_takes_the_switch(tmp_path):
+    out = tmp_path / "profile.json"
+    run = _torchrun(
+        "profile_train_call.py", "--shapes", "g:4:2:16:causal", "--seqs", "64", "--graph", "0",
+        "1", "--warmup", "1", "--iters", "1", "--calls", "1", "--out", str(out),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert sorted((r["graph"], r["rank"]) for r in rows) == [(g, r) for g in (0, 1) for r in (0, 1)]
+    assert all(r["call_ms"] > 0 for r in rows)
+    assert "graph 1:" in run.stdout
