@@ -120,3 +120,12 @@ def test_packed_documents_are_not_graphed():
     assert _call(docs=plan).graph_key() is None
     assert train_graph_key(_ring(), _call(docs=plan), FORWARD, _qkv()) is None
     assert train_graph_key(_ring(), _call(docs=plan), BACKWARD, _qkv()) is None
+
+
+def test_the_autocast_state_is_part_of_the_key():
+    """A replay repeats the casts of its capture: a call under autocast is another graph."""
+    ring, call, qkv = _ring(), _call(), _qkv()
+    plain = train_graph_key(ring, call, FORWARD, qkv)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cast = train_graph_key(ring, call, FORWARD, qkv)
+    assert cast != plain and plain == train_graph_key(ring, call, FORWARD, qkv)

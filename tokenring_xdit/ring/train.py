@@ -15,8 +15,9 @@ forward graph and a backward graph.
 
 Not graphed (eager as before): a ring of one (a single kernel), packed documents
 (`BlockCall.graph_key`), a call met inside someone else's capture or on a non-CUDA device
-(`graphs_wanted`). `ring.finished` follows every call, replayed or not: a replay's deadline
-check is named by its captured step marks.
+(`graphs_wanted`), a call autograd records through (a backward with create_graph=True).
+`ring.finished` follows every call, replayed or not: a replay's deadline check is named by its
+captured step marks.
 """
 
 from __future__ import annotations
@@ -38,14 +39,17 @@ FORWARD, BACKWARD = "train-fwd", "train-bwd"
 def train_graph_key(
     ring: Ring, call: BlockCall, half: str, inputs: tuple[torch.Tensor, ...]
 ) -> Hashable | None:
-    """The graph cache key of one half of a call (None: this call is not graphed): only the
-    ring's agreed value, what the call bakes in and the inputs' signature, so ranks that agreed
-    the call ask the cache for their keys in the same order."""
+    """The graph cache key of one half of a call (None: this call is not graphed): the ring's
+    agreed value, what the call bakes in, the autocast state it is captured under (a replay
+    repeats its casts) and the inputs' signature, so ranks that agreed the call ask the cache
+    for their keys in the same order."""
     baked = call.graph_key()
     if baked is None:
         return None
+    device = inputs[0].device.type
+    cast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
     signature = tuple((x.shape, x.stride(), x.dtype) for x in inputs)
-    return (ring.pos.group, ring.key, baked, half, signature)
+    return (ring.pos.group, ring.key, baked, half, cast, signature)
 
 
 def _run(
@@ -54,7 +58,9 @@ def _run(
 ) -> tuple[torch.Tensor, ...]:  # fmt: skip
     key = None
     if graphs and ring.size > 1 and graphs_wanted(True, inputs[0].device):
-        key = train_graph_key(ring, call, half, inputs)
+        # (autograd recording through the call, a backward with create_graph, stays eager)
+        if not (torch.is_grad_enabled() and any(x.requires_grad for x in inputs)):
+            key = train_graph_key(ring, call, half, inputs)
     result = run(inputs) if key is None else ring.graphed(key, inputs, run)
     ring.finished("forward" if half == FORWARD else "backward")
     return result
