@@ -8,21 +8,25 @@ train_sweep.py's timing, exactness check and yunchang wiring, on the shapes an i
 for: causal GQA 32 query / 8 K/V heads (Llama-3-8B) and non-causal 32 heads, head size 128
 (--shapes "name:heads:kv_heads:head_dim:causal|full,..."). Methods at ring N = all ranks:
   token_ring       tokenring_xdit.token_ring_attn_func (K/V stay home, GQA native), zigzag shards
-                   for causal calls; token_ring_hold_back the same with train_hold_back on
-                   (only when named in --methods)
+                   for causal calls; token_ring_hold_back the same with train_hold_back on,
+                   token_ring_graph with train_cuda_graph on (forward and backward replayed as
+                   CUDA graphs; its --check runs on a replay: a first call on other data
+                   captures them) (each only when named in --methods)
   ulysses          all-to-all heads -> sequence (torch.distributed.nn, differentiable), one local
                    SDPA call (cuDNN on a GPU; K/V heads repeated locally under GQA), all-to-all
                    back; contiguous shards (its gathered sequence must be in order)
   yunchang_basic   yunchang's P2P K/V ring; yunchang_zigzag its zigzag ring (causal rows only):
                    the block kernels train_sweep puts behind yunchang.kernels, K/V heads repeated
                    per block under GQA (the ring itself moves the K/V heads it was given)
-Every rank also writes which stand-in node it ran on (NCCL_HOSTID) into the JSON.
+Every rank also writes which stand-in node it ran on (NCCL_HOSTID) and its ring graph cache's
+counts (captures, replays, refusals with their reasons) into the JSON.
 --device cpu (gloo): the same wiring on tiny --shapes (the launcher's CPU test).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -110,6 +114,17 @@ def _gqa_yunchang_kernels() -> None:
     yk.flash_attn_forward, yk.flash_attn_backward = forward, backward
 
 
+# token_ring variants: method -> the RingConfig flag it switches on
+VARIANTS = {
+    "token_ring_hold_back": "train_hold_back",  # ring/diagonal.py
+    "token_ring_graph": "train_cuda_graph",  # ring/train.py
+}
+
+
+def _with_config(token_ring, cfg, q, k, v, c):
+    return token_ring(q, k, v, c, config=cfg)
+
+
 def methods(n: int, device: str, names: list[str]) -> dict:
     """name -> fn(q, k, v, causal), (b, s_local, h, d) differentiable."""
     from tokenring_xdit.ring import token_ring_attn_func
@@ -125,11 +140,12 @@ def methods(n: int, device: str, names: list[str]) -> dict:
         return _seq_to_heads(_local_attention(*parts, c), n)
 
     out = {"token_ring": token_ring, "ulysses": ulysses}
-    if "token_ring_hold_back" in names:  # RingConfig.train_hold_back on (ring/diagonal.py)
-        from tokenring_xdit.config import current
+    for name, setting in VARIANTS.items():  # token_ring with one RingConfig setting on
+        if name in names:
+            from tokenring_xdit.config import current
 
-        held = current().replace(train_hold_back=True)
-        out["token_ring_hold_back"] = lambda q, k, v, c: token_ring(q, k, v, c, config=held)
+            cfg = current().replace(**{setting: True})
+            out[name] = functools.partial(_with_config, token_ring, cfg)
     if any(name.startswith("yunchang") for name in names):
         from yunchang import ring_flash_attn_func, zigzag_ring_flash_attn_func
 
@@ -143,12 +159,35 @@ def methods(n: int, device: str, names: list[str]) -> dict:
     return {k: out[k] for k in names}
 
 
-ZIGZAG = ("token_ring", "token_ring_hold_back", "yunchang_zigzag")
+ZIGZAG = ("token_ring", *VARIANTS, "yunchang_zigzag")
+GRAPHED = ("token_ring_graph",)  # checked on a replay (_check)
 
 
 def _shard(name: str, causal: bool, rank: int, n: int):
     zig = causal and name in ZIGZAG
     return lambda x: (ts._zigzag if zig else ts._contiguous)(x, rank, n)
+
+
+def _check(name: str, fn, shard, problem, causal: bool) -> dict:
+    """train_sweep's check of one method; a graphed one's on a replay: a first call on other
+    data of the same shapes runs eagerly and captures, so the check sees copied-in inputs."""
+    if name in GRAPHED:
+        (q, k, v, do), _ = problem
+        warm = [torch.randn_like(shard(x)).requires_grad_() for x in (q, k, v)]
+        fn(*warm, causal).backward(torch.randn_like(shard(do)))
+    return ts._check(fn, shard, problem, causal)
+
+
+def _graph_stats() -> list[dict]:
+    """Every rank's ring graph cache counts (a refused capture leaves its call eager)."""
+    from tokenring_xdit.ring.graphs import RING_GRAPHS
+
+    stats = RING_GRAPHS.stats
+    mine = dict(captures=stats.captures, replays=stats.replays, eager=stats.eager,
+                refused=list(stats.refused))  # fmt: skip
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return every
 
 
 def _reference(s: int, h: int, hk: int, d: int, causal: bool, device: str):
@@ -187,6 +226,7 @@ def main() -> None:
 
     import tokenring_xdit
     from tokenring_xdit.ring.comm import setup_token_ring_group
+    from tokenring_xdit.ring.graphs import clear_graphs
 
     tokenring_xdit.install()
     device = args.device
@@ -204,9 +244,9 @@ def main() -> None:
             problem = _reference(args.check_tokens * n, h, hk, d, causal, device)
             for name in names:
                 try:
-                    errs = ts._check(impls[name], _shard(name, causal, rank, n), problem, causal)
+                    errs = _check(name, impls[name], _shard(name, causal, rank, n), problem, causal)
                 except Exception as e:  # a baseline that cannot run it; TokenRing must
-                    if name == "token_ring":
+                    if name == "token_ring" or name in VARIANTS:
                         raise
                     errs = dict(error=f"{type(e).__name__}: {str(e)[:200]}")
                 checks[f"{shape}/{name}"] = errs
@@ -232,7 +272,9 @@ def main() -> None:
                     print(rows[-1], flush=True)
             del q, k, v, do
             if device == "cuda":
+                clear_graphs()  # a shape's graphs (their pools) go with it
                 torch.cuda.empty_cache()
+    graph_stats = _graph_stats()
     if rank == 0:
         result = dict(
             meta=dict(
@@ -243,6 +285,7 @@ def main() -> None:
                 node_of_rank=nodes,
                 yunchang_kernel=ts.YUNCHANG_KERNEL,
                 command=" ".join(sys.argv),
+                graph_stats=graph_stats,
             ),
             checks=checks,
             rows=rows,

@@ -17,7 +17,9 @@ causal GQA 32/8 and non-causal MHA 32, head size 128, bf16) and global length (-
   measured): split (ceiling - ideal), attention inflation (attention busy in the ring - the
   ceiling), NCCL in the open, merges/copies in the open, GPU idle, and the rest (event-timed
   call - profiled window).
-`--hold-back 0 1` profiles each shape with RingConfig.train_hold_back off and on, alternating.
+`--hold-back 0 1` profiles each shape with RingConfig.train_hold_back off and on, alternating;
+`--graph 0 1` likewise with RingConfig.train_cuda_graph (forward and backward replayed as CUDA
+graphs; the warm-up calls capture them).
 `--events` adds every GPU activity of one call (kind, stream, start/duration us, name).
 --device cpu (gloo): the same wiring at a tiny size (the CPU test); numbers mean little there.
 """
@@ -25,6 +27,7 @@ causal GQA 32/8 and non-causal MHA 32, head size 128, bf16) and global length (-
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
@@ -100,7 +103,7 @@ def lost_percent(row: dict) -> dict[str, float]:
     return {k: round(100 * v / call, 2) for k, v in parts.items()}
 
 
-def _profile(rank, n, shape, seq, hold_back, args, cuda):
+def _profile(rank, n, shape, seq, hold_back, args, cuda, graph=0):
     from tokenring_xdit.config import current
     from tokenring_xdit.ring import token_ring_attn_func
     from tokenring_xdit.ring.call import CallOptions, prepare
@@ -117,7 +120,9 @@ def _profile(rank, n, shape, seq, hold_back, args, cuda):
         for i, hh in enumerate(heads)
     )
     # (an older package, profiled as a baseline with --hold-back 0, has no such setting)
-    cfg = current().replace(train_hold_back=True) if hold_back else current()
+    on = {name: True for name, x in (("train_hold_back", hold_back), ("train_cuda_graph", graph))
+          if x}  # fmt: skip
+    cfg = current().replace(**on) if on else current()
 
     def call():
         if causal:  # the shards are cut as zigzag shards: say so, as tokenring_xdit.shard does
@@ -128,8 +133,8 @@ def _profile(rank, n, shape, seq, hold_back, args, cuda):
     timeline: dict = {}
     by_kind = kernel_ms(call, args.calls, timeline, cuda=cuda)
     row = dict(shape=name, heads=h, kv_heads=hk, head_dim=d, causal=causal, seq=seq, ring=n,
-               rank=rank, hold_back=bool(hold_back), call_ms=call_ms, kernels_ms=by_kind,
-               timeline=timeline)  # fmt: skip
+               rank=rank, hold_back=bool(hold_back), graph=bool(graph), call_ms=call_ms,
+               kernels_ms=by_kind, timeline=timeline)  # fmt: skip
     if args.events:
         row["events"] = []
         kernel_ms(call, 1, events=row["events"], cuda=cuda)
@@ -160,7 +165,8 @@ def _say(rows: list[dict]) -> None:
         lost = ", ".join(f"{k} {v:+.1f}" for k, v in r["lost_percent"].items())
         print(
             f"{r['shape']} {r['seq']} ring {r['ring']} rank {r['rank']} hold_back "
-            f"{int(r['hold_back'])}: {r['call_ms']:.3f} ms; ideal 100% -> ceiling "
+            f"{int(r['hold_back'])} graph {int(r.get('graph', 0))}: {r['call_ms']:.3f} ms; "
+            f"ideal 100% -> ceiling "
             f"{100 * r['ceiling_efficiency']:.1f}% -> measured {100 * r['efficiency']:.1f}% "
             f"({100 * r['of_ceiling']:.1f}% of the ceiling); lost % of the call: {lost}",
             flush=True,
@@ -172,6 +178,7 @@ def main() -> None:
     ap.add_argument("--shapes", default=DEFAULT_SHAPES)
     ap.add_argument("--seqs", default="16384", help="global sequence lengths")
     ap.add_argument("--hold-back", nargs="+", type=int, default=[0], help="train_hold_back values")
+    ap.add_argument("--graph", nargs="+", type=int, default=[0], help="train_cuda_graph values")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--calls", type=int, default=5, help="profiled calls")
@@ -190,8 +197,8 @@ def main() -> None:
     rows = []
     for shape in parse_shapes(args.shapes):
         for seq in map(int, args.seqs.split(",")):
-            for hold_back in args.hold_back:
-                mine = _profile(rank, n, shape, seq, hold_back, args, cuda)
+            for hold_back, graph in itertools.product(args.hold_back, args.graph):
+                mine = _profile(rank, n, shape, seq, hold_back, args, cuda, graph)
                 every = [None] * n
                 dist.all_gather_object(every, mine)
                 rows += every

@@ -225,6 +225,16 @@ class RingConfig:
         "or one K/V head)",
         _flag,
     )
+    # Agreed across the ring (the header's CUDA-graphs field): a capture is collective.
+    train_cuda_graph: bool = _setting(
+        "TRAIN_CUDA_GRAPH",
+        False,
+        "`1`: training (and causal) calls replay their forward and their backward as one CUDA "
+        "graph each per input signature (after one eager call and a capture), instead of "
+        "launching every step's kernels and transfers; same results (ring/train.py; not with "
+        "packed documents; a call's `cuda_graph=` overrides it)",
+        _flag,
+    )
     # Local to each rank (a pause on its own stream; nothing travels differently).
     comm_head_start_us: float = _setting(
         "COMM_HEAD_START_US",

@@ -58,6 +58,17 @@ class BlockCall:
             return None
         return pieces(self.layout.dims(q)[2], self.layout.dims(k)[2])
 
+    def graph_key(self) -> tuple | None:
+        """Everything a captured graph of this call bakes in besides the ring's agreed value
+        and the tensors' signature (the pair by value: a frozen record, equal for equal
+        choices). None: not graphed. Packed documents stay eager: a batch's packing is new
+        almost every step (a capture per batch, never replayed) and their kernels copy the
+        segments' offsets from the host."""
+        if self.docs is not None:
+            return None
+        return (self.schedule.name, self.pair, self.layout.name, self.scale,
+                self.head_start_us, self.hold_back)  # fmt: skip
+
     def mask(self, rank: int, st: BlockStep):
         """The kernel's mask argument at this step: the causal flag, or the block's segments
         (an empty tuple: nothing to attend, the step is skipped)."""

@@ -142,7 +142,8 @@ class CallOptions:
         seqlen_j, nheads_k, headdim[_v]) that this rank's own queries attend exactly once,
         joined before ("front") or after ("rear", `joint_strategy`) the local K/V in the step-0
         block. Inference only.
-    cuda_graph: replay a CUDA graph per input signature (overrides config's).
+    cuda_graph: replay a CUDA graph per input signature (overrides config's: `cuda_graphs` for
+        no-grad non-causal calls, `train_cuda_graph` for training and causal ones).
     kernel_key: names a callable kernel for the CUDA-graph cache.
     config: a `RingConfig`; None: the environment's (`tokenring_xdit.config`).
     deterministic: training path only: a deterministic backward pair.
@@ -226,7 +227,7 @@ class PreparedCall(NamedTuple):
     train: bool
     layout: Layout
     kernel: KernelChoice
-    graphs: bool  # replay CUDA graphs (inference with a graph-keyed kernel)
+    graphs: bool  # replay CUDA graphs (inference with a graph-keyed kernel; train_cuda_graph)
     joint_kv: tuple[torch.Tensor, torch.Tensor] | None
     spec: CallSpec  # what this rank asked (the agreed header is made of it)
 
@@ -271,11 +272,9 @@ def prepare(
     )  # fmt: skip
     if kernel.problem or not problem:
         problem, text = kernel.problem, kernel.problem_text
-    graphs = (cfg.cuda_graphs if options.cuda_graph is None else options.cuda_graph) and (
-        kernel.key is not None
-    )
+    graphs = _graphs(options.cuda_graph, cfg, train, kernel.key)
     spec = CallSpec(
-        q, k, v, layout, options.causal, chunks, scale, digest(kernel.family), graphs and not train,
+        q, k, v, layout, options.causal, chunks, scale, digest(kernel.family), graphs,
         validate, options.joint_kv, options.positions, problem, text, transport=cfg.transport,
         documents=docs, doc_positions=options.position_ids if options.cu_seqlens is None else None,
         timeout=cfg.timeout, family=kernel.family, split=split,
@@ -292,6 +291,15 @@ def prepare(
     else:
         call = _ring_call(kernel, layout, ring, scale, chunks, options, cfg, head_start_us)
     return PreparedCall(ring, call, train, layout, kernel, graphs, options.joint_kv, spec)
+
+
+def _graphs(asked: bool | None, cfg: RingConfig, train: bool, kernel_key) -> bool:
+    """Replay CUDA graphs: the call's `cuda_graph=`, else the config's (train_cuda_graph for
+    the block-schedule path, cuda_graphs for inference, whose kernel needs a graph key).
+    Agreed in the call's header: a capture is collective."""
+    if train:
+        return cfg.train_cuda_graph if asked is None else asked
+    return (cfg.cuda_graphs if asked is None else asked) and kernel_key is not None
 
 
 def _agree(spec: CallSpec, pos: RingPosition, grad: bool, cfg: RingConfig) -> Ring:

@@ -14,6 +14,7 @@ graph gets one node, `tokenring::attn`, a `torch.library.custom_op`:
 - training: `register_autograd` pairs it with `tokenring::attn_backward`, the block-schedule
   backward loop. The backward re-runs `prepare` (the compiled program keeps no Python
   object between forward and backward; the check's cache makes that cheap on NCCL rings).
+  Both halves run as eager ones do (train.py), CUDA graphs included where the call asks.
 - both carry the `cudagraph_unsafe` tag where torch has it: `mode="reduce-overhead"` then keeps
   CUDA graphs around the ring (Inductor's graph partitions) and runs the ring outside them. A
   ring call met inside someone else's stream capture is refused with one clear error
@@ -37,11 +38,10 @@ from __future__ import annotations
 
 import torch
 
-from .backward import block_backward
-from .block_forward import block_forward
 from .call import CallOptions, op_args, prepare
 from .infer import infer
 from .layout import get_layout
+from .train import train_backward, train_forward
 
 __all__ = ["compiled_attn", "count_host", "count_host_calls_with"]
 
@@ -116,8 +116,7 @@ def _attn(q, k, v, *args):
         with torch.no_grad():
             return _dense(*infer(prepared, q, k, v))
     ring = prepared.ring
-    out, lse = block_forward(prepared.call, ring, ring.q_lens, q, k, v)
-    ring.finished("forward")
+    out, lse = train_forward(prepared.call, ring, ring.q_lens, q, k, v, prepared.graphs)
     return _dense(out, lse)
 
 
@@ -130,9 +129,8 @@ def _attn_fake(q, k, v, *args):
 def _attn_backward(dout, q, k, v, out, lse, *args):
     _refuse_capture(q)
     prepared = prepare(q, k, v, _options(args), grad=True, validate=args[-1])
-    ring = prepared.ring
-    dq, dk, dv = block_backward(prepared.call, ring, ring.q_lens, dout, q, k, v, out, lse)
-    ring.finished("backward")
+    ring, args = prepared.ring, (dout, q, k, v, out, lse, prepared.graphs)
+    dq, dk, dv = train_backward(prepared.call, ring, ring.q_lens, *args)
     return _dense(dq, dk, dv)
 
 

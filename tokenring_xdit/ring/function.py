@@ -14,11 +14,11 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from .backward import block_backward
-from .block_forward import BlockCall, block_forward
+from .block_forward import BlockCall
 from .call import PreparedCall
 from .comm.teardown import RELEASE_HOOKS
 from .ring import Ring
+from .train import train_backward, train_forward
 
 __all__ = ["TokenRingAttention", "train_attn"]
 
@@ -53,14 +53,15 @@ RELEASE_HOOKS.append(_release)
 
 
 class TokenRingAttention(torch.autograd.Function):
-    """out, lse = TokenRing(q, k, v); saves only this rank's q, k, v, out and lse."""
+    """out, lse = TokenRing(q, k, v); saves only this rank's q, k, v, out and lse. `graphs`:
+    each half through the ring's CUDA graphs where it can be (train.py; out and lse are then
+    clones of the graph's outputs, the caller's own)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, call: BlockCall, ring: Ring, q_lens: tuple[int, ...]):
-        out, lse = block_forward(call, ring, q_lens, q, k, v)
-        ring.finished("forward")
+    def forward(ctx, q, k, v, call: BlockCall, ring: Ring, q_lens: tuple[int, ...], graphs=False):
+        out, lse = train_forward(call, ring, q_lens, q, k, v, graphs)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.call, ctx.held, ctx.q_lens = call, _Held(ring), q_lens
+        ctx.call, ctx.held, ctx.q_lens, ctx.graphs = call, _Held(ring), q_lens, graphs
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -74,15 +75,16 @@ class TokenRingAttention(torch.autograd.Function):
                 "communicators released) after the forward; run backward before "
                 "destroy_process_group"
             )
-        dq, dk, dv = block_backward(ctx.call, ring, ctx.q_lens, dout, q, k, v, out, lse)
-        ring.finished("backward")
-        return dq, dk, dv, None, None, None
+        args = (dout, q, k, v, out, lse, ctx.graphs)
+        dq, dk, dv = train_backward(ctx.call, ring, ctx.q_lens, *args)
+        return dq, dk, dv, None, None, None, None
 
 
 def train_attn(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prepared: PreparedCall
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The block-schedule path of a prepared call (call.prepare; `prepared.train`), with
-    autograd: `prepared.call` is its BlockCall (schedule, pair, document plan, head start)."""
+    autograd: `prepared.call` is its BlockCall (schedule, pair, document plan, head start);
+    `prepared.graphs`: replay its halves as CUDA graphs (RingConfig.train_cuda_graph)."""
     ring = prepared.ring
-    return TokenRingAttention.apply(q, k, v, prepared.call, ring, ring.q_lens)
+    return TokenRingAttention.apply(q, k, v, prepared.call, ring, ring.q_lens, prepared.graphs)

@@ -123,7 +123,8 @@ MUST_AGREE = {
     "device": "device type",
     "scale": "softmax_scale",
     "kernel": "kernel family (digest)",
-    "graphs": "CUDA graphs on/off (TOKENRING_XDIT_CUDA_GRAPHS / cuda_graph=)",
+    "graphs": "CUDA graphs on/off (TOKENRING_XDIT_CUDA_GRAPHS, training: "
+    "TOKENRING_XDIT_TRAIN_CUDA_GRAPH / cuda_graph=)",
     "validate": "validate mode (TOKENRING_XDIT_VALIDATE)",
     "transport": "transport",
     "proof": "causal layout proof",
