@@ -13,11 +13,11 @@ what autograd saves for the backward (out, lse) and what it gets back (dq, dk, d
 caller's own tensors, never buffers a later replay overwrites. Every layer of one shape shares a
 forward graph and a backward graph.
 
-Not graphed (eager as before): a ring of one (a single kernel), packed documents
-(`BlockCall.graph_key`), a call met inside someone else's capture or on a non-CUDA device
-(`graphs_wanted`), a call autograd records through (a backward with create_graph=True).
-`ring.finished` follows every call, replayed or not: a replay's deadline check is named by its
-captured step marks.
+Not graphed (eager as before): a ring of one (a single kernel), the IPC transport (`_run`),
+packed documents (`BlockCall.graph_key`), a call met inside someone else's capture or on a
+non-CUDA device (`graphs_wanted`), a call autograd records through (a backward with
+create_graph=True). `ring.finished` follows every call, replayed or not (a replay's deadline
+error names its step only with TOKENRING_XDIT_REPLAY_STEP_MARKS=1).
 """
 
 from __future__ import annotations
@@ -57,7 +57,14 @@ def _run(
     graphs: bool,
 ) -> tuple[torch.Tensor, ...]:  # fmt: skip
     key = None
-    if graphs and ring.size > 1 and graphs_wanted(True, inputs[0].device):
+    # not over IPC: graphed causal MHA calls there gave wrong gradients on one H200 (69-120x
+    # the largest gradient, out/lse bitwise right; cause not found), so those stay eager
+    if (
+        graphs
+        and ring.size > 1
+        and ring.transport != "ipc"
+        and graphs_wanted(True, inputs[0].device)
+    ):
         # (autograd recording through the call, a backward with create_graph, stays eager)
         if not (torch.is_grad_enabled() and any(x.requires_grad for x in inputs)):
             key = train_graph_key(ring, call, half, inputs)
