@@ -78,3 +78,26 @@ def test_a_failed_ring_makes_the_exit_destroy_the_default_group(monkeypatch):
     monkeypatch.setattr(teardown, "release_ring_comms", lambda *a: None)
     teardown._at_exit()
     assert destroyed == [()]
+
+
+def test_graphs_are_released_while_the_aborts_wait(monkeypatch):
+    """`started` runs once every abort has begun and before they are waited for (NCCL's abort
+    waits for the graphs that captured its communicator: the watchdog drops them there), and
+    also when there is nothing left to abort."""
+    release = threading.Event()
+    begun = []
+
+    def abort(group):
+        begun.append(group)
+        assert release.wait(5)  # ends only once the graphs are dropped
+
+    def started():  # before the wait: else both aborts would time out and be returned
+        release.set()
+
+    monkeypatch.setattr(dist.distributed_c10d, "_abort_process_group", abort)
+    lanes = [_Group(), _Group()]
+    assert teardown.abort_together(lanes, timeout_s=10, started=started) == []
+    assert len(begun) == 2
+    again = []
+    assert teardown.abort_together(lanes, timeout_s=10, started=lambda: again.append(1)) == []
+    assert again == [1]

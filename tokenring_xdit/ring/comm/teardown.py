@@ -199,9 +199,12 @@ _ABORTING = threading.Lock()
 _ABORTED: weakref.WeakSet = weakref.WeakSet()  # groups whose abort already ran
 
 
-def abort_together(groups: list[dist.ProcessGroup], timeout_s: float = 60.0) -> list:
+def abort_together(
+    groups: list[dist.ProcessGroup], timeout_s: float = 60.0, started: Callable | None = None
+) -> list:
     """Abort NCCL communicators all at once, one thread each; returns those whose abort did
-    not finish within `timeout_s` (they are left to torch).
+    not finish within `timeout_s` (they are left to torch). `started()` runs once the aborts
+    are under way, before waiting for them.
 
     Why at once: an NCCL abort raises its communicator's abort flag and then waits for that
     communicator's queued GPU work, which can wait (through the compute stream) on ANOTHER
@@ -213,9 +216,9 @@ def abort_together(groups: list[dist.ProcessGroup], timeout_s: float = 60.0) -> 
     kernels quit.
     """
     groups = [g for g in groups if g not in _ABORTED]
-    if not groups:
-        return []
-    if not _ABORTING.acquire(timeout=timeout_s):
+    if not groups or not _ABORTING.acquire(timeout=timeout_s):
+        if started is not None:
+            started()  # the aborts are under way already (or done)
         return groups
     try:
         threads = [
@@ -225,6 +228,8 @@ def abort_together(groups: list[dist.ProcessGroup], timeout_s: float = 60.0) -> 
         for t in threads:
             t.start()
         end = time.monotonic() + timeout_s
+        if started is not None:
+            started()
         for t in threads:
             t.join(max(end - time.monotonic(), 0.0))
         _ABORTED.update(groups)

@@ -101,14 +101,15 @@ def _expire(comms: RingComms, call: tuple[str, list]) -> None:
     )
     comms.fail(message)
     log.error("%s", message)
-    # NCCL's abort waits until every CUDA graph that captured the communicator is destroyed
-    # (commDestroySync polls its persistent references): drop ours first, or a stuck replay's
-    # abort never ends. The graphs of other rings are captured again on their next call.
-    release_graphs()
     # Frees the GPU from the stuck transfers: both lanes at once (teardown.abort_together says
     # why). Measured (issue 44, 2 x H200, deadline 8 s): eager training, a causal forward and
     # graphed inference then raise in the calling thread about 8.1 s after the peer died.
+    # NCCL's abort raises its flag (the stuck kernels quit), then waits until every CUDA graph
+    # that captured the communicator is destroyed (commDestroySync polls its persistent
+    # references): so once the aborts are under way, drop our graphs, or a stuck replay's abort
+    # never ends (measured: replays never raised). Not before: destroying a graph still in
+    # flight may wait for it. The graphs of other rings are captured again on their next call.
     lanes = [g for g in comms.owned() if g is not comms.check]
-    stuck = abort_together(lanes, comms.deadline.total_seconds())
+    stuck = abort_together(lanes, comms.deadline.total_seconds(), started=release_graphs)
     if stuck:
         log.error("TokenRing: the abort of %d ring communicator(s) did not finish", len(stuck))
