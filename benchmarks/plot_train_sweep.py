@@ -2,6 +2,8 @@
 
     python benchmarks/plot_train_sweep.py train4.json [--ring1 train1.json] --out train4.png
 
+(multi_node_train.py's JSON too: its run facts are under "meta".)
+
 With --ring1 (a `--nproc_per_node 1` run on the same card) a second panel shows each method's
 efficiency t_1 / (N t_N), t_1 = the fastest ring-1 time of the shape.
 """
@@ -33,7 +35,8 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    data = json.load(open(args.sweep))
+    loaded = json.load(open(args.sweep))
+    data = {**loaded.get("meta", {}), **loaded}  # multi_node_train.py keeps the run in "meta"
     shapes = _by_shape(data["rows"])
     keys = sorted(shapes, key=lambda k: (k[0], not k[2], k[1]))
     methods = sorted({m for ms in shapes.values() for m in ms}, key=lambda m: m != "token_ring")
