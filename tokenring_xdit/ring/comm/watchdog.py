@@ -102,8 +102,8 @@ def _expire(comms: RingComms, call: tuple[str, list]) -> None:
     comms.fail(message)
     log.error("%s", message)
     # Frees the GPU from the stuck transfers: both lanes at once (teardown.abort_together says
-    # why). Measured (issue 44, 2 x H200, deadline 8 s): eager training, a causal forward and
-    # graphed inference then raise in the calling thread about 8.1 s after the peer died.
+    # why). Measured (issue 44, 2 x H200, deadline 8 s): eager training and eager inference
+    # then raise in the calling thread about 8.1 s after the peer died.
     # NCCL's abort raises its flag (the stuck kernels quit), then waits until every CUDA graph
     # that captured the communicator is destroyed (commDestroySync polls its persistent
     # references): so once the aborts are under way, drop our graphs, or a stuck replay's abort
