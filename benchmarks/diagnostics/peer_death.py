@@ -201,7 +201,7 @@ def outcome(scenario: Scenario, folder: Path, done: peer_launch.Launched, wall_s
             sigabrt=any(s["sigabrt"] for s in survivors),
             wall_s=round(wall_s, 2),
             timeline=_timeline(events),
-            stderr_tail=text[-2500:],
+            stderr_tail=text[-6000:],  # room for a stuck rank's thread stacks (peer_launch)
         )
     )
     if torchrun:

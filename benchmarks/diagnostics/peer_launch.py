@@ -31,6 +31,7 @@ from tests.harness import plain_ranks  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("peer_worker.py")
 AFTER_SURVIVORS_S = 1.0  # then a rank still alive is a hung peer: killed
+DUMP_WAIT_S = 1.5  # a rank alive at the wall gets this long to print its stacks
 
 
 @dataclass
@@ -134,6 +135,8 @@ def _supervise(
             since = now
         late = since is not None and now - since > AFTER_SURVIVORS_S
         if late or now - start > wall:
+            if not late and not group:
+                _dump_stacks([p for p in procs.values() if p.poll() is None])
             for key, p in procs.items():
                 if p.poll() is None:
                     killed.append(key)
@@ -145,6 +148,18 @@ def _supervise(
     for key in procs:
         ended.setdefault(key, time.time())
     return killed
+
+
+def _dump_stacks(procs: list) -> None:
+    """Ask ranks still running at the wall for every thread's Python stack (peer_worker
+    registers faulthandler on SIGUSR1; it writes without the GIL, so a rank blocked in a C
+    call holding it still answers): where a survivor that never raised is stuck."""
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+    time.sleep(DUMP_WAIT_S)
 
 
 def _kill(proc: subprocess.Popen, group: bool) -> None:

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import faulthandler
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -155,6 +157,8 @@ def main(argv: list[str] | None = None) -> None:
 
     cuda = args.device == "cuda"
     t0 = time.time()
+    # the harness asks a rank still running at its wall for its stacks (peer_launch.py)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     timeout = None if from_env else timedelta(seconds=args.deadline)
     dist.init_process_group("nccl" if cuda else "gloo", timeout=timeout)
     rank = dist.get_rank()
