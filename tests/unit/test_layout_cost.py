@@ -113,26 +113,29 @@ COMPARED = sorted(k for k, v in MEASURED.items() if len(v) > 1)
 
 
 def test_every_committed_real_ring_is_compared():
-    # ring 2: 32k, 128k; ring 4: 32k, 128k (both kernels), long documents 64k, 128k
+    # ring 2: 32k, 128k; ring 4: 32k, 128k, long documents 64k, 128k (ring 4: both kernels)
     assert len(COMPARED) == 6
-    assert sum(len(MEASURED[k]) == 4 for k in COMPARED) == 2
+    assert sum(len(MEASURED[k]) == 4 for k in COMPARED) == 4
 
 
 @pytest.mark.parametrize("key", COMPARED, ids=lambda k: f"{k[0][-1]}-{len(k[0]) - 1}docs-N{k[1]}")
 def test_auto_picks_the_pair_that_ran_fastest_on_the_real_rings(key):
     """Among the (layout, kernel) pairs measured on a row the model ranks them as they ran, and
-    auto's rule over them picks the fastest; where both kernels ran (ring 4, 32k and 128k) that
-    is cuDNN per segment on the zigzag, and auto picks it among all pairs."""
+    auto's rule over them picks the fastest, or one within its margin of it (the rule keeps the
+    zigzag unless the documents layout is predicted AUTO_MARGIN faster: on 64k in 2 documents
+    the two cuDNN pairs ran 42.73 / 42.84 ms); where both kernels ran (ring 4) that is cuDNN per
+    segment on the zigzag, and auto picks it among all pairs."""
     cu, n = key
     ms = MEASURED[key]
     report = document_work(list(cu), n, causal=True)
     predicted = {(lay, k): report["layouts"][lay]["kernels"][k] for lay, k in ms}
     assert sorted(ms, key=ms.get) == sorted(predicted, key=predicted.get), (ms, predicted)
     restricted = {lay: {k: v for (y, k), v in predicted.items() if y == lay} for lay in LAYOUTS}
-    assert documents._pick(restricted) == min(ms, key=ms.get)
+    assert ms[documents._pick(restricted)] <= (1 + documents.AUTO_MARGIN) * min(ms.values())
     if len(ms) == 4:
         assert (report["auto"], report["auto_kernel"]) == (ROW, "cudnn")
-        assert report["layouts"][DOCUMENTS]["kernel"] == "flash_varlen"  # 63-252 segments
+        if len(cu) > 8:  # many documents: 63-252 segments per rank in the documents layout
+            assert report["layouts"][DOCUMENTS]["kernel"] == "flash_varlen"
     # the pairs the benchmark recorded are the ones the report predicts from
     for name in _ring_files():
         for row in _json(name)["rows"]:
