@@ -76,7 +76,10 @@ def _ordered(cu: list[int], args) -> list[int]:
     from tokenring_xdit.ring.pack_order import balanced_order
 
     lengths = [b - a for a, b in zip(cu, cu[1:], strict=False)]
-    order = balanced_order(lengths, dist.get_world_size())
+    # judged by the kernel the run names, if exactly one priced kernel; else auto's (cuDNN)
+    named = args.kernel.split(",")
+    kernel = named[0] if len(named) == 1 and named[0] in ("flash_varlen", "cudnn") else "cudnn"
+    order = balanced_order(lengths, dist.get_world_size(), kernel=kernel)
     out = [0]
     for i in order:
         out.append(out[-1] + lengths[i])

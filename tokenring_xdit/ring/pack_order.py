@@ -4,8 +4,10 @@ Attention never crosses a document, so the order of the documents in a packed ro
 result, only where each document lands in the row's zigzag split and so each rank's work. The
 documents layout (doc_layout.py) balances the pairs but multiplies short pieces; a better
 packing order keeps the zigzag's few segments and skipped blocks and still evens the ranks
-(the committed H200 row of 7 documents at ring 4: the slowest rank predicted 8.67 ms as packed,
-7.40 ms in the order found here; the best of all 5040 orders 7.16, the ranks' mean about 7.1).
+(the committed H200 row of 7 documents at ring 4, with flash_varlen: the slowest rank
+predicted 8.67 ms as packed, 7.40 ms in the order found here, the best of all 5040 orders 7.16;
+with cuDNN per segment, which `auto` runs there, 5.45 -> 5.32 ms, and 16.59 -> 14.34 for the
+128k row of 28 documents; measured with flash_varlen: 12.76 -> 11.69 and 34.23 -> 33.59 ms).
 
 `balanced_order` searches swaps of two documents, keeping a swap when the cost model's
 (layout_cost.py) slowest rank gets faster; it starts from the given order, so the answer is
@@ -27,10 +29,18 @@ from .schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
 __all__ = ["balanced_order", "row_ms"]
 
 
-def row_ms(lengths: Sequence[int], world_size: int, causal: bool = True, cost=None) -> float:
+# The packed kernel whose constants the search uses by default: what `auto` runs a zigzag row
+# with on CUDA in half precision (cuDNN per segment, measured faster there, 4 x H200).
+KERNEL = "cudnn"
+
+
+def row_ms(
+    lengths: Sequence[int], world_size: int, causal: bool = True, cost=None, kernel: str = KERNEL
+) -> float:
     """The cost model's ms of the slowest rank when documents of `lengths`, packed in this
-    order, are cut by the row's split over `world_size` ranks."""
-    cost = cost or load()
+    order, are cut by the row's split over `world_size` ranks (`cost`, else `kernel`'s
+    constants)."""
+    cost = cost or load(kernel=kernel)
     return _row_ms(tuple(lengths), world_size, causal, cost)
 
 
@@ -51,10 +61,13 @@ def balanced_order(
     tries: int = 256,
     seed: int = 0,
     cost: LayoutCost | None = None,
+    kernel: str = KERNEL,
 ) -> list[int]:
     """Indices into `lengths`: the order to pack the documents in (a permutation; the given
-    order where no swap helps). ValueError if the row cannot be split (its total must divide by
-    2 x world_size when causal, by world_size otherwise: pad with one more document first)."""
+    order where no swap helps), judged by `cost`, else by the constants of the packed `kernel`
+    the ring will run ("cudnn" per segment, `auto`'s choice on CUDA half; "flash_varlen").
+    ValueError if the row cannot be split (its total must divide by 2 x world_size when
+    causal, by world_size otherwise: pad with one more document first)."""
     lengths = [int(x) for x in lengths]
     n, total = world_size, sum(lengths)
     if n < 1 or min(lengths, default=0) < 0:
@@ -67,7 +80,7 @@ def balanced_order(
     order = list(range(len(lengths)))
     if n == 1 or len(order) < 2:
         return order
-    cost, rng = cost or load(), random.Random(seed)
+    cost, rng = cost or load(kernel=kernel), random.Random(seed)
 
     def ms(o):
         return _row_ms(tuple(lengths[i] for i in o), n, causal, cost)
