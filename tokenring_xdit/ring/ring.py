@@ -70,18 +70,22 @@ class Ring:
 
     def graphed(self, key: Hashable, inputs: tuple[torch.Tensor, ...], run: Callable) -> Any:
         """`run(inputs)` through the ring call graphs under `key` (agreed on every rank): the
-        first call of a key runs eagerly, then it is captured and replayed. A replay's steps
-        are named by the events its capture recorded (comm/step_marks.py)."""
+        first call of a key runs eagerly, then it is captured and replayed. With the replay
+        step marks on, a replay's steps are named by the events its capture recorded
+        (comm/step_marks.py); off (the default), nothing is added to a replay."""
+        comms = self.comms
+        if comms is None or not comms.settings.replay_step_marks:
+            return run_graphed(key, inputs, run, self.pos.group)
         ran = []
 
         def marked(xs):
             ran.append(True)
-            with capture_marks(self.comms, key):
+            with capture_marks(comms, key):
                 return run(xs)
 
         result = run_graphed(key, inputs, marked, self.pos.group)
         if not ran:
-            replay_marks(self.comms, key)
+            replay_marks(comms, key)
         return result
 
     def finished(self, what: str) -> None:

@@ -54,8 +54,9 @@ def mark_captured_step(comms: RingComms, lane: str, about: tuple) -> None:
 
 @contextmanager
 def capture_marks(comms: RingComms | None, key: Hashable) -> Iterator[None]:
-    """Around one ring call: if it is being captured, keep its step marks under `key`."""
-    wanted = comms is not None and comms.settings.replay_step_marks and comms.backend != "gloo"
+    """Around one ring call whose ring keeps replay step marks (`Ring.graphed` asks only
+    then): if it is being captured, keep its step marks under `key`."""
+    wanted = comms is not None and comms.backend != "gloo"
     if not (wanted and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
         yield
         return
