@@ -8,14 +8,7 @@
 #   training graphs with --check at ring 2 (GPUs 2,3);
 # - issue 42: tests/gpu/test_gpu_packed.py (auto's kernel test), ring 2 with cuDNN per segment,
 #   `--check` through auto at ring 4.
-exec 2>>$OUT/log.txt
-T0=$(date +%s); left() { echo $(( $1 - ($(date +%s) - T0) )); }; lt() { local x=$(left $1); [ $x -lt 5 ] && x=5; echo $x; }
-L=$OUT/log.txt; R=/tmp/res; G=$R/logs; rm -rf $R; mkdir -p $R $G
-mark() { echo "$1 rc=$2 t=$(( $(date +%s) - T0 ))" >> $L; }
-save() { (cd $R && tar czf $OUT/results.tgz --exclude=logs . && tar czf $OUT/logs.tgz logs); }
-python3 -m pip install -q --no-index --no-deps --no-compile --target .site .whl/base/*.whl 2>&1 | tail -2
-export PATH=$PWD/.site/bin:$PATH NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export PYTHONPATH=$PWD/.site:$PWD
+. docs/benchmarks/device_prelude.sh  # lt, mark, save, the wheels, the environment
 PT="python3 -m pytest -m gpu -q -p no:cacheprovider -rfEX"
 ( CUDA_VISIBLE_DEVICES=0,1 timeout $(lt 300) $PT tests/gpu/test_gpu_peer_death.py > $G/peer_death.log 2>&1; mark peer_death $?
   CUDA_VISIBLE_DEVICES=0,1 timeout $(lt 400) python3 benchmarks/diagnostics/peer_death.py --path infer_graphed --fault hang \
