@@ -202,6 +202,7 @@ def outcome(scenario: Scenario, folder: Path, done: peer_launch.Launched, wall_s
             wall_s=round(wall_s, 2),
             timeline=_timeline(events),
             stderr_tail=text[-6000:],  # room for a stuck rank's thread stacks (peer_launch)
+            native_stacks=done.native,  # rank -> py-spy's native stacks at the wall, if any
         )
     )
     if torchrun:
@@ -232,7 +233,12 @@ def _timeline(events: list[dict]) -> list[str]:
     start of init_process_group)."""
     starts = [e["t0"] for e in events if e["event"] == "started"]
     t0 = min(starts) if starts else (events[0]["t"] if events else 0.0)
-    return [f"rank {e['rank']} {e['event']} +{e['t'] - t0:.2f}" for e in events]
+
+    def detail(e: dict) -> str:  # an exit step's name, outcome and such (not the messages)
+        extra = {k: v for k, v in e.items() if k in ("step", "idle", "error", "names")}
+        return f" {extra}" if extra else ""
+
+    return [f"rank {e['rank']} {e['event']} +{e['t'] - t0:.2f}{detail(e)}" for e in events]
 
 
 def _exit_after(mine: list[dict], first: dict | None) -> float | None:
@@ -295,12 +301,14 @@ def run_many(
 
 
 SLACK_S = 6.0  # the survivor's error may come this long after the deadline (issue 44)
+EXIT_S = 10.0  # then it is gone within this (measured 0.3-3 s; a stuck teardown waits 30 s)
 
 
 def problems(result: dict) -> list[str]:
     """What issue 44 asks that this result does not show (empty: all of it). Plain processes:
     every survivor raises TokenRingCommError in its own thread within deadline + SLACK_S, naming
-    the faulty rank and the step, and exits with the program's code (3), no SIGABRT or core.
+    the faulty rank and the step, and exits with the program's code (3) within EXIT_S, no
+    SIGABRT or core.
     torchrun, when the faulty rank exits: torchrun fails naming it as the root cause; a survivor
     is stopped by the agent or has raised as above first. torchrun, when it stays (hangs):
     the survivor raises as above and exits 3, torchrun names it and stops the hung rank."""
@@ -328,6 +336,8 @@ def problems(result: dict) -> list[str]:
             found.append(who + f"exit code {s['exit_code']}, not {EXIT_NAMED}")
         if s["killed_by_harness"]:
             found.append(who + "still running at the wall: killed")
+        elif (s["gone_after_error_s"] or 0) > EXIT_S:
+            found.append(who + f"exited {s['gone_after_error_s']} s after its error")
         if result["then"] == "continue" and not (s["continued"] or {}).get("ok"):
             found.append(who + f"could not keep working on its own group: {s['continued']}")
     if torchrun:
@@ -358,6 +368,8 @@ def main() -> None:
                    help="more environment for the ranks (repeat)")  # fmt: skip
     p.add_argument("--wall", type=float, default=120.0, help="kill everything after this")
     p.add_argument("--matrix", choices=("gpu", "cpu"), help="run that list instead")
+    p.add_argument("--only", help="matrix: just these scenarios (comma-separated names); "
+                   "--env then adds to each one's environment")  # fmt: skip
     p.add_argument("--jobs", type=int, default=1, help="matrix: scenarios at a time")
     p.add_argument("--budget", type=float, help="matrix: start no scenario after this (s)")
     p.add_argument("--out", type=Path)
@@ -369,6 +381,14 @@ def main() -> None:
     start = time.time()
     if args.matrix:
         scenarios = list(GPU_MATRIX if args.matrix == "gpu" else CPU_MATRIX)
+        if args.only:
+            names = set(args.only.split(","))
+            unknown = names - {s.name for s in scenarios}
+            if unknown:
+                p.error(f"--only: not in the {args.matrix} matrix: {sorted(unknown)}")
+            extra = tuple(tuple(e.split("=", 1)) for e in args.env)
+            scenarios = [dataclasses.replace(s, env=s.env + extra) for s in scenarios
+                         if s.name in names]  # fmt: skip
         head = dict(matrix=args.matrix, jobs=args.jobs, budget_s=args.budget, partial=True)
 
         def keep(done: list) -> None:  # written as results come: a killed run keeps them

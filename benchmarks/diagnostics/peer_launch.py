@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,6 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("peer_worker.py")
 AFTER_SURVIVORS_S = 1.0  # then a rank still alive is a hung peer: killed
 DUMP_WAIT_S = 1.5  # a rank alive at the wall gets this long to print its stacks
+NATIVE_WAIT_S, NATIVE_CHARS = 20.0, 30000  # py-spy's bound per rank, and what is kept
 
 
 @dataclass
@@ -45,6 +47,7 @@ class Launched:
     launcher_rc: int | None = None  # torchrun's own exit code
     launcher_exit_s: float | None = None  # when torchrun exited, time.time()
     ended: dict[int, float] = field(default_factory=dict)  # rank -> when seen gone, time.time()
+    native: dict[int, str] = field(default_factory=dict)  # rank -> native stacks at the wall
 
 
 def _env(scenario, base: dict | None = None) -> dict[str, str]:
@@ -72,7 +75,7 @@ def launch_plain(scenario, argv: list[str], folder: Path) -> Launched:
     readers = [_drain(p, s) for p, s in zip(procs, sinks, strict=True)]
     done = Launched()
     killed = _supervise(dict(enumerate(procs)), {0, 1} - {scenario.faulty}, scenario.wall,
-                        ended=done.ended)  # fmt: skip
+                        ended=done.ended, native=done.native)  # fmt: skip
     for r, (p, reader) in enumerate(zip(procs, readers, strict=True)):
         reader.join(5)
         done.exit_codes[r] = p.returncode
@@ -121,10 +124,16 @@ def torchrun_root_cause(text: str) -> int | None:
 
 
 def _supervise(
-    procs: dict, survivors: set, wall: float, group: bool = False, ended: dict | None = None
+    procs: dict,
+    survivors: set,
+    wall: float,
+    group: bool = False,
+    ended: dict | None = None,
+    native: dict | None = None,
 ) -> list:
     """Wait until all exit; kill the rest 1 s after the survivors exited, everything at `wall`.
-    Returns the keys killed; `ended` gets each key's time.time() when it was seen gone."""
+    Returns the keys killed; `ended` gets each key's time.time() when it was seen gone, `native`
+    the native stacks of each key alive at the wall (where py-spy is installed)."""
     start, since, killed, ended = time.monotonic(), None, [], {} if ended is None else ended
     while any(p.poll() is None for p in procs.values()):
         for key, p in procs.items():
@@ -136,7 +145,9 @@ def _supervise(
         late = since is not None and now - since > AFTER_SURVIVORS_S
         if late or now - start > wall:
             if not late and not group:
-                _dump_stacks([p for p in procs.values() if p.poll() is None])
+                alive = {k: p for k, p in procs.items() if p.poll() is None}
+                (native if native is not None else {}).update(_native_stacks(alive))
+                _dump_stacks(list(alive.values()))
             for key, p in procs.items():
                 if p.poll() is None:
                     killed.append(key)
@@ -160,6 +171,24 @@ def _dump_stacks(procs: list) -> None:
         except ProcessLookupError:
             pass
     time.sleep(DUMP_WAIT_S)
+
+
+def _native_stacks(procs: dict) -> dict:
+    """key -> every thread's native + Python stack (`py-spy dump --native`), where py-spy is on
+    PATH: a rank blocked inside torch/NCCL/CUDA shows the C++ frame it waits in, which the
+    Python stacks (faulthandler) cannot."""
+    spy = shutil.which("py-spy")
+    if spy is None:
+        return {}
+    found = {}
+    for key, p in procs.items():
+        try:
+            run = subprocess.run([spy, "dump", "--native", "--pid", str(p.pid)],
+                                 capture_output=True, text=True, timeout=NATIVE_WAIT_S)  # fmt: skip
+            found[key] = (run.stdout + run.stderr)[-NATIVE_CHARS:]
+        except (subprocess.TimeoutExpired, OSError) as exc:
+            found[key] = f"py-spy failed: {type(exc).__name__}: {exc}"
+    return found
 
 
 def _kill(proc: subprocess.Popen, group: bool) -> None:

@@ -217,7 +217,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def _exit_prep(events: Events, torch, dist) -> None:
     """What the survivor does between the error and its exit, for diagnosing the exit itself
-    (PEER_EXIT_PREP, comma-separated: sleep<S>, sync, destroy, threads); none by default."""
+    (PEER_EXIT_PREP, comma-separated: sleep<S>, sync, destroy, abort, query, threads; each
+    step's event is timed); none by default."""
     for step in filter(None, os.environ.get("PEER_EXIT_PREP", "").split(",")):
         try:
             if step.startswith("sleep"):
@@ -226,12 +227,26 @@ def _exit_prep(events: Events, torch, dist) -> None:
                 torch.cuda.synchronize()
             elif step == "destroy" and dist.is_initialized():
                 dist.destroy_process_group()
+            elif step == "abort" and dist.is_initialized():
+                _bounded(dist.distributed_c10d._abort_process_group)  # every group, at once
+            elif step == "query" and torch.cuda.is_available():
+                # is work still queued on this stream (a replay stuck on the GPU)? never blocks
+                events.say("stream_idle", idle=torch.cuda.current_stream().query())
             elif step == "threads":
                 names = [t.name for t in threading.enumerate()]
                 events.say("threads", names=names)
             events.say("exit_prep", step=step)
         except Exception as exc:  # recorded: the exit is what is being diagnosed
             events.say("exit_prep", step=step, error=f"{type(exc).__name__}: {str(exc)[:300]}")
+
+
+def _bounded(fn, seconds: float = 30.0) -> None:
+    """fn() on a thread, waited for at most `seconds` (an exit step must not hang the run)."""
+    t = threading.Thread(target=fn, daemon=True)
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        raise TimeoutError(f"{fn.__name__} still running after {seconds} s")
 
 
 def _continue(events: Events, torch, dist, tr, device, qkv) -> None:
