@@ -38,6 +38,9 @@ on gloo at a tiny size (e.g. --tokens 256 --heads 4 --kv-heads 2 --head-dim 16
 others: e.g. auto,flash_varlen,cudnn; default auto, the (layout, kernel) cost model's pick);
 --order balanced packs the drawn documents in `tokenring_xdit.ring.pack_order.balanced_order`
 for the ring's size (the row's zigzag evened by the packing order alone).
+--profile N adds to every packed entry a `profile`, one dict per rank, of N more calls under
+torch.profiler (benchmarks/_packed_profile.py: timeline, host issue time, launches per call, the
+cost model's per-rank ms beside the measured attention busy time) and prints a per-rank table.
 """
 
 from __future__ import annotations
@@ -266,6 +269,14 @@ def main() -> None:
         "cudnn (cuDNN per segment), flash_varlen, masked, ...",
     )
     ring.add_argument("--check-tokens", type=int, default=16384, help="the --check row")
+    ring.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also profile N calls of every packed entry, per rank (_packed_profile.py: "
+        "timeline, host issue time, launches, the model's per-rank ms)",
+    )
     args = parser.parse_args()
     lo, hi = (int(x) for x in args.doc_lens.split(","))
     if args.real_ring:
@@ -275,12 +286,12 @@ def main() -> None:
         return
     ring_only = (
         args.device, args.heads, args.kv_heads, args.head_dim, args.dtype, args.check,
-        args.kernel, args.order,
+        args.kernel, args.order, args.profile,
     )  # fmt: skip
-    if ring_only != ("cuda", H, HK, D, "auto", False, "auto", "packed"):
+    if ring_only != ("cuda", H, HK, D, "auto", False, "auto", "packed", 0):
         parser.error(
-            "--device/--heads/--kv-heads/--head-dim/--dtype/--check/--kernel/--order need "
-            "--real-ring"
+            "--device/--heads/--kv-heads/--head-dim/--dtype/--check/--kernel/--order/--profile "
+            "need --real-ring"
         )
     rings = [int(x) for x in args.rings.split(",") if x]
     rows = []
