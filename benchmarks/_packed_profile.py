@@ -14,7 +14,11 @@ rank, rank order):
   `activities_per_call` (all of them); on the CPU the profiled ops instead;
 - `predicted_ms`: the cost model's (layout_cost) forward + backward compute of this rank with the
   kernel that ran (None where the kernel is not priced), beside `attention_ms` measured;
-- `rest_ms`: call_ms - the profiled window (launch latency before the first activity, sync).
+- `rest_ms`: call_ms - the profiled window (launch latency before the first activity, sync);
+- `work`: this rank's planned work (document_work's rank record: pairs, kernel calls, segments,
+  varlen calls, tiles, query transfers and returns, predicted ms by kernel);
+- `events` (--profile-events): every GPU activity of one more call (kind, stream, start and
+  duration in us from its first activity, name), the timeline itself.
 """
 
 from __future__ import annotations
@@ -45,16 +49,20 @@ def host_issue_ms(step, calls: int, cuda: bool) -> float:
     return statistics.median(times)
 
 
-def profile_rank(step, calls: int, call_ms: float, predicted_ms: float | None, cuda: bool) -> dict:
-    """This rank's profile of `calls` calls of step (see the module's docstring)."""
+def profile_rank(
+    step, calls: int, call_ms: float, work: dict, priced: str | None, cuda: bool,
+    events: bool = False,
+) -> dict:  # fmt: skip
+    """This rank's profile of `calls` calls of step (see the module's docstring); `work` its
+    document_work rank record, `priced` the cost table's name of the kernel that ran."""
     issue = host_issue_ms(step, calls, cuda)
     timeline: dict = {}
-    events: list = []
+    found: list = []
     dist.barrier()
-    by_kind = kernel_ms(step, calls, timeline, events, cuda=cuda)
-    launches = sum(1 for e in events if not e[4].lower().startswith(_NOT_LAUNCHES))
+    by_kind = kernel_ms(step, calls, timeline, found, cuda=cuda)
+    launches = sum(1 for e in found if not e[4].lower().startswith(_NOT_LAUNCHES))
     window = timeline.get("window_ms", 0.0)
-    return {
+    res = {
         "rank": dist.get_rank(),
         "call_ms": call_ms,
         "timeline": timeline,
@@ -62,17 +70,26 @@ def profile_rank(step, calls: int, call_ms: float, predicted_ms: float | None, c
         "host_issue_ms": issue,
         "idle_of_window": timeline.get("gpu_idle_ms", 0.0) / window if window else None,
         "launches_per_call": launches / calls,
-        "activities_per_call": len(events) / calls,
-        "predicted_ms": predicted_ms,
+        "activities_per_call": len(found) / calls,
+        "predicted_ms": work["predicted_ms_by_kernel"].get(priced),
         "attention_ms": timeline.get("attention_ms"),
         "rest_ms": call_ms - window,
+        "work": work,
     }
+    if events:
+        res["events"] = []
+        dist.barrier()
+        kernel_ms(step, 1, events=res["events"], cuda=cuda)
+    return res
 
 
-def profile_ranks(step, calls: int, ranks_ms: list[float], predicted: list, cuda: bool) -> list:
+def profile_ranks(
+    step, calls: int, ranks_ms: list[float], works: list[dict], priced: str | None, cuda: bool,
+    events: bool = False,
+) -> list:  # fmt: skip
     """Every rank's profile_rank, gathered (the same list on every rank)."""
     rank = dist.get_rank()
-    mine = profile_rank(step, calls, ranks_ms[rank], predicted[rank], cuda)
+    mine = profile_rank(step, calls, ranks_ms[rank], works[rank], priced, cuda, events)
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
     return every

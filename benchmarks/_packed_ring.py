@@ -219,10 +219,10 @@ def _row(total, args, documents, device, dtype, heads, layouts) -> dict:
         if args.profile:  # each rank's profile of --profile more calls
             from _packed_profile import profile_ranks
 
-            model = [r["predicted_ms_by_kernel"].get(priced) for r in report["ranks"]]
-            cuda = device.type == "cuda"
-            entry = row["methods"][name]
-            entry["profile"] = profile_ranks(step, args.profile, ranks_ms, model, cuda)
+            entry, cuda = row["methods"][name], device.type == "cuda"
+            entry["profile"] = profile_ranks(
+                step, args.profile, ranks_ms, report["ranks"], priced, cuda, args.profile_events
+            )
         del step
     if device.type == "cuda":
         torch.cuda.empty_cache()

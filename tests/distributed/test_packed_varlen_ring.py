@@ -70,7 +70,9 @@ TIMELINE = {"window_ms", "attention_ms", "nccl_in_the_open_ms",
             "merge_copy_other_in_the_open_ms", "gpu_idle_ms"}  # fmt: skip
 PROFILE = {"rank", "call_ms", "timeline", "kernels_ms", "host_issue_ms", "idle_of_window",
            "launches_per_call", "activities_per_call", "predicted_ms", "attention_ms",
-           "rest_ms"}  # fmt: skip
+           "rest_ms", "work", "events"}  # fmt: skip
+WORK = {"pairs", "kernel_calls", "segments", "varlen_calls", "tiles", "predicted_ms",
+        "predicted_ms_by_kernel", "q_transfers", "returns"}  # fmt: skip
 
 
 def test_profile_gives_every_packed_entry_a_per_rank_profile(tmp_path):
@@ -82,7 +84,7 @@ def test_profile_gives_every_packed_entry_a_per_rank_profile(tmp_path):
         "benchmarks/packed_varlen.py",
         "--real-ring", "--device", "cpu", "--tokens", "256", "--heads", "4", "--kv-heads", "2",
         "--head-dim", "16", "--doc-lens", "16,96", "--layout", "zigzag,auto", "--warmup", "1",
-        "--iters", "1", "--profile", "2", "--out", str(out),
+        "--iters", "1", "--profile", "2", "--profile-events", "--out", str(out),
         timeout=240,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
@@ -109,6 +111,14 @@ def test_profile_gives_every_packed_entry_a_per_rank_profile(tmp_path):
             assert 1 <= p["launches_per_call"] <= p["activities_per_call"]
             assert p["predicted_ms"] is None  # masked on the CPU: not priced
             assert p["kernels_ms"]["nccl"] > 0  # gloo's ops: the transfers were profiled
+            assert set(p["work"]) == WORK and p["work"]["pairs"] > 0, p["work"]
+            # one call's activities (the CPU's ops here), in time order, kinds of the timeline
+            starts = [e[2] for e in p["events"]]
+            assert len(starts) > 0 and starts == sorted(starts)
+            assert abs(len(starts) - p["activities_per_call"]) <= 0.1 * len(starts)
+            assert {e[0] for e in p["events"]} <= {"attention", "nccl", "merge", "copy", "other"}
+        # the plan's pairs of each rank, as the entry's pairs_per_rank
+        assert [p["work"]["pairs"] for p in ranks] == entry["pairs_per_rank"]
     assert "per rank, ms per call" in done.stdout
     assert done.stdout.count("    zigzag    1 ") == 1, done.stdout[-3000:]
 
