@@ -58,7 +58,9 @@ SWEEPS: dict[str, tuple[str, str]] = {
         "packed documents on one GPU: which block kernel, and what one ring rank costs; "
         "`--real-ring` under `torchrun --nproc_per_node=N`: the real ring per layout (zigzag, "
         "documents, auto) vs the dense causal ring and the per-document ideal / N (`--check`: "
-        "out and gradients vs fp64)",
+        "out and gradients vs fp64; `--profile N`: per rank the timeline, host issue time, "
+        "launches per call and the cost model's ms beside attention busy, `--profile-events` "
+        "one call's GPU activities)",
     ),
     "replay_rank": (
         "python",

@@ -13,6 +13,7 @@ iteration = the slowest rank's (all_reduce MAX), the median over --iters after -
 (ranks_ms: each rank's own median, waits for its peers included). The ideal is each document
 alone through SDPA on rank 0, / N. --check: out and gradients of every layout against fp64
 per-document attention at --check-tokens (the same generator and seed), max abs error.
+--profile N: each packed entry's per-rank profile (_packed_profile.py).
 """
 
 from __future__ import annotations
@@ -215,6 +216,13 @@ def _row(total, args, documents, device, dtype, heads, layouts) -> dict:
             "pairs_vs_dense": report["pairs_total"] / dense_pairs,
             "speedup_vs_dense_ring": row["methods"]["dense_causal"]["ms"] / ms,
         }
+        if args.profile:  # each rank's profile of --profile more calls
+            from _packed_profile import profile_ranks
+
+            entry, cuda = row["methods"][name], device.type == "cuda"
+            entry["profile"] = profile_ranks(
+                step, args.profile, ranks_ms, report["ranks"], priced, cuda, args.profile_events
+            )
         del step
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -305,8 +313,14 @@ def main_real_ring(args, documents) -> None:
         "kernel": args.kernel,  # a comma list: each packed entry says its own
         "order": args.order,
     }
+    if args.profile:  # absent without --profile: the files of before
+        result["meta"]["profile_calls"] = args.profile
     if rank == 0:
         print(_table(result["rows"]))
+        if args.profile:
+            from _packed_profile import profile_table
+
+            print(profile_table(result["rows"]))
         Path(args.out).write_text(json.dumps(result, indent=1))
         print(json.dumps(result["meta"]))
     dist.barrier()

@@ -38,6 +38,10 @@ on gloo at a tiny size (e.g. --tokens 256 --heads 4 --kv-heads 2 --head-dim 16
 others: e.g. auto,flash_varlen,cudnn; default auto, the (layout, kernel) cost model's pick);
 --order balanced packs the drawn documents in `tokenring_xdit.ring.pack_order.balanced_order`
 for the ring's size (the row's zigzag evened by the packing order alone).
+--profile N adds to every packed entry a `profile`, one dict per rank, of N more calls under
+torch.profiler (benchmarks/_packed_profile.py: timeline, host issue time, launches per call, the
+cost model's per-rank ms beside the measured attention busy time, the rank's planned work) and
+prints a per-rank table; --profile-events adds every GPU activity of one call per rank.
 """
 
 from __future__ import annotations
@@ -266,7 +270,22 @@ def main() -> None:
         "cudnn (cuDNN per segment), flash_varlen, masked, ...",
     )
     ring.add_argument("--check-tokens", type=int, default=16384, help="the --check row")
+    ring.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also profile N calls of every packed entry, per rank (_packed_profile.py: "
+        "timeline, host issue time, launches, the model's per-rank ms)",
+    )
+    ring.add_argument(
+        "--profile-events",
+        action="store_true",
+        help="with --profile: every GPU activity of one more call, per rank (`events`)",
+    )
     args = parser.parse_args()
+    if args.profile_events and not args.profile:
+        parser.error("--profile-events needs --profile N")
     lo, hi = (int(x) for x in args.doc_lens.split(","))
     if args.real_ring:
         from _packed_ring import main_real_ring
@@ -275,12 +294,12 @@ def main() -> None:
         return
     ring_only = (
         args.device, args.heads, args.kv_heads, args.head_dim, args.dtype, args.check,
-        args.kernel, args.order,
+        args.kernel, args.order, args.profile, args.profile_events,
     )  # fmt: skip
-    if ring_only != ("cuda", H, HK, D, "auto", False, "auto", "packed"):
+    if ring_only != ("cuda", H, HK, D, "auto", False, "auto", "packed", 0, False):
         parser.error(
-            "--device/--heads/--kv-heads/--head-dim/--dtype/--check/--kernel/--order need "
-            "--real-ring"
+            "--device/--heads/--kv-heads/--head-dim/--dtype/--check/--kernel/--order/--profile"
+            "[-events] need --real-ring"
         )
     rings = [int(x) for x in args.rings.split(",") if x]
     rows = []

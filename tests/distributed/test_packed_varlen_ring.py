@@ -31,6 +31,7 @@ def test_tiny_real_ring_has_every_layout_and_is_exact(tmp_path):
     result = json.loads(out.read_text())
     assert result["meta"]["world_size"] == 2 and result["meta"]["backend"] == "gloo"
     assert result["meta"]["kernel"] == "masked,auto"
+    assert "profile_calls" not in result["meta"]
     assert [r["tokens"] for r in result["rows"]] == TOKENS
     for row in result["rows"]:
         cu = row["cu_seqlens"]
@@ -55,6 +56,7 @@ def test_tiny_real_ring_has_every_layout_and_is_exact(tmp_path):
             want = sum((b - a) * (b - a + 1) // 2 for a, b in zip(cu, cu[1:], strict=False))
             assert sum(entry["pairs_per_rank"]) == want < methods["dense_causal"]["pairs_total"]
             assert entry["speedup_vs_dense_ring"] > 0
+            assert "profile" not in entry  # only with --profile
     check = result["check"]
     assert check["tokens"] == 256 and set(check["max_abs"]) == set(METHODS)
     for name, errs in check["max_abs"].items():
@@ -62,6 +64,63 @@ def test_tiny_real_ring_has_every_layout_and_is_exact(tmp_path):
         assert all(0 <= e <= TOL for e in errs.values()), (name, errs)
     assert "dense_causal" in done.stdout and "check 256 tokens" in done.stdout
     assert "auto picks" in done.stdout
+
+
+TIMELINE = {"window_ms", "attention_ms", "nccl_in_the_open_ms",
+            "merge_copy_other_in_the_open_ms", "gpu_idle_ms"}  # fmt: skip
+PROFILE = {"rank", "call_ms", "timeline", "kernels_ms", "host_issue_ms", "idle_of_window",
+           "launches_per_call", "activities_per_call", "predicted_ms", "attention_ms",
+           "rest_ms", "work", "events"}  # fmt: skip
+WORK = {"pairs", "kernel_calls", "segments", "varlen_calls", "tiles", "predicted_ms",
+        "predicted_ms_by_kernel", "q_transfers", "returns"}  # fmt: skip
+
+
+def test_profile_gives_every_packed_entry_a_per_rank_profile(tmp_path):
+    """--profile 2: every packed entry (not the dense ring) gets one profile per rank, in rank
+    order, with the timeline, the rank's own timed ms, host issue time, launches and the model's
+    per-rank ms (None: the masked kernel is not priced); the per-rank table is printed."""
+    out = tmp_path / "ring.json"
+    done = torchrun_script(
+        "benchmarks/packed_varlen.py",
+        "--real-ring", "--device", "cpu", "--tokens", "256", "--heads", "4", "--kv-heads", "2",
+        "--head-dim", "16", "--doc-lens", "16,96", "--layout", "zigzag,auto", "--warmup", "1",
+        "--iters", "1", "--profile", "2", "--profile-events", "--out", str(out),
+        timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["meta"]["profile_calls"] == 2
+    methods = result["rows"][0]["methods"]
+    assert "profile" not in methods["dense_causal"]
+    for name in ("zigzag", "auto"):
+        entry = methods[name]
+        ranks = entry["profile"]
+        assert [p["rank"] for p in ranks] == [0, 1], (name, ranks)
+        for p, own_ms in zip(ranks, entry["ranks_ms"], strict=True):
+            assert set(p) == PROFILE, sorted(p)
+            assert set(p["timeline"]) == TIMELINE, p["timeline"]
+            tl = p["timeline"]
+            # the window splits into its four parts (the CPU's ops: attention may be 0 there)
+            parts = [tl[k] for k in sorted(TIMELINE - {"window_ms"})]
+            assert min(parts) >= 0 and tl["gpu_idle_ms"] < tl["window_ms"], tl
+            assert abs(sum(parts) - tl["window_ms"]) < 1e-6 * tl["window_ms"], tl
+            assert p["call_ms"] == own_ms and p["host_issue_ms"] > 0
+            assert p["rest_ms"] == p["call_ms"] - tl["window_ms"]
+            assert p["attention_ms"] == tl["attention_ms"]
+            assert 0 <= p["idle_of_window"] < 1
+            assert 1 <= p["launches_per_call"] <= p["activities_per_call"]
+            assert p["predicted_ms"] is None  # masked on the CPU: not priced
+            assert p["kernels_ms"]["nccl"] > 0  # gloo's ops: the transfers were profiled
+            assert set(p["work"]) == WORK and p["work"]["pairs"] > 0, p["work"]
+            # one call's activities (the CPU's ops here), in time order, kinds of the timeline
+            starts = [e[2] for e in p["events"]]
+            assert len(starts) > 0 and starts == sorted(starts)
+            assert abs(len(starts) - p["activities_per_call"]) <= 0.1 * len(starts)
+            assert {e[0] for e in p["events"]} <= {"attention", "nccl", "merge", "copy", "other"}
+        # the plan's pairs of each rank, as the entry's pairs_per_rank
+        assert [p["work"]["pairs"] for p in ranks] == entry["pairs_per_rank"]
+    assert "per rank, ms per call" in done.stdout
+    assert done.stdout.count("    zigzag    1 ") == 1, done.stdout[-3000:]
 
 
 def test_balanced_packing_order_runs_exact(tmp_path):
