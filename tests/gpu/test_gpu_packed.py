@@ -14,8 +14,10 @@ python -m pytest -m gpu tests/gpu/test_gpu_packed.py -q
   random packed documents, causal zigzag and not;
 - token_ring_attn_func at ring degree 1 with cu_seqlens, forward + backward;
 - token_ring_attn_func on a real NCCL ring of every GPU, shards cut in the row's zigzag and in
-  the documents layout, forward + backward vs fp64, against each document alone through SDPA
-  flash (the per-document ideal's own bf16 error).
+  the documents layout, forward + backward vs fp64, against the same block decomposition run on
+  one GPU through SDPA flash (bf16 partials summed in fp32: the decomposition's own error) and
+  against each document alone through SDPA flash (one rounding per gradient), with a bound from
+  the number of partials a position sums (benchmarks/diagnostics/packed_partials_rounding.py).
 """
 
 from __future__ import annotations
@@ -212,14 +214,75 @@ def test_ring_degree_1_api_with_cu_seqlens():
 API_DOCS = [0, 1, 2900, 2901, 3333, 4100, 4101, 6144]  # a long one, lengths 1, none divides 2N
 
 
+def _blockwise(q, k, v, do, cu, n, layout, kernels=None):
+    """The ring's own block decomposition of the call, run on this GPU without the ring: every
+    segment of every (key rank, step) block that `doc_plan` schedules (enumerated by
+    benchmarks/diagnostics/packed_partials_rounding.blocks) through SDPA's flash op (K/V expanded
+    for GQA), bf16 outputs; out merged over the segments by lse in fp32; the backward fed the
+    merged out and the global lse, dQ/dK/dV partials added per block in bf16 (the kernel
+    wrappers' buffers), dK/dV folded over each GQA group in fp32, every block's partial summed
+    in fp32 (the ring's accumulators from N = 3; at N = 2 its two-term bf16 add is the same
+    single rounding). The error this gives is the decomposition's own: what the ring should
+    match. Returns (out, dq, dk, dv), (1, h or hk, total, d) in q's dtype. `kernels`: another
+    (forward, backward) pair of kernels.sdpa's signature (the CPU check of this function)."""
+    from benchmarks.diagnostics.packed_partials_rounding import blocks
+    from tokenring_xdit.ring.kernels.sdpa import flash_backward, flash_forward
+    from tokenring_xdit.ring.layout import BHSD
+
+    flash_forward, flash_backward = kernels or (flash_forward, flash_backward)
+    (_, h, total, d), hk = q.shape, k.shape[1]
+    g, scale, dev = h // hk, d**-0.5, q.device
+    ke, ve = (x.repeat_interleave(g, dim=1) for x in (k, v))
+    plan = [(b, sg, b.q_tile[sg.q0 : sg.q1].to(dev), b.k_tile[sg.k0 : sg.k1].to(dev))
+            for b in blocks(tuple(cu), n, layout)[0] for sg in b.segs]  # fmt: skip
+    out = torch.zeros(1, h, total, d, dtype=torch.float32, device=dev)
+    lse = torch.full((1, h, total), float("-inf"), device=dev)
+    for _, sg, qi, ki in plan:
+        o, l_s = flash_forward(*(x[:, :, i] for x, i in ((q, qi), (ke, ki), (ve, ki))), scale,
+                               BHSD, sg.causal)  # fmt: skip
+        new = torch.logaddexp(lse[:, :, qi], l_s)
+        out[:, :, qi] = out[:, :, qi] * (lse[:, :, qi] - new).exp().unsqueeze(-1) + o.float() * (
+            l_s - new
+        ).exp().unsqueeze(-1)
+        lse[:, :, qi] = new
+    out = out.to(q.dtype)
+    sums = [torch.zeros(1, x, total, d, device=dev) for x in (h, hk, hk)]
+    block, parts = None, None
+    for b, sg, qi, ki in [*plan, (None, None, None, None)]:
+        if b is not block and block is not None:  # a block's partials go home / into the sums
+            dq, dk, dv = parts
+            sums[0][:, :, block.q_tile.to(dev)] += dq.float()
+            for acc, x in zip(sums[1:], (dk, dv), strict=True):
+                acc[:, :, block.k_tile.to(dev)] += (
+                    x.float().unflatten(1, (hk, g)).sum(2).to(q.dtype)
+                )
+        if b is None:
+            break
+        if b is not block:
+            block = b
+            parts = [torch.zeros(1, h, len(t), d, dtype=q.dtype, device=dev)
+                     for t in (b.q_tile, b.k_tile, b.k_tile)]  # fmt: skip
+        args = [x[:, :, i].contiguous() for x, i in ((do, qi), (q, qi), (ke, ki), (ve, ki))]
+        grads = flash_backward(*args, out[:, :, qi].contiguous(), lse[:, :, qi].contiguous(), None,
+                               scale, BHSD, sg.causal)  # fmt: skip
+        for acc, x, lo, hi in zip(parts, grads, (sg.q0, sg.k0, sg.k0), (sg.q1, sg.k1, sg.k1),
+                                  strict=True):  # fmt: skip
+            acc[:, :, lo:hi] += x
+    return out, *(x.to(q.dtype) for x in sums)
+
+
 def _api_worker(rank, n):
     """token_ring_attn_func(causal=True, cu_seqlens=) on shards cut by shard(..., layout=) for
-    both layouts (bf16, GQA 8/2, d 128), and each document alone through SDPA flash in bf16:
-    max errors of out, dq, dk, dv vs fp64, relative to the reference's max magnitude."""
+    both layouts (bf16, GQA 8/2, d 128), the same block decomposition on this GPU alone
+    (`_blockwise`), and each document alone through SDPA flash in bf16: max errors of out, dq,
+    dk, dv vs fp64 on this rank's positions, relative to the reference's max magnitude there;
+    per layout also the most partials a position of this rank sums (out/dq: queries; dk/dv:
+    keys)."""
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    from benchmarks.diagnostics.packed_partials_rounding import blocks, max_partials
     from tokenring_xdit import shard, token_ring_attn_func
     from tokenring_xdit.ring import setup_token_ring_group
     from tokenring_xdit.ring.sharding import shard_positions
@@ -259,28 +322,43 @@ def _api_worker(rank, n):
         result[layout] = [
             rel(x.transpose(1, 2), r[:, :, pos]) for x, r in zip(got, ref, strict=True)
         ]
+        blockwise = _blockwise(q, k, v, do, cu, n, layout)
+        result[layout + "_blockwise"] = [
+            rel(x[:, :, pos], r[:, :, pos]) for x, r in zip(blockwise, ref, strict=True)
+        ]
+        bl, cpu_pos = blocks(tuple(cu), n, layout)
+        length = len(cpu_pos[rank])
+        result[layout + "_partials"] = [max_partials(bl, rank, length, side) for side in "qqkk"]
     torch.cuda.synchronize()
     return result
 
 
-ZIGZAG_DK = (
-    "4 x H200, 2026-11-26: the row's zigzag at ring 4 gave rank 1 a dk error of 7.65e-3 against "
-    "the per-document flash kernel's 3.34e-3 (2.3x; the documents layout: 1.6x); cause not found"
-)
+def test_public_api_on_a_real_ring_in_both_layouts():
+    """Per layout and rank, out/dq/dk/dv vs fp64, relative to the reference's max magnitude:
 
-
-@pytest.mark.parametrize(
-    "layout",
-    ["documents", pytest.param("zigzag", marks=pytest.mark.xfail(strict=True, reason=ZIGZAG_DK))],
-)
-def test_public_api_on_a_real_ring_in_both_layouts(layout):
-    """Every rank's out/dq/dk/dv error in `layout` stays within 1.5x the per-document flash
-    kernel's own bf16 error (plus 1e-3 for the ranks' partial merges), and within TOL."""
+    - the ring within 1.5x (+ 1e-3) of the same block decomposition run on one GPU without
+      the ring (`_blockwise`: the partials the ring's schedule makes, bf16 each, summed in
+      fp32), and that decomposition within TOL;
+    - the ring within m x the per-document flash kernel's error (+ 1e-3), m (at least 1.5) the
+      most bf16 partials a position of the rank sums (dQ and out: query side, dK/dV: key side).
+      Why m: the per-document kernel rounds each gradient once; the ring rounds each of a
+      position's m partials once (the kernel returns bf16) before its fp32 sum, each rounding
+      at most half an ulp of the partial's size, which for these inputs is at most about the
+      total's. A fixed 1.5x is no bound of that: the CPU emulation of these same roundings
+      (benchmarks/diagnostics/packed_partials_rounding.py, exact partials, issue 42 item 5)
+      gives 2.0-2.2x the per-document error for dk on some ranks in both layouts, and on
+      4 x H200 the zigzag's rank 1 measured 2.3x (7.65e-3 vs 3.34e-3).
+    """
     n = torch.cuda.device_count()
     if n < 2:
         pytest.skip("needs 2 or more GPUs")
     for rank, res in enumerate(values(run_ranks(_api_worker, n, backend="nccl", timeout=600))):
         print(f"rank {rank} of {n}: {res}")
-        for name, err, base in zip(("out", "dq", "dk", "dv"), res[layout], res["per_document"],
-                                   strict=True):  # fmt: skip
-            assert err <= TOL and err <= 1.5 * base + 1e-3, (rank, layout, name, err, base)
+        for layout in ("zigzag", "documents"):
+            for i, name in enumerate(("out", "dq", "dk", "dv")):
+                err, block = res[layout][i], res[layout + "_blockwise"][i]
+                base, m = res["per_document"][i], max(1.5, res[layout + "_partials"][i])
+                what = (rank, layout, name, err, block, base, m)
+                assert err <= TOL and block <= TOL, what
+                assert err <= 1.5 * block + 1e-3, what
+                assert err <= m * base + 1e-3, what
