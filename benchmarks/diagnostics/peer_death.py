@@ -65,14 +65,14 @@ class Scenario:
     then: str = "exit"  # or "continue": the survivor first works on a group of its own
     deadline_from: str = "env"  # or "group": init_process_group(timeout=deadline), no variable
     env: tuple[tuple[str, str], ...] = ()  # more environment for the ranks (e.g. NCCL settings)
-    expect_step: bool = True  # False: a replay without step marks names the peers only
+    expect_step: bool = True  # False: a replay without step marks names its peers only
 
     @property
     def name(self) -> str:
         extra = "-continue" if self.then == "continue" else ""
         extra += f"-restarts{self.max_restarts}" if self.max_restarts else ""
         extra += "-grouptimeout" if self.deadline_from == "group" else ""
-        extra += "-peers-only" if not self.expect_step else ""
+        extra += "-marks" if ("TOKENRING_XDIT_REPLAY_STEP_MARKS", "1") in self.env else ""
         return f"{self.path}-{self.fault}-{self.launcher}-{self.device}{extra}"
 
     def argv(self, events: Path) -> list[str]:
@@ -96,32 +96,31 @@ def _g(path: str, fault: str, launcher: str = "plain", **kw) -> Scenario:
 # error ends at torch's own NCCL timeout (SIGABRT, ~30 s after the fault) or is killed at its
 # wall. About 6 min at --jobs 6.
 GPU = dict(wall=75.0)
-# graph replays name their step only with the per-step events on (off by default: they cost
-# graphed calls 3-20 %); the matrix checks the named step, so its replays turn them on
+# A graph replay's error names its peers, not its step (`problems` has that rule), unless replay
+# step marks are on (off by default: their events cost graphed calls 3-20 %): the replays run as
+# users get them, and the "-marks" scenarios check the named step with the marks on.
+REPLAY = dict(GPU, expect_step=False)
 MARKS = (("TOKENRING_XDIT_REPLAY_STEP_MARKS", "1"),)
-GRAPHED = dict(GPU, env=MARKS)
 GPU_MATRIX = (
     # a rank may compile seconds longer than its peer: the warm-up calls get 60 s (the ring's
     # communicators are made with it; the calls from the fault on have the 8 s deadline)
     *(_g("compiled", f, fault_at=10, warmup_deadline=60.0, wall=150.0) for f in ("die", "hang")),
     _g("train", "die", "torchrun", max_restarts=1, wall=120.0),
-    *(_g("infer_graphed", f, **GRAPHED) for f in ("die", "hang", "raise_exit", "raise_stay")),
+    *(_g("infer_graphed", f, **REPLAY) for f in ("die", "hang", "raise_exit", "raise_stay")),
+    *(_g("infer_graphed", f, env=MARKS, **GPU) for f in ("die", "hang")),
     *(_g("infer_eager", f, **GPU) for f in ("die", "die_mid", "hang", "raise_exit")),
     *(
         _g("train", f, **GPU)
         for f in ("die", "die_mid", "hang", "hang_mid", "raise_exit", "raise_stay")
     ),  # fmt: skip
-    *(_g("ipc", f, **GRAPHED) for f in ("die", "hang")),
+    *(_g("ipc", f, **GPU) for f in ("die", "hang")),  # the IPC transport names the step itself
     *(_g("packed", f, **GPU) for f in ("die", "hang")),
-    *(_g(p, "die", then="continue", env=MARKS, **GPU) for p in ("infer_graphed", "train")),
-    *(
-        _g(p, f, deadline_from="group", env=MARKS, **GPU)
-        for p, f in (("infer_graphed", "hang"), ("train", "die"))
-    ),  # fmt: skip
+    _g("infer_graphed", "die", then="continue", **REPLAY),
+    _g("train", "die", then="continue", **GPU),
+    _g("infer_graphed", "hang", deadline_from="group", **REPLAY),
+    _g("train", "die", deadline_from="group", **GPU),
     *(_g("train", f, "torchrun", **GPU) for f in ("die", "hang", "raise_exit")),
-    *(_g("infer_graphed", f, "torchrun", **GRAPHED) for f in ("die", "hang")),
-    # the default: a replay's error names the peers, not the step (its own rule in `problems`)
-    _g("infer_graphed", "hang", expect_step=False, **GPU),
+    *(_g("infer_graphed", f, "torchrun", **REPLAY) for f in ("die", "hang")),
 )
 # The CPU (gloo) matrix of tests/distributed/test_peer_death.py: tiny, deadline 3 s, dynamo's
 # "eager" backend (Inductor's C++ build would dominate on 2 cores; the op and its errors are the

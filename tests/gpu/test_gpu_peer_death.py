@@ -37,24 +37,13 @@ pytestmark = [
 ]
 
 # Scenarios expected to fail (name -> why), strict: a fixed one fails as XPASS and must go.
-STUCK_REPLAY = (
-    "a graph replay whose peer stays alive but stopped (or whose survivor goes on working): the "
-    "survivor never raises and is killed at the wall; in the hang cases the watchdog does not "
-    "even log at the deadline, so something blocks it (4 x H200, seventh session, after the "
-    "graph-release fix that made the dead-peer replays raise)"
+STUCK_MARKED_REPLAY = (
+    "with replay step marks on (TOKENRING_XDIT_REPLAY_STEP_MARKS=1, opt-in), a replay whose peer "
+    "is alive but stopped never raises: the survivor's main thread sits in CUDAGraph.replay and "
+    "the deadline's watchdog in Event.query, so the deadline never fires (4 x H200, eighth "
+    "session, faulthandler stacks; the same scenario without the marks raises in 8.5 s)"
 )
-XFAIL: dict[str, str] = {
-    name: STUCK_REPLAY
-    for name in (
-        "infer_graphed-hang-plain-cuda",
-        "infer_graphed-raise_exit-plain-cuda",
-        "infer_graphed-raise_stay-plain-cuda",
-        "infer_graphed-die-plain-cuda-continue",
-        "infer_graphed-hang-plain-cuda-grouptimeout",
-        "infer_graphed-hang-torchrun-cuda",
-        "infer_graphed-hang-plain-cuda-peers-only",
-    )
-}
+XFAIL: dict[str, str] = {"infer_graphed-hang-plain-cuda-marks": STUCK_MARKED_REPLAY}
 
 
 @pytest.fixture(scope="module")

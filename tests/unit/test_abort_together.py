@@ -70,14 +70,45 @@ def test_a_failed_ring_makes_the_exit_destroy_the_default_group(monkeypatch):
     ring.fail("a peer is gone")
     ring.fail("and again")
     assert teardown._FAILED == [True]
-    destroyed = []
+    destroyed, aborted = [], []
     monkeypatch.setattr(teardown, "_MADE", [True])
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
-    monkeypatch.setattr(dist, "get_backend", lambda *a: "nccl")
+    monkeypatch.setattr(dist, "get_backend", lambda *a: "gloo")
     monkeypatch.setattr(dist, "destroy_process_group", lambda *a: destroyed.append(a))
+    monkeypatch.setattr(dist.distributed_c10d, "_abort_process_group", lambda *a: aborted.append(a))
     monkeypatch.setattr(teardown, "release_ring_comms", lambda *a: None)
     teardown._at_exit()
-    assert destroyed == [()]
+    assert (destroyed, aborted) == ([()], [])  # gloo: destroyed (local)
+    # NCCL after a failure: aborted (a destroy's finalise waits on a stopped peer)
+    monkeypatch.setattr(dist, "get_backend", lambda *a: "nccl")
+    teardown._at_exit()
+    assert (destroyed, aborted) == ([()], [()])
+    monkeypatch.setattr(teardown, "_FAILED", [])  # NCCL, nothing failed: torch's own exit
+    teardown._at_exit()
+    assert (destroyed, aborted) == ([()], [()])
+
+
+def test_the_guard_aborts_every_group_after_a_failed_nccl_ring(monkeypatch):
+    """destroy_process_group() (the world) after a ring failed on NCCL aborts instead: torch's
+    destroy finalises each communicator and waits for a peer that may be alive but stopped."""
+    calls = []
+    guard = teardown._guarded(lambda *a, **k: calls.append(("destroy", a, k)))
+    monkeypatch.setattr(dist.distributed_c10d, "_abort_process_group", lambda *a: calls.append(
+        ("abort", a)))  # fmt: skip
+    monkeypatch.setattr(teardown, "release_ring_comms", lambda *a: None)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_backend", lambda *a: "nccl")
+    monkeypatch.setattr(teardown, "_FAILED", [])
+    guard()
+    monkeypatch.setattr(teardown, "_FAILED", [True])
+    sub = object()
+    guard(sub)  # one group: destroyed as asked
+    guard()
+    guard(group=dist.GroupMember.WORLD)
+    monkeypatch.setattr(dist, "get_backend", lambda *a: "gloo")
+    guard()
+    assert calls == [("destroy", (), {}), ("destroy", (sub,), {}), ("abort", ()), ("abort", ()),
+                     ("destroy", (), {})]  # fmt: skip
 
 
 def test_graphs_are_released_while_the_aborts_wait(monkeypatch):

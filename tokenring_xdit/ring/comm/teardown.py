@@ -80,9 +80,25 @@ def _guarded(destroy: Callable) -> Callable:
         release_graphs()
         group = args[0] if args else kwargs.get("group")
         release_ring_comms(group)  # ours first, newest first (None: every ring's)
+        if group in (None, dist.GroupMember.WORLD) and _abort_instead():
+            return _abort_every_group()
         return destroy(*args, **kwargs)
 
     return destroy_process_group
+
+
+def _abort_instead() -> bool:
+    """After a ring of this process failed on NCCL, ending every group aborts it instead of
+    destroying it: torch's destroy finalises each NCCL communicator, which waits for its peers,
+    and a peer that is alive but stopped never comes. Measured (2 x H200, issue 44, a graph
+    replay whose peer hung): destroy_process_group() still blocked 55 s after the error with
+    the survivor's GPU idle; aborting every group took 0.5 s and the process exited 1.2 s after
+    its error. (torch itself aborts a group it must end without a destroy, in its destructor.)"""
+    return bool(_FAILED) and dist.is_initialized() and "nccl" in str(dist.get_backend()).lower()
+
+
+def _abort_every_group() -> None:
+    dist.distributed_c10d._abort_process_group()  # all at once (one NCCL group call)
 
 
 _GUARD: dict[str, Callable] = {}  # "original", "guard" while installed
@@ -268,16 +284,18 @@ _EXIT_DESTROY_S = 30.0  # an NCCL destroy is local after the abort: 0.25-0.35 s 
 
 
 def _destroy_default_group() -> None:
-    """Destroy what the program left, bounded. After a ring failed on NCCL, a survivor that
+    """End what the program left, bounded. After a ring failed on NCCL, a survivor that
     exited at once ended in std::terminate ("terminate called without an active exception")
     in torch's teardown of the groups left at interpreter finalisation: measured on 2 x H200,
     torch 2.11 (issue 44), 11 of 22 plain fault scenarios; destroying the groups first (0.3 s)
-    or a 3 s pause made 4 of 4 exits clean each, and this hook 5 of 5."""
+    or a 3 s pause made 4 of 4 exits clean each, and this hook 5 of 5. Aborted rather than
+    destroyed there (`_abort_instead`): a destroy waited 30 s (this bound) for a stopped peer."""
     done = threading.Event()
+    end = _abort_every_group if _abort_instead() else dist.destroy_process_group
 
     def destroy() -> None:
         try:
-            dist.destroy_process_group()
+            end()
         except (RuntimeError, ValueError):
             pass
         done.set()
