@@ -113,7 +113,7 @@ GPU_MATRIX = (
         _g("train", f, **GPU)
         for f in ("die", "die_mid", "hang", "hang_mid", "raise_exit", "raise_stay")
     ),  # fmt: skip
-    *(_g("ipc", f, **GPU) for f in ("die", "hang")),  # the IPC transport names the step itself
+    *(_g("ipc", f, env=MARKS, **GPU) for f in ("die", "hang")),
     *(_g("packed", f, **GPU) for f in ("die", "hang")),
     _g("infer_graphed", "die", then="continue", **REPLAY),
     _g("train", "die", then="continue", **GPU),

@@ -37,13 +37,7 @@ pytestmark = [
 ]
 
 # Scenarios expected to fail (name -> why), strict: a fixed one fails as XPASS and must go.
-STUCK_MARKED_REPLAY = (
-    "with replay step marks on (TOKENRING_XDIT_REPLAY_STEP_MARKS=1, opt-in), a replay whose peer "
-    "is alive but stopped never raises: the survivor's main thread sits in CUDAGraph.replay and "
-    "the deadline's watchdog in Event.query, so the deadline never fires (4 x H200, eighth "
-    "session, faulthandler stacks; the same scenario without the marks raises in 8.5 s)"
-)
-XFAIL: dict[str, str] = {"infer_graphed-hang-plain-cuda-marks": STUCK_MARKED_REPLAY}
+XFAIL: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")

@@ -36,6 +36,13 @@ __all__ = ["watch"]
 log = logging.getLogger("tokenring_xdit")
 _POLL_S = 0.002
 _items: deque = deque()  # (event, deadline, comms, what), oldest first
+# Items the watchdog is done with. Their events are destroyed by the next watch(), in the
+# calling thread, never in the watchdog's: cudaEventDestroy takes a driver lock that a graph
+# launch holds while it waits for room in a queue full behind a stuck replay, so a watchdog
+# destroying an event there blocked until the replay ended, which needed the watchdog's abort
+# (measured, 4 x H200: native stacks, main thread in cuGraphLaunch, watchdog in cuEventDestroy;
+# the survivor never raised). Queries do not wait there.
+_spent: list = []
 _cv = threading.Condition()
 _thread: list[threading.Thread] = []
 
@@ -46,6 +53,7 @@ def watch(comms: RingComms, what: str) -> None:
     event.record()
     marks, comms.marks = comms.marks, []
     with _cv:
+        _spent.clear()  # destroyed here, in the calling thread (see _spent)
         _items.append(
             (event, time.monotonic() + comms.deadline.total_seconds(), comms, (what, marks))
         )
@@ -78,17 +86,22 @@ def _run() -> None:
             while not _items:
                 _cv.wait()
             event, deadline, comms, what = _items[0]
-        if event.query():
-            with _cv:
-                _items.popleft()
-            continue
-        if time.monotonic() > deadline:
+        done = event.query()
+        expired = not done and time.monotonic() > deadline
+        if expired:
             _expire(comms, what)
-            with _cv:
-                for item in [i for i in _items if i[2] is comms]:
-                    _items.remove(item)
-            continue
-        time.sleep(_POLL_S)
+        with _cv:  # this thread's references go first, under the lock (see _spent)
+            del event, what
+            if done:
+                _spent.append(_items.popleft())
+            elif expired:
+                _spent.extend(i for i in _items if i[2] is comms)
+                kept = [i for i in _items if i[2] is not comms]
+                _items.clear()
+                _items.extend(kept)
+                del kept
+        if not (done or expired):
+            time.sleep(_POLL_S)
 
 
 def _expire(comms: RingComms, call: tuple[str, list]) -> None:
