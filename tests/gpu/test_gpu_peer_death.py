@@ -7,17 +7,18 @@ at a time (about 6 minutes). Without 2 GPUs every case is skipped (a skip is not
 
 XFAIL lists the scenarios expected to fail, strict: a fixed one then fails as XPASS and its
 entry must go. Measured on 2 x H200 and 4 x H200 (torch 2.11, NCCL 2.28.9, deadline 8 s), the
-matrix three times: every survivor raised TokenRingCommError 8.0-10.2 s after the fault in the
-calling thread (compiled 12 s), naming the rank and the step; the packed path's host used to
-block inside the call (a cu_seqlens copy behind the dead peer's transfers: fixed); 9 of 12
-plain survivors then died in std::terminate at exit (SIGABRT), fixed by destroying the groups
-at exit after a ring failed (5 of 5 clean after the fix). The "infer_graphed"
-scenarios used to run causal calls, which are never graphed. As real replays (seventh session)
-none raised in time: NCCL's abort waits until every CUDA graph that captured the communicator is
-destroyed, so the watchdog now drops our graphs before it aborts; after that a replay whose peer
-died raises in time and names its step (with TOKENRING_XDIT_REPLAY_STEP_MARKS=1, on in the
-matrix's replays; off by default, since its events cost graphed calls 3-20 %), but a replay whose
-peer is alive and stopped still never raises (XFAIL below). IPC replays raise and name the step.
+matrix three times:
+every survivor raised TokenRingCommError 8.0-10.2 s after the fault in the calling thread
+(compiled 12 s), naming the rank and the step; the packed path's host used to block inside the
+call (a cu_seqlens copy behind the dead peer's transfers: fixed); 9 of 12 plain survivors then
+died in std::terminate at exit (SIGABRT), fixed by ending the groups at exit after a ring failed.
+CUDA-graph replays (seventh and eighth sessions): NCCL's abort waits until every graph that
+captured the communicator is destroyed (the watchdog drops our graphs once the aborts are under
+way); a destroy_process_group after a stopped peer waited for it (now aborted instead); and with
+replay step marks the watchdog blocked in cuEventDestroy behind a graph launch waiting for queue
+room (it no longer destroys events). Eighth session, twice: every scenario passed (error 8.0-8.9
+s after the fault, exit 1.2-3.0 s after the error). Graph replays name their peers, not their
+step, unless TOKENRING_XDIT_REPLAY_STEP_MARKS=1 (the "-marks" scenarios check the step).
 """
 
 from __future__ import annotations

@@ -341,7 +341,9 @@ PATCH_TABLE: tuple[PatchPoint, ...] = (
         "frees tokenring_xdit's CUDA graphs first (a graph holding NCCL kernels makes "
         "destroy_process_group hang, pytorch/pytorch#115388; xDiT calls it at exit), then "
         "tears down TokenRing's own communicators and caches, so nothing of ours keeps the "
-        "destroyed group and its gloo threads alive into interpreter exit (an abort)",
+        "destroyed group and its gloo threads alive into interpreter exit (an abort); after a "
+        "ring failed on NCCL, ending the world aborts every group instead (a destroy waits for a "
+        "peer that may be stopped)",
         RUNTIME,
     ),
     *_CPU_ROWS,
