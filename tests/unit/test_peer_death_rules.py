@@ -21,7 +21,8 @@ def _result(fault="die", launcher="plain", **survivor) -> dict:
     s = dict(rank=0, first_error=dict(type="TokenRingCommError", message=MESSAGE, call=31,
                                       thread="MainThread"),
              delay_s=8.1, exit_code=3, stopped_by_launcher=False, sigabrt=False, core=False,
-             names_rank=True, names_step=True, killed_by_harness=False, continued=None)  # fmt: skip
+             names_rank=True, names_step=True, killed_by_harness=False, continued=None,
+             gone_after_error_s=1.3)  # fmt: skip
     s.update(survivor)
     r = dataclasses.asdict(Scenario("train", fault, launcher)) | {"survivors": [s]}
     if launcher == "torchrun":
@@ -40,6 +41,7 @@ def test_each_missing_promise_is_flagged():
     assert problems(_result(exit_code=1))
     assert problems(_result(exit_code=-6, sigabrt=True))
     assert problems(_result(killed_by_harness=True, exit_code=-9))
+    assert problems(_result(gone_after_error_s=30.6))  # the exit waited on a stopped peer
     assert problems(_result(first_error=None, delay_s=None))
     other = dict(type="RuntimeError", message=MESSAGE, call=31, thread="MainThread")
     assert problems(_result(first_error=other))
