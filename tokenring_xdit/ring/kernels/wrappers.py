@@ -13,6 +13,7 @@ block only (a local copy, never sent), and its dK/dV summed over each group of g
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -81,6 +82,10 @@ class ExpandedBackward:
         return dq, fold_kv_grad(dk, g, layout, k.dtype), fold_kv_grad(dv, g, layout, v.dtype)
 
 
+# A record is frozen and its wrappers keep no state: every call's `prepare` asks for the same
+# wrapped record, so it is made once (a dataclasses.replace per call was a quarter of a packed
+# call's prepare; issue 42). Keyed by the record's value, bounded.
+@functools.lru_cache(maxsize=64)
 def expanded(kernel: Kernel) -> Kernel:
     """`kernel` on K/V expanded per block, its dK/dV folded back (same name and family)."""
     return _rewrapped(kernel, ExpandedForward, ExpandedBackward)
@@ -130,6 +135,7 @@ class SegmentsBackward:
         return dq, dk, dv
 
 
+@functools.lru_cache(maxsize=64)  # (as `expanded`)
 def segments_pair(dense: Kernel) -> Kernel:
     """`dense` called once per segment (the fallback for kernels without cu_seqlens)."""
     wrapped = _rewrapped(dense, SegmentsForward, SegmentsBackward)
