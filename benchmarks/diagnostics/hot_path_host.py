@@ -229,7 +229,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=25, help="eager: functions listed")
     parser.add_argument("--label", default="", help="eager: which code (recorded as given)")
     parser.add_argument("--repeats", type=int, default=EAGER_REPEATS, help="eager: timed calls")
-    parser.add_argument("--packed-tokens", type=int, default=1024, help="packed: the row")
+    parser.add_argument("--packed-tokens", type=int, default=256, help="packed: the row")
     parser.add_argument(
         "--kernel", choices=("segments", "masked"), default="segments", help="packed: kernel"
     )

@@ -16,11 +16,12 @@ import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from ..layout import Layout
-from .base import BlockKernel, Kernel, RowsSeen, empty_partial, merge_rows
+from .base import BlockKernel, Kernel, empty_partial, merge_rows
 
 # --- GQA ------------------------------------------------------------------------------------
 
@@ -94,6 +95,51 @@ def expanded(kernel: Kernel) -> Kernel:
 # --- packed documents: a dense kernel once per segment --------------------------------------
 
 
+class _Cut(NamedTuple):
+    """One segment as the wrappers run it: its query and key rows, causality, and whether no
+    earlier segment of the block wrote those query / key rows (copied, else merged / added)."""
+
+    q: slice
+    k: slice
+    causal: bool
+    q_first: bool
+    k_first: bool
+
+
+class _Cuts(NamedTuple):
+    cuts: tuple[_Cut, ...]
+    # every query (key) row is written by some segment, each segment's rows either all fresh
+    # or all written before: the results need no zero / -inf start (the zigzag's diagonal
+    # block, where every token is in one document)
+    q_covered: bool
+    k_covered: bool
+
+
+def _firsts(rows: bytearray, a: int, b: int) -> tuple[bool, bool]:
+    """(no row of [a, b) was written, all or none were); marks them written."""
+    seen = rows[a:b].count(1)
+    rows[a:b] = b"\x01" * (b - a)
+    return seen == 0, seen in (0, b - a)
+
+
+@functools.lru_cache(maxsize=256)  # masks come from the agreed plan: the same every call
+def _cut(mask: tuple, s_q: int, s_k: int) -> _Cuts:
+    """The cuts of a block's segments (slices, first writes and coverage), made once."""
+    q_rows, k_rows = bytearray(s_q), bytearray(s_k)
+    cuts, q_clean, k_clean = [], True, True
+    for s in mask:
+        q_first, q_ok = _firsts(q_rows, s.q0, s.q1)
+        k_first, k_ok = _firsts(k_rows, s.k0, s.k1)
+        q_clean, k_clean = q_clean and q_ok, k_clean and k_ok
+        cuts.append(_Cut(slice(s.q0, s.q1), slice(s.k0, s.k1), s.causal, q_first, k_first))
+    return _Cuts(tuple(cuts), q_clean and 0 not in q_rows, k_clean and 0 not in k_rows)
+
+
+def _start(x: torch.Tensor, covered: bool) -> torch.Tensor:
+    """A gradient sum of x's shape: uninitialised where every row is written first, else 0."""
+    return torch.empty_like(x) if covered else torch.zeros_like(x)
+
+
 @dataclass(frozen=True)
 class SegmentsForward:
     dense: Callable
@@ -101,16 +147,23 @@ class SegmentsForward:
     def __call__(self, q, k, v, scale, layout: Layout, mask):
         if isinstance(mask, bool):
             return self.dense(q, k, v, scale, layout, mask)
-        out, lse = empty_partial(q, v, layout)
-        seq, seen = layout.seq_slice, RowsSeen(q.shape[layout.seq_dim])
-        for s in mask:
-            qs, ks = slice(s.q0, s.q1), slice(s.k0, s.k1)
-            o, block_lse = self.dense(seq(q, qs), seq(k, ks), seq(v, ks), scale, layout, s.causal)
-            if seen.first(s.q0, s.q1):
-                seq(out, qs).copy_(o)
-                lse[:, :, qs] = block_lse
+        sd = layout.seq_dim
+        cuts = _cut(tuple(mask), q.shape[sd], k.shape[sd])
+        if cuts.q_covered:  # every row is copied before it is read
+            b, s_q, h, _ = layout.dims(q)
+            out = layout.empty(b, s_q, h, v.shape[3], like=q)
+            lse = torch.empty(b, h, s_q, dtype=torch.float32, device=q.device)
+        else:
+            out, lse = empty_partial(q, v, layout)
+        seq = layout.seq_slice
+        for c in cuts.cuts:
+            qkv = (seq(q, c.q), seq(k, c.k), seq(v, c.k))
+            o, block_lse = self.dense(*qkv, scale, layout, c.causal)
+            if c.q_first:
+                seq(out, c.q).copy_(o)
+                lse[:, :, c.q] = block_lse
             else:  # a second key piece of the same query piece (documents layout)
-                merge_rows(seq(out, qs), lse[:, :, qs], o, block_lse.float(), layout.lse_to_out)
+                merge_rows(seq(out, c.q), lse[:, :, c.q], o, block_lse.float(), layout.lse_to_out)
         return out, lse
 
 
@@ -121,17 +174,27 @@ class SegmentsBackward:
     def __call__(self, dout, q, k, v, out, lse, delta, scale, layout: Layout, mask):
         if isinstance(mask, bool):
             return self.dense(dout, q, k, v, out, lse, delta, scale, layout, mask)
-        dq, dk, dv = (torch.zeros_like(x) for x in (q, k, v))
+        sd = layout.seq_dim
+        cuts = _cut(tuple(mask), q.shape[sd], k.shape[sd])
+        dq = _start(q, cuts.q_covered)
+        dk, dv = _start(k, cuts.k_covered), _start(v, cuts.k_covered)
         seq = layout.seq_slice
-        for s in mask:
-            qs, ks = slice(s.q0, s.q1), slice(s.k0, s.k1)
+        for c in cuts.cuts:
+            qs, ks = c.q, c.k
             o = seq(out, qs) if out is not None else None
             d = delta[:, :, qs] if delta is not None else None
             args = (seq(dout, qs), seq(q, qs), seq(k, ks), seq(v, ks), o)
-            g = self.dense(*args, lse[:, :, qs].contiguous(), d, scale, layout, s.causal)
-            # key runs of documents are disjoint; add keeps it exact anyway
-            for grad, x, sl in zip(g, (dq, dk, dv), (qs, ks, ks), strict=True):
-                seq(x, sl).add_(grad)
+            g = self.dense(*args, lse[:, :, qs].contiguous(), d, scale, layout, c.causal)
+            # the first write of covered rows is a copy; later ones add (exact either way)
+            for grad, x, sl, copy in (
+                (g[0], dq, qs, c.q_first and cuts.q_covered),
+                (g[1], dk, ks, c.k_first and cuts.k_covered),
+                (g[2], dv, ks, c.k_first and cuts.k_covered),
+            ):
+                if copy:
+                    seq(x, sl).copy_(grad)
+                else:
+                    seq(x, sl).add_(grad)
         return dq, dk, dv
 
 
