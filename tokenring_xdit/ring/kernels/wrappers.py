@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..layout import Layout
+from ..layout import BHSD, Layout
 from .base import BlockKernel, Kernel, empty_partial, merge_rows
 
 # --- GQA ------------------------------------------------------------------------------------
@@ -140,9 +140,18 @@ def _start(x: torch.Tensor, covered: bool) -> torch.Tensor:
     return torch.empty_like(x) if covered else torch.zeros_like(x)
 
 
+def _views(layout: Layout, bhsd: bool, *xs):
+    """(the layout the dense kernel runs in, xs as views in it): (b, h, s, d) views where its
+    ops take those (`Kernel.bhsd_ops`), else the caller's layout."""
+    if not bhsd or layout.seq_dim == 2:
+        return layout, xs
+    return BHSD, tuple(None if x is None else layout.to_bhsd(x) for x in xs)
+
+
 @dataclass(frozen=True)
 class SegmentsForward:
     dense: Callable
+    bhsd: bool = False  # cut the segments from (b, h, s, d) views (`Kernel.bhsd_ops`)
 
     def __call__(self, q, k, v, scale, layout: Layout, mask):
         if isinstance(mask, bool):
@@ -155,21 +164,23 @@ class SegmentsForward:
             lse = torch.empty(b, h, s_q, dtype=torch.float32, device=q.device)
         else:
             out, lse = empty_partial(q, v, layout)
-        seq = layout.seq_slice
+        run, (qr, kr, vr, outr) = _views(layout, self.bhsd, q, k, v, out)
+        seq = run.seq_slice
         for c in cuts.cuts:
-            qkv = (seq(q, c.q), seq(k, c.k), seq(v, c.k))
-            o, block_lse = self.dense(*qkv, scale, layout, c.causal)
+            qkv = (seq(qr, c.q), seq(kr, c.k), seq(vr, c.k))
+            o, block_lse = self.dense(*qkv, scale, run, c.causal)
             if c.q_first:
-                seq(out, c.q).copy_(o)
+                seq(outr, c.q).copy_(o)
                 lse[:, :, c.q] = block_lse
             else:  # a second key piece of the same query piece (documents layout)
-                merge_rows(seq(out, c.q), lse[:, :, c.q], o, block_lse.float(), layout.lse_to_out)
+                merge_rows(seq(outr, c.q), lse[:, :, c.q], o, block_lse.float(), run.lse_to_out)
         return out, lse
 
 
 @dataclass(frozen=True)
 class SegmentsBackward:
     dense: Callable
+    bhsd: bool = False  # (as SegmentsForward's)
 
     def __call__(self, dout, q, k, v, out, lse, delta, scale, layout: Layout, mask):
         if isinstance(mask, bool):
@@ -178,18 +189,20 @@ class SegmentsBackward:
         cuts = _cut(tuple(mask), q.shape[sd], k.shape[sd])
         dq = _start(q, cuts.q_covered)
         dk, dv = _start(k, cuts.k_covered), _start(v, cuts.k_covered)
-        seq = layout.seq_slice
+        run, views = _views(layout, self.bhsd, dout, q, k, v, out, dq, dk, dv)
+        dout_r, q_r, k_r, v_r, out_r, dq_r, dk_r, dv_r = views
+        seq = run.seq_slice
         for c in cuts.cuts:
             qs, ks = c.q, c.k
-            o = seq(out, qs) if out is not None else None
+            o = seq(out_r, qs) if out_r is not None else None
             d = delta[:, :, qs] if delta is not None else None
-            args = (seq(dout, qs), seq(q, qs), seq(k, ks), seq(v, ks), o)
-            g = self.dense(*args, lse[:, :, qs].contiguous(), d, scale, layout, c.causal)
+            args = (seq(dout_r, qs), seq(q_r, qs), seq(k_r, ks), seq(v_r, ks), o)
+            g = self.dense(*args, lse[:, :, qs].contiguous(), d, scale, run, c.causal)
             # the first write of covered rows is a copy; later ones add (exact either way)
             for grad, x, sl, copy in (
-                (g[0], dq, qs, c.q_first and cuts.q_covered),
-                (g[1], dk, ks, c.k_first and cuts.k_covered),
-                (g[2], dv, ks, c.k_first and cuts.k_covered),
+                (g[0], dq_r, qs, c.q_first and cuts.q_covered),
+                (g[1], dk_r, ks, c.k_first and cuts.k_covered),
+                (g[2], dv_r, ks, c.k_first and cuts.k_covered),
             ):
                 if copy:
                     seq(x, sl).copy_(grad)
@@ -201,11 +214,16 @@ class SegmentsBackward:
 @functools.lru_cache(maxsize=64)  # (as `expanded`)
 def segments_pair(dense: Kernel) -> Kernel:
     """`dense` called once per segment (the fallback for kernels without cu_seqlens)."""
-    wrapped = _rewrapped(dense, SegmentsForward, SegmentsBackward)
+    bhsd = dense.bhsd_ops
+    wrapped = _rewrapped(
+        dense,
+        functools.partial(SegmentsForward, bhsd=bhsd),
+        functools.partial(SegmentsBackward, bhsd=bhsd),
+    )
     return dataclasses.replace(wrapped, name=f"{dense.name}+segments", segments=True)
 
 
-def _rewrapped(kernel: Kernel, forward: type, backward: type) -> Kernel:
+def _rewrapped(kernel: Kernel, forward: Callable, backward: Callable) -> Kernel:
     return dataclasses.replace(
         kernel,
         forward=forward(kernel.forward),
