@@ -4,6 +4,8 @@
     python benchmarks/diagnostics/hot_path_host.py --out $OUT/hot_path_host.json
     python benchmarks/diagnostics/hot_path_host.py --path eager --ranks 4 --out eager.json
     python benchmarks/diagnostics/hot_path_host.py --path packed --ranks 4 --out packed.json
+    python benchmarks/diagnostics/hot_path_host.py --path packed --ranks 4 --device cuda \
+        --repeats 50 --top 40 --out packed_gpu.json
 
 `--path eager` times whole eager inference calls instead (`token_ring_attn(cuda_graph=False)`,
 non-causal, cpu_flash) at a tiny shape (1 x 4 heads x 16 tokens x 32 per rank), so the call is
@@ -20,6 +22,11 @@ benchmarks/packed_varlen.py's default 32768-token row (seed 0, 7 documents) scal
 GPU (CPU flash per segment: a diagnostic record registered here, the same segments, loops,
 merges and transfers), `--kernel masked` through what auto runs on CPU. Validation "signature"
 (what NCCL rings use) unless --validate says otherwise. Reports what `--path eager` does.
+`--device cuda` (4 GPUs, NCCL): the benchmark's own shape (32768 tokens, GQA 32/8 x 128, bf16)
+through cuDNN per segment (`--kernel segments`) or any kernel name (`auto`); every call starts
+with the GPU idle and the ranks together, so its time is the host's time to issue it; the
+profile runs autograd's backward on the calling thread, so it covers both halves (the C++ time
+of each op, NCCL's P2P issue and cuDNN's included, shows as that builtin's own time).
 
 Runs 2 gloo ranks on CPU (the host side is the same whatever the device) at the smallest sweep
 shape (PixArt 1024 px: 16 x 72, 4096 tokens), validate "signature" (what NCCL rings use), and
@@ -145,42 +152,59 @@ def _segments_record() -> str:
 
 
 def _packed_worker(
-    rank: int, n: int, report, top: int, repeats: int, total: int, kernel: str
+    rank: int, n: int, report, top: int, repeats: int, total: int, kernel: str, device: str
 ) -> dict:
     import tokenring_xdit
     from tokenring_xdit import token_ring_attn_func
 
+    cuda = device == "cuda"
     cu = packed_cu(total)
-    name = _segments_record() if kernel == "segments" else kernel
-    gen = torch.Generator().manual_seed(0)
-    full = [torch.randn(1, total, h, 16, generator=gen) for h in (4, 1, 1, 4)]
+    if kernel == "segments":  # cuDNN per segment itself on a GPU
+        kernel = "cudnn" if cuda else _segments_record()
+    dev = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    dtype, (h, hk, d) = (torch.bfloat16, (32, 8, 128)) if cuda else (torch.float32, (4, 1, 16))
+    gen = torch.Generator(device=dev).manual_seed(0)
+    full = [
+        torch.randn(1, total, x, d, generator=gen, device=dev).to(dtype) for x in (h, hk, hk, h)
+    ]
     q, k, v, do = (
         tokenring_xdit.shard(x, causal=True, cu_seqlens=cu, layout="zigzag") for x in full
     )
     q, k, v = (x.requires_grad_() for x in (q, k, v))
 
     def one_call():
-        out = token_ring_attn_func(q, k, v, causal=True, cu_seqlens=cu, kernel=name)
+        out = token_ring_attn_func(q, k, v, causal=True, cu_seqlens=cu, kernel=kernel)
         out.backward(do)
         q.grad = k.grad = v.grad = None
 
     for _ in range(min(20, repeats)):
         one_call()
-    row = _timed_and_profiled(one_call, n, top, repeats, f"packed fwd+bwd ({name})")
-    row.update(cu_seqlens=cu, heads=[4, 1, 16])
+    sync = torch.cuda.synchronize if cuda else None
+    row = _timed_and_profiled(one_call, n, top, repeats, f"packed fwd+bwd ({kernel})", sync)
+    row.update(cu_seqlens=cu, heads=[h, hk, d], dtype=str(dtype), device=device)
     return row
 
 
-def _timed_and_profiled(one_call, n: int, top: int, repeats: int, version: str) -> dict:
-    """Wall and thread-CPU time of `repeats` calls, then cProfile over PROFILED more."""
+def _timed_and_profiled(one_call, n: int, top: int, repeats: int, version: str, sync=None) -> dict:
+    """Wall and thread-CPU time of `repeats` calls, then cProfile over PROFILED more. `sync`
+    (CUDA): the GPU is synchronised and the ranks meet before each call, outside the clock and
+    the profile, so a call's time is the host's time to issue it (nothing in it waits for the
+    GPU), and the profile runs autograd's backward on this thread (it has its own per device)."""
+    import contextlib
     import cProfile
     import pstats
 
     import torch.distributed as dist
 
+    def settle():
+        if sync is not None:
+            sync()
+            dist.barrier()
+
     dist.barrier()
     times, cpu = [], []
     for _ in range(repeats):
+        settle()
         t0, c0 = time.perf_counter(), time.thread_time()
         one_call()
         cpu.append(time.thread_time() - c0)  # this thread's CPU: not the waits for the peer
@@ -188,10 +212,18 @@ def _timed_and_profiled(one_call, n: int, top: int, repeats: int, version: str) 
     dist.barrier()
     profiled = min(PROFILED, repeats)
     prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(profiled):
-        one_call()
-    prof.disable()
+    one_thread = (
+        torch.autograd.set_multithreading_enabled(False)
+        if sync is not None
+        else contextlib.nullcontext()
+    )
+    with one_thread:
+        for _ in range(profiled):
+            settle()
+            prof.enable()
+            one_call()
+            prof.disable()
+    settle()
     stats = pstats.Stats(prof)
     if os.environ.get("HOT_PATH_PSTATS"):  # a folder: each rank's profile, for pstats
         stats.dump_stats(f"{os.environ['HOT_PATH_PSTATS']}/rank{dist.get_rank()}.pstats")
@@ -229,10 +261,14 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=25, help="eager: functions listed")
     parser.add_argument("--label", default="", help="eager: which code (recorded as given)")
     parser.add_argument("--repeats", type=int, default=EAGER_REPEATS, help="eager: timed calls")
-    parser.add_argument("--packed-tokens", type=int, default=256, help="packed: the row")
     parser.add_argument(
-        "--kernel", choices=("segments", "masked"), default="segments", help="packed: kernel"
+        "--packed-tokens", type=int, default=0, help="packed: the row (0: 256 on cpu, 32768 cuda)"
     )
+    parser.add_argument(
+        "--kernel", default="segments",
+        help="packed: segments (cuDNN per segment; on cpu CPU flash per segment), or a kernel name",
+    )  # fmt: skip
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="packed")
     parser.add_argument("--validate", default="signature", help="packed: the check mode")
     args = parser.parse_args()
     from tokenring_xdit.tools.launch import launch
@@ -244,8 +280,9 @@ def main() -> None:
         row["label"] = args.label
     elif args.path == "packed":
         env["TOKENRING_XDIT_VALIDATE"] = args.validate
-        work = (args.top, args.repeats, args.packed_tokens, args.kernel)
-        row = launch(_packed_worker, args.ranks, work, env=env, timeout=600)[0]
+        tokens = args.packed_tokens or (32768 if args.device == "cuda" else 256)
+        work = (args.top, args.repeats, tokens, args.kernel, args.device)
+        row = launch(_packed_worker, args.ranks, work, device=args.device, env=env, timeout=600)[0]
         repeats = args.repeats
         row.update(label=args.label, validate=args.validate)
     else:
