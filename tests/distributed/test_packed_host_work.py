@@ -6,13 +6,11 @@ check, the plan's transfer flags, the wrapped kernel record, the segments' cuts.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.harness import hot_path_host
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,16 +26,10 @@ def _calls(row: dict, module: str, fn: str) -> float:
 
 @pytest.mark.timeout(600)
 def test_packed_call_host_work(tmp_path):
-    out = tmp_path / "packed.json"
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks/diagnostics/hot_path_host.py"), "--path",
-         "packed", "--ranks", "4", "--repeats", "12", "--top", "5", "--label", "test",
-         "--out", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=500,
+    row = hot_path_host(
+        tmp_path / "packed.json", "--path", "packed", "--ranks", "4", "--repeats", "12", "--top",
+        "5", "--label", "test",
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    row = json.loads(out.read_text())
     assert row["ranks"] == 4 and row["validate"] == "signature" and row["label"] == "test"
     assert row["version"] == "packed fwd+bwd (cpu_flash_segments)"
     assert len(row["cu_seqlens"]) == 8 and row["cu_seqlens"][-1] == 256  # 7 documents
