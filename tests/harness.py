@@ -9,6 +9,7 @@ fails the caller with TimeoutError. `fn(rank, world_size, *args)` must be module
 from __future__ import annotations
 
 import functools
+import json
 import os
 import socket
 import subprocess
@@ -123,6 +124,19 @@ def torchrun_script(
         [str(torchrun), "--nproc-per-node", str(nproc), str(repo / script), *args],
         env=env, capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
+
+
+def hot_path_host(out: Path, *args: str, timeout: float = 500) -> dict:
+    """benchmarks/diagnostics/hot_path_host.py run with `args` writing to `out`; its row."""
+    repo = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, str(repo / "benchmarks/diagnostics/hot_path_host.py"), *args,
+         "--out", str(out)],
+        cwd=repo, env=dict(os.environ, PYTHONPATH=str(repo)), capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(Path(out).read_text())
 
 
 def tiny_llama_config(layers: int = 2, kv_heads: int = 2, **extra: Any):

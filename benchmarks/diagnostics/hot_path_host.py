@@ -3,6 +3,9 @@
     # with PYTHONPATH=<checkout>:
     python benchmarks/diagnostics/hot_path_host.py --out $OUT/hot_path_host.json
     python benchmarks/diagnostics/hot_path_host.py --path eager --ranks 4 --out eager.json
+    python benchmarks/diagnostics/hot_path_host.py --path packed --ranks 4 --out packed.json
+    python benchmarks/diagnostics/hot_path_host.py --path packed --ranks 4 --device cuda \
+        --repeats 50 --top 40 --out packed_gpu.json
 
 `--path eager` times whole eager inference calls instead (`token_ring_attn(cuda_graph=False)`,
 non-causal, cpu_flash) at a tiny shape (1 x 4 heads x 16 tokens x 32 per rank), so the call is
@@ -10,6 +13,20 @@ its host work plus gloo's transfers; it also counts the Python function calls of
 cProfile (a count does not depend on the machine's load) and lists the functions with the most
 own time (`--top`). Made for "the eager path must never get slower": run it with
 PYTHONPATH=<old checkout> and <new checkout>, alternating.
+
+`--path packed` times whole packed training calls (issue 42): `token_ring_attn_func(q, k, v,
+causal=True, cu_seqlens=cu)` forward + backward over 4 gloo ranks, the documents of
+benchmarks/packed_varlen.py's default 32768-token row (seed 0, 7 documents) scaled to
+--packed-tokens, zigzag shards, GQA 4/1 heads of 16 (tiny, so the kernels cost little); with
+`--kernel segments` (default) through the per-segment wrapper that cuDNN per segment runs on a
+GPU (CPU flash per segment: a diagnostic record registered here, the same segments, loops,
+merges and transfers), `--kernel masked` through what auto runs on CPU. Validation "signature"
+(what NCCL rings use) unless --validate says otherwise. Reports what `--path eager` does.
+`--device cuda` (4 GPUs, NCCL): the benchmark's own shape (32768 tokens, GQA 32/8 x 128, bf16)
+through cuDNN per segment (`--kernel segments`) or any kernel name (`auto`); every call starts
+with the GPU idle and the ranks together, so its time is the host's time to issue it; the
+profile runs autograd's backward on the calling thread, so it covers both halves (the C++ time
+of each op, NCCL's P2P issue and cuDNN's included, shows as that builtin's own time).
 
 Runs 2 gloo ranks on CPU (the host side is the same whatever the device) at the smallest sweep
 shape (PixArt 1024 px: 16 x 72, 4096 tokens), validate "signature" (what NCCL rings use), and
@@ -22,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -98,11 +116,6 @@ def _name(file: str, line: int, name: str) -> str:
 
 
 def _eager_worker(rank: int, n: int, report, top: int, repeats: int) -> dict:
-    import cProfile
-    import pstats
-
-    import torch.distributed as dist
-
     from tokenring_xdit.ring import token_ring_attn
 
     torch.manual_seed(rank)
@@ -113,9 +126,85 @@ def _eager_worker(rank: int, n: int, report, top: int, repeats: int) -> dict:
 
     for _ in range(min(100, repeats)):
         one_call()
+    return _timed_and_profiled(one_call, n, top, repeats, "eager call")
+
+
+# benchmarks/packed_varlen.py's default row: 32768 tokens, --seed 0, --doc-lens 512,8192
+PACKED_CU = (0, 7429, 11096, 17817, 25621, 29578, 30421, 32768)
+SEGMENTS = "cpu_flash_segments"  # CPU flash once per segment, as cuDNN per segment on a GPU
+
+
+def packed_cu(total: int) -> list[int]:
+    """PACKED_CU scaled to `total` tokens (the same blocks meet the same documents)."""
+    return [round(c * total / PACKED_CU[-1]) for c in PACKED_CU]
+
+
+def _segments_record() -> str:
+    """Register CPU flash WITHOUT its packed stand-in (`packed_as`), so a packed call runs it
+    once per segment through the wrapper cuDNN per segment runs (this process only)."""
+    import dataclasses
+
+    from tokenring_xdit.ring.kernels import registry
+
+    record = dataclasses.replace(registry.CPU_FLASH, name=SEGMENTS, packed_as=None)
+    registry.REGISTRY[SEGMENTS] = registry.PAIRS[SEGMENTS] = record
+    return SEGMENTS
+
+
+def _packed_worker(
+    rank: int, n: int, report, top: int, repeats: int, total: int, kernel: str, device: str
+) -> dict:
+    import tokenring_xdit
+    from tokenring_xdit import token_ring_attn_func
+
+    cuda = device == "cuda"
+    cu = packed_cu(total)
+    if kernel == "segments":  # cuDNN per segment itself on a GPU
+        kernel = "cudnn" if cuda else _segments_record()
+    dev = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    dtype, (h, hk, d) = (torch.bfloat16, (32, 8, 128)) if cuda else (torch.float32, (4, 1, 16))
+    gen = torch.Generator(device=dev).manual_seed(0)
+    full = [
+        torch.randn(1, total, x, d, generator=gen, device=dev).to(dtype) for x in (h, hk, hk, h)
+    ]
+    q, k, v, do = (
+        tokenring_xdit.shard(x, causal=True, cu_seqlens=cu, layout="zigzag") for x in full
+    )
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+
+    def one_call():
+        out = token_ring_attn_func(q, k, v, causal=True, cu_seqlens=cu, kernel=kernel)
+        out.backward(do)
+        q.grad = k.grad = v.grad = None
+
+    for _ in range(min(20, repeats)):
+        one_call()
+    sync = torch.cuda.synchronize if cuda else None
+    row = _timed_and_profiled(one_call, n, top, repeats, f"packed fwd+bwd ({kernel})", sync)
+    row.update(cu_seqlens=cu, heads=[h, hk, d], dtype=str(dtype), device=device)
+    return row
+
+
+def _timed_and_profiled(one_call, n: int, top: int, repeats: int, version: str, sync=None) -> dict:
+    """Wall and thread-CPU time of `repeats` calls, then cProfile over PROFILED more. `sync`
+    (CUDA): the GPU is synchronised and the ranks meet before each call, outside the clock and
+    the profile, so a call's time is the host's time to issue it (nothing in it waits for the
+    GPU), and the profile runs autograd's backward on this thread (it has its own per device)."""
+    import contextlib
+    import cProfile
+    import pstats
+
+    import torch.distributed as dist
+
+    def settle():
+        if sync is not None:
+            sync()
+            dist.barrier()
+
     dist.barrier()
     times, cpu = [], []
     for _ in range(repeats):
+        settle()
         t0, c0 = time.perf_counter(), time.thread_time()
         one_call()
         cpu.append(time.thread_time() - c0)  # this thread's CPU: not the waits for the peer
@@ -123,15 +212,25 @@ def _eager_worker(rank: int, n: int, report, top: int, repeats: int) -> dict:
     dist.barrier()
     profiled = min(PROFILED, repeats)
     prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(profiled):
-        one_call()
-    prof.disable()
+    one_thread = (
+        torch.autograd.set_multithreading_enabled(False)
+        if sync is not None
+        else contextlib.nullcontext()
+    )
+    with one_thread:
+        for _ in range(profiled):
+            settle()
+            prof.enable()
+            one_call()
+            prof.disable()
+    settle()
     stats = pstats.Stats(prof)
+    if os.environ.get("HOT_PATH_PSTATS"):  # a folder: each rank's profile, for pstats
+        stats.dump_stats(f"{os.environ['HOT_PATH_PSTATS']}/rank{dist.get_rank()}.pstats")
     rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])
     comm = sum(c[2] for (_, _, name), c in rows if "_distributed_c10d" in name)
     return {
-        "version": "eager call",
+        "version": version,
         "ranks": n,
         "median_us": statistics.median(times) * 1e6,
         "p90_us": sorted(times)[int(0.9 * len(times))] * 1e6,
@@ -157,11 +256,20 @@ def _eager_worker(rank: int, n: int, report, top: int, repeats: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="hot_path_host.json")
-    parser.add_argument("--path", choices=("graphed", "eager"), default="graphed")
+    parser.add_argument("--path", choices=("graphed", "eager", "packed"), default="graphed")
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--top", type=int, default=25, help="eager: functions listed")
     parser.add_argument("--label", default="", help="eager: which code (recorded as given)")
     parser.add_argument("--repeats", type=int, default=EAGER_REPEATS, help="eager: timed calls")
+    parser.add_argument(
+        "--packed-tokens", type=int, default=0, help="packed: the row (0: 256 on cpu, 32768 cuda)"
+    )
+    parser.add_argument(
+        "--kernel", default="segments",
+        help="packed: segments (cuDNN per segment; on cpu CPU flash per segment), or a kernel name",
+    )  # fmt: skip
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="packed")
+    parser.add_argument("--validate", default="signature", help="packed: the check mode")
     args = parser.parse_args()
     from tokenring_xdit.tools.launch import launch
 
@@ -170,6 +278,13 @@ def main() -> None:
         row = launch(_eager_worker, args.ranks, (args.top, args.repeats), env=env, timeout=600)[0]
         repeats = args.repeats
         row["label"] = args.label
+    elif args.path == "packed":
+        env["TOKENRING_XDIT_VALIDATE"] = args.validate
+        tokens = args.packed_tokens or (32768 if args.device == "cuda" else 256)
+        work = (args.top, args.repeats, tokens, args.kernel, args.device)
+        row = launch(_packed_worker, args.ranks, work, device=args.device, env=env, timeout=600)[0]
+        repeats = args.repeats
+        row.update(label=args.label, validate=args.validate)
     else:
         row = launch(_worker, args.ranks, env=env, timeout=300)[0]
         repeats = REPEATS

@@ -4,9 +4,6 @@ mode run for real on 2 gloo ranks at a few calls."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.plot_before_after import ratio_points  # noqa: E402
+from tests.harness import hot_path_host  # noqa: E402
 
 RUNS = ROOT / "docs" / "benchmarks" / "ring4_h200x4" / "before_after_s6"
 
@@ -41,16 +39,10 @@ def test_ratios_of_sweep_columns():
 
 
 def test_hot_path_host_eager_runs_and_counts_calls(tmp_path):
-    out = tmp_path / "eager.json"
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks/diagnostics/hot_path_host.py"), "--path",
-         "eager", "--ranks", "2", "--repeats", "20", "--top", "5", "--label", "test",
-         "--out", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    row = hot_path_host(
+        tmp_path / "eager.json", "--path", "eager", "--ranks", "2", "--repeats", "20", "--top",
+        "5", "--label", "test", timeout=300,
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    row = json.loads(out.read_text())
     assert row["ranks"] == 2 and row["repeats"] == 20 and row["label"] == "test"
     assert 0 < row["cpu_us"] and 0 < row["median_us"] <= row["p90_us"]
     assert len(row["top_own_time"]) == 5

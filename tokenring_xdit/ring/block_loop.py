@@ -74,15 +74,15 @@ class BlockCall:
         (an empty tuple: nothing to attend, the step is skipped)."""
         return st.causal if self.docs is None else self.docs.block(rank, st.step)
 
-    # Which sides of a scheduled transfer run (always, without documents).
+    # Which sides of a scheduled transfer run (always, without documents; the plan's table).
     def sends_q(self, rank: int, st: BlockStep) -> bool:
-        return self.docs is None or self.docs.q_send(rank, st)
+        return self.docs is None or self.docs.transfers(rank)[st.step][0]
 
     def receives_q(self, rank: int, st: BlockStep) -> bool:
-        return self.docs is None or self.docs.q_recv(rank, st)
+        return self.docs is None or self.docs.transfers(rank)[st.step][1]
 
     def receives_return(self, rank: int, st: BlockStep) -> bool:
-        return self.docs is None or self.docs.ret_recv(rank, st)
+        return self.docs is None or self.docs.transfers(rank)[st.step][2]
 
     def seq(self, x: torch.Tensor, held: str, wanted: str, length: int) -> torch.Tensor:
         """The `wanted` part of x, which holds the `held` part of a sequence of `length`."""

@@ -67,22 +67,35 @@ class Documents:
             if cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point():
                 raise ValueError("cu_seqlens must be a 1-d integer tensor")
             cu_seqlens = cu_seqlens.tolist()  # a host read (keep it on the CPU: docs)
-        bounds = [int(x) for x in cu_seqlens]
-        if len(bounds) < 2 or bounds[0] != 0:
-            raise ValueError(f"cu_seqlens must start at 0 and have >= 2 entries, got {bounds[:8]}")
-        if any(b > a for a, b in zip(bounds[1:], bounds, strict=False)):
-            raise ValueError("cu_seqlens must be non-decreasing (document offsets)")
-        if total is not None and bounds[-1] != total:
-            raise ValueError(
-                f"cu_seqlens ends at {bounds[-1]} but the global sequence has {total} tokens "
-                "(cu_seqlens describe the WHOLE packed sequence, not this rank's shard; pad with "
-                "a last document to reach the padded length)"
-            )
-        return cls(tuple(dict.fromkeys(bounds)))  # drops repeats, keeps order
+        if isinstance(cu_seqlens, list | tuple) and all(type(x) is int for x in cu_seqlens):
+            return _checked(tuple(cu_seqlens), total)  # the same offsets every layer and call
+        return _check([int(x) for x in cu_seqlens], total)
 
     def doc_at(self, index: int) -> int:
         """Document number of global token `index`."""
         return bisect.bisect_right(self.bounds, index) - 1
+
+
+def _check(bounds: list[int] | tuple[int, ...], total: int | None) -> Documents:
+    """Documents.of's checks of plain ints (ValueError says why)."""
+    if len(bounds) < 2 or bounds[0] != 0:
+        raise ValueError(
+            f"cu_seqlens must start at 0 and have >= 2 entries, got {list(bounds[:8])}"
+        )
+    if any(b > a for a, b in zip(bounds[1:], bounds, strict=False)):
+        raise ValueError("cu_seqlens must be non-decreasing (document offsets)")
+    if total is not None and bounds[-1] != total:
+        raise ValueError(
+            f"cu_seqlens ends at {bounds[-1]} but the global sequence has {total} tokens "
+            "(cu_seqlens describe the WHOLE packed sequence, not this rank's shard; pad with "
+            "a last document to reach the padded length)"
+        )
+    return Documents(tuple(dict.fromkeys(bounds)))  # drops repeats, keeps order
+
+
+@functools.lru_cache(maxsize=64)  # bounded; an error is raised again (never cached)
+def _checked(bounds: tuple[int, ...], total: int | None) -> Documents:
+    return _check(bounds, total)
 
 
 # --- where a rank's tokens are --------------------------------------------------------------
@@ -203,6 +216,19 @@ class DocPlan:
 
     def ret_recv(self, rank: int, st: BlockStep) -> bool:
         return st.ret_recv_from is not None and self.attends(st.ret_recv_from, st.step - 1)
+
+    def transfers(self, rank: int) -> tuple[tuple[bool, bool, bool], ...]:
+        """Per step of `rank`'s row: (q_send, q_recv, ret_recv), made once per plan and rank
+        (the loops ask at every step of every call; the plan is cached by the agreed layout,
+        so this table is too)."""
+        found = self._made.get(("transfers", rank))
+        if found is None:
+            found = tuple(
+                (self.q_send(rank, st), self.q_recv(rank, st), self.ret_recv(rank, st))
+                for st in self.steps[rank]
+            )
+            self._made[("transfers", rank)] = found
+        return found
 
 
 @functools.lru_cache(maxsize=64)

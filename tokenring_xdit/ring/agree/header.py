@@ -175,6 +175,7 @@ def call_header(spec: CallSpec, problem: Problem, proof: tuple[int, int]) -> Hea
     )  # fmt: skip
 
 
+@functools.lru_cache(maxsize=64)  # the same documents every layer and call
 def _docs_digest(documents: Documents) -> int:
     bounds = documents.bounds
     packed = struct.pack(f"<{len(bounds)}q", *bounds)

@@ -63,6 +63,9 @@ class Kernel:
     # packed documents: the record that runs them instead (None: this one per segment)
     packed_as: str | None = None
     packed_refused: str | None = None  # why it is refused with packed documents on CUDA
+    # its ops take (b, h, s, d) views (SDPA's): run per segment, the segments are cut from such
+    # views of the block (one transpose per tensor per block, not per segment)
+    bhsd_ops: bool = True
     block: BlockKernel = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -74,5 +74,5 @@ def _backward_deterministic(*args):
 
 FLASH_ATTN = Kernel(
     "flash_attn", _forward, _backward, False, devices=("cuda",), half_only=True,
-    deterministic_backward=_backward_deterministic,
+    deterministic_backward=_backward_deterministic, bhsd_ops=False,  # (b, s, h, d) views
 )  # fmt: skip

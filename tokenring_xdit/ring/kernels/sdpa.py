@@ -28,9 +28,21 @@ def _bhsd_args(dout, q, k, v, out, delta, layout):
     return dob, qb, kb, vb, ob
 
 
+_NO_RNG: dict[torch.device, torch.Tensor] = {}
+
+
 def no_rng(device) -> torch.Tensor:
-    """The philox state the backward ops take; dropout is 0, so they never read it."""
-    return torch.zeros((), dtype=torch.int64, device=device)
+    """The philox state the backward ops take; dropout is 0, so they never read it. One per
+    device, made outside any capture (a packed call asked for one per segment: an allocation
+    and a fill launch each); inside a capture a fresh one, as before."""
+    device = torch.device(device)
+    found = _NO_RNG.get(device)
+    if found is not None:
+        return found
+    made = torch.zeros((), dtype=torch.int64, device=device)
+    if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+        _NO_RNG[device] = made  # (a few devices at most)
+    return made
 
 
 # --- torch's CPU flash op ------------------------------------------------------------------

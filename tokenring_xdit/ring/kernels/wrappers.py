@@ -13,13 +13,15 @@ block only (a local copy, never sent), and its dK/dV summed over each group of g
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
-from ..layout import Layout
-from .base import BlockKernel, Kernel, RowsSeen, empty_partial, merge_rows
+from ..layout import BHSD, Layout
+from .base import BlockKernel, Kernel, empty_partial, merge_rows
 
 # --- GQA ------------------------------------------------------------------------------------
 
@@ -81,6 +83,10 @@ class ExpandedBackward:
         return dq, fold_kv_grad(dk, g, layout, k.dtype), fold_kv_grad(dv, g, layout, v.dtype)
 
 
+# A record is frozen and its wrappers keep no state: every call's `prepare` asks for the same
+# wrapped record, so it is made once (a dataclasses.replace per call was a quarter of a packed
+# call's prepare; issue 42). Keyed by the record's value, bounded.
+@functools.lru_cache(maxsize=64)
 def expanded(kernel: Kernel) -> Kernel:
     """`kernel` on K/V expanded per block, its dK/dV folded back (same name and family)."""
     return _rewrapped(kernel, ExpandedForward, ExpandedBackward)
@@ -89,54 +95,135 @@ def expanded(kernel: Kernel) -> Kernel:
 # --- packed documents: a dense kernel once per segment --------------------------------------
 
 
+class _Cut(NamedTuple):
+    """One segment as the wrappers run it: its query and key rows, causality, and whether no
+    earlier segment of the block wrote those query / key rows (copied, else merged / added)."""
+
+    q: slice
+    k: slice
+    causal: bool
+    q_first: bool
+    k_first: bool
+
+
+class _Cuts(NamedTuple):
+    cuts: tuple[_Cut, ...]
+    # every query (key) row is written by some segment, each segment's rows either all fresh
+    # or all written before: the results need no zero / -inf start (the zigzag's diagonal
+    # block, where every token is in one document)
+    q_covered: bool
+    k_covered: bool
+
+
+def _firsts(rows: bytearray, a: int, b: int) -> tuple[bool, bool]:
+    """(no row of [a, b) was written, all or none were); marks them written."""
+    seen = rows[a:b].count(1)
+    rows[a:b] = b"\x01" * (b - a)
+    return seen == 0, seen in (0, b - a)
+
+
+@functools.lru_cache(maxsize=256)  # masks come from the agreed plan: the same every call
+def _cut(mask: tuple, s_q: int, s_k: int) -> _Cuts:
+    """The cuts of a block's segments (slices, first writes and coverage), made once."""
+    q_rows, k_rows = bytearray(s_q), bytearray(s_k)
+    cuts, q_clean, k_clean = [], True, True
+    for s in mask:
+        q_first, q_ok = _firsts(q_rows, s.q0, s.q1)
+        k_first, k_ok = _firsts(k_rows, s.k0, s.k1)
+        q_clean, k_clean = q_clean and q_ok, k_clean and k_ok
+        cuts.append(_Cut(slice(s.q0, s.q1), slice(s.k0, s.k1), s.causal, q_first, k_first))
+    return _Cuts(tuple(cuts), q_clean and 0 not in q_rows, k_clean and 0 not in k_rows)
+
+
+def _start(x: torch.Tensor, covered: bool) -> torch.Tensor:
+    """A gradient sum of x's shape: uninitialised where every row is written first, else 0."""
+    return torch.empty_like(x) if covered else torch.zeros_like(x)
+
+
+def _views(layout: Layout, bhsd: bool, *xs):
+    """(the layout the dense kernel runs in, xs as views in it): (b, h, s, d) views where its
+    ops take those (`Kernel.bhsd_ops`), else the caller's layout."""
+    if not bhsd or layout.seq_dim == 2:
+        return layout, xs
+    return BHSD, tuple(None if x is None else layout.to_bhsd(x) for x in xs)
+
+
 @dataclass(frozen=True)
 class SegmentsForward:
     dense: Callable
+    bhsd: bool = False  # cut the segments from (b, h, s, d) views (`Kernel.bhsd_ops`)
 
     def __call__(self, q, k, v, scale, layout: Layout, mask):
         if isinstance(mask, bool):
             return self.dense(q, k, v, scale, layout, mask)
-        out, lse = empty_partial(q, v, layout)
-        seq, seen = layout.seq_slice, RowsSeen(q.shape[layout.seq_dim])
-        for s in mask:
-            qs, ks = slice(s.q0, s.q1), slice(s.k0, s.k1)
-            o, block_lse = self.dense(seq(q, qs), seq(k, ks), seq(v, ks), scale, layout, s.causal)
-            if seen.first(s.q0, s.q1):
-                seq(out, qs).copy_(o)
-                lse[:, :, qs] = block_lse
+        sd = layout.seq_dim
+        cuts = _cut(tuple(mask), q.shape[sd], k.shape[sd])
+        if cuts.q_covered:  # every row is copied before it is read
+            b, s_q, h, _ = layout.dims(q)
+            out = layout.empty(b, s_q, h, v.shape[3], like=q)
+            lse = torch.empty(b, h, s_q, dtype=torch.float32, device=q.device)
+        else:
+            out, lse = empty_partial(q, v, layout)
+        run, (qr, kr, vr, outr) = _views(layout, self.bhsd, q, k, v, out)
+        seq = run.seq_slice
+        for c in cuts.cuts:
+            qkv = (seq(qr, c.q), seq(kr, c.k), seq(vr, c.k))
+            o, block_lse = self.dense(*qkv, scale, run, c.causal)
+            if c.q_first:
+                seq(outr, c.q).copy_(o)
+                lse[:, :, c.q] = block_lse
             else:  # a second key piece of the same query piece (documents layout)
-                merge_rows(seq(out, qs), lse[:, :, qs], o, block_lse.float(), layout.lse_to_out)
+                merge_rows(seq(outr, c.q), lse[:, :, c.q], o, block_lse.float(), run.lse_to_out)
         return out, lse
 
 
 @dataclass(frozen=True)
 class SegmentsBackward:
     dense: Callable
+    bhsd: bool = False  # (as SegmentsForward's)
 
     def __call__(self, dout, q, k, v, out, lse, delta, scale, layout: Layout, mask):
         if isinstance(mask, bool):
             return self.dense(dout, q, k, v, out, lse, delta, scale, layout, mask)
-        dq, dk, dv = (torch.zeros_like(x) for x in (q, k, v))
-        seq = layout.seq_slice
-        for s in mask:
-            qs, ks = slice(s.q0, s.q1), slice(s.k0, s.k1)
-            o = seq(out, qs) if out is not None else None
+        sd = layout.seq_dim
+        cuts = _cut(tuple(mask), q.shape[sd], k.shape[sd])
+        dq = _start(q, cuts.q_covered)
+        dk, dv = _start(k, cuts.k_covered), _start(v, cuts.k_covered)
+        run, views = _views(layout, self.bhsd, dout, q, k, v, out, dq, dk, dv)
+        dout_r, q_r, k_r, v_r, out_r, dq_r, dk_r, dv_r = views
+        seq = run.seq_slice
+        for c in cuts.cuts:
+            qs, ks = c.q, c.k
+            o = seq(out_r, qs) if out_r is not None else None
             d = delta[:, :, qs] if delta is not None else None
-            args = (seq(dout, qs), seq(q, qs), seq(k, ks), seq(v, ks), o)
-            g = self.dense(*args, lse[:, :, qs].contiguous(), d, scale, layout, s.causal)
-            # key runs of documents are disjoint; add keeps it exact anyway
-            for grad, x, sl in zip(g, (dq, dk, dv), (qs, ks, ks), strict=True):
-                seq(x, sl).add_(grad)
+            args = (seq(dout_r, qs), seq(q_r, qs), seq(k_r, ks), seq(v_r, ks), o)
+            g = self.dense(*args, lse[:, :, qs].contiguous(), d, scale, run, c.causal)
+            # the first write of covered rows is a copy; later ones add (exact either way)
+            for grad, x, sl, copy in (
+                (g[0], dq_r, qs, c.q_first and cuts.q_covered),
+                (g[1], dk_r, ks, c.k_first and cuts.k_covered),
+                (g[2], dv_r, ks, c.k_first and cuts.k_covered),
+            ):
+                if copy:
+                    seq(x, sl).copy_(grad)
+                else:
+                    seq(x, sl).add_(grad)
         return dq, dk, dv
 
 
+@functools.lru_cache(maxsize=64)  # (as `expanded`)
 def segments_pair(dense: Kernel) -> Kernel:
     """`dense` called once per segment (the fallback for kernels without cu_seqlens)."""
-    wrapped = _rewrapped(dense, SegmentsForward, SegmentsBackward)
+    bhsd = dense.bhsd_ops
+    wrapped = _rewrapped(
+        dense,
+        functools.partial(SegmentsForward, bhsd=bhsd),
+        functools.partial(SegmentsBackward, bhsd=bhsd),
+    )
     return dataclasses.replace(wrapped, name=f"{dense.name}+segments", segments=True)
 
 
-def _rewrapped(kernel: Kernel, forward: type, backward: type) -> Kernel:
+def _rewrapped(kernel: Kernel, forward: Callable, backward: Callable) -> Kernel:
     return dataclasses.replace(
         kernel,
         forward=forward(kernel.forward),
