@@ -6,7 +6,9 @@ to an old run is a point, so the spread shows the noise).
       --column token_ring_ms --out ratio.png [--title TEXT] [--control torch_ag_ms ...]
 
 ring_sweep rows are keyed by (model, tokens) and read `--column` (e.g. token_ring_ms,
-token_ring_eager_ms); train_sweep rows by (shape, seq, causal) for impl `--impl` (its `ms`).
+token_ring_eager_ms); train_sweep rows by (shape, seq, causal) for impl `--impl` (its `ms`);
+packed_varlen --real-ring rows by (tokens, documents, ring) for method `--impl` or `--column`
+(e.g. auto, dense_causal: its `ms`).
 `--control`: columns (ring_sweep) or impls (train_sweep) whose code did not change, plotted
 beside it: how far the same runs moved without the change.
 """
@@ -21,6 +23,13 @@ from pathlib import Path
 
 def times(path: Path, column: str, impl: str) -> dict[str, float]:
     rows = json.loads(path.read_text())["rows"]
+    if rows and isinstance(rows[0].get("methods"), dict):  # packed_varlen --real-ring
+        return {
+            f"{r['tokens'] // 1024}k {r['documents']} docs ring {r['ring']}": r["methods"][m]["ms"]
+            for r in rows
+            for m in [impl if impl in r["methods"] else column]
+            if m in r["methods"]
+        }
     if rows and "impl" in rows[0]:  # train_sweep
         return {
             f"{r['shape']} {r['seq'] // 1024}k {'causal' if r['causal'] else 'full'}": r["ms"]

@@ -38,6 +38,18 @@ def test_ratios_of_sweep_columns():
     assert abs(control["flux 16896"][0] - 1.0) < 0.01  # the same run, another ring, unchanged
 
 
+def test_ratios_of_packed_real_rings():
+    runs = ROOT / "docs" / "benchmarks" / "calls_s8" / "call5"
+    old = [runs / "packed4_old_1.json", runs / "packed4_old_2.json"]
+    new = [runs / "packed4_new_1.json", runs / "packed4_new_2.json"]
+    points = ratio_points(old, new, "auto", "token_ring")  # a packed method by --column
+    assert set(points) == {"32k 7 docs ring 4", "128k 28 docs ring 4"}
+    # 11.19 / 11.65 ms: new run 1 / old run 1 at 32k (calls_s8 README)
+    assert abs(points["32k 7 docs ring 4"][0] - 11.1926 / 11.6544) < 0.002, points
+    control = ratio_points(old, new, "dense_causal", "dense_causal")
+    assert set(control) == set(points) and control != points
+
+
 def test_hot_path_host_eager_runs_and_counts_calls(tmp_path):
     row = hot_path_host(
         tmp_path / "eager.json", "--path", "eager", "--ranks", "2", "--repeats", "20", "--top",
