@@ -218,6 +218,11 @@ def _timed_and_profiled(one_call, n: int, top: int, repeats: int, version: str, 
         else contextlib.nullcontext()
     )
     with one_thread:
+        # a first call outside the profile: this thread's own per-thread caches (torch keeps
+        # cuDNN's attention plans per thread; backward ran on autograd's thread until now) are
+        # cold, and their builds (~0.1 s a shape) would be spread over the profiled calls
+        settle()
+        one_call()
         for _ in range(profiled):
             settle()
             prof.enable()
