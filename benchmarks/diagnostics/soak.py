@@ -4,8 +4,10 @@ does memory stay flat? (issue 44, item 3)
 One cycle = for each of the 5 lengths, `--infer` inference calls (replays of that length's graph
 after the first) then `--train` training calls (forward + backward: one call each), so with the
 defaults 5 x (80 + 20) = 500 calls per cycle and 20 cycles = 10^4 calls. Every `--sample-every`
-calls (default: one cycle) each rank records torch.cuda.memory_allocated, memory_reserved and
-its host RSS; rank 0 writes every rank's samples as JSON.
+calls (default: one cycle) each rank records torch.cuda.memory_allocated, memory_reserved, the
+allocator pool's segments / free bytes inside split blocks / allocation retries (POOL_STATS) and
+its host RSS; at the end, the reserved pool after torch.cuda.empty_cache(); rank 0 writes it all
+as JSON.
 
 Verdict, per rank and per measure (GPU allocated, GPU reserved, host RSS): "flat" when the last
 sample is less than 1 % above the sample at the end of the first cycle (every length, both modes
@@ -53,13 +55,26 @@ def host_rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+# What the caching allocator's pool is made of (torch.cuda.memory_stats): how many segments it
+# holds, how much of it is free space inside split blocks (fragmentation) and how often an
+# allocation had to free cached blocks and retry; they tell whether a reserved pool that grows
+# is blocks kept for reuse or something held.
+POOL_STATS = {
+    "segments": "segment.all.current",
+    "inactive_split_bytes": "inactive_split_bytes.all.current",
+    "alloc_retries": "num_alloc_retries",
+}
+
+
 def sample(calls: int, cuda: bool, start: float) -> dict:
+    stats = torch.cuda.memory_stats() if cuda else {}
     return dict(
         calls=calls,
         seconds=round(time.monotonic() - start, 2),
         gpu_allocated=torch.cuda.memory_allocated() if cuda else 0,
         gpu_reserved=torch.cuda.memory_reserved() if cuda else 0,
         host_rss=host_rss(),
+        **{name: int(stats.get(key, 0)) for name, key in POOL_STATS.items()},
     )
 
 
@@ -124,10 +139,16 @@ def main() -> None:
     if cuda:
         torch.cuda.synchronize()
     elapsed = time.monotonic() - start
+    # what of the pool was only cached: the reserved pool once the allocator gave back every
+    # segment nothing uses (graph pools and live tensors stay)
+    if cuda:
+        torch.cuda.empty_cache()
+    after_empty = torch.cuda.memory_reserved() if cuda else 0
     everyone: list = [None] * dist.get_world_size()
     from tokenring_xdit.ring.graphs import RING_GRAPHS
 
-    mine = dict(rank=rank, samples=samples, finite=finite, graph_stats=str(RING_GRAPHS.stats))
+    mine = dict(rank=rank, samples=samples, finite=finite, graph_stats=str(RING_GRAPHS.stats),
+                gpu_reserved_after_empty_cache=after_empty)  # fmt: skip
     dist.all_gather_object(everyone, mine)
     if rank == 0:
         ranks = [dict(r, **verdict(r["samples"], per_cycle)) for r in everyone]

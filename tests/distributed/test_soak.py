@@ -33,6 +33,8 @@ def test_soak_smoke_on_cpu(tmp_path):
         assert r["finite"], r
         assert [s["calls"] for s in r["samples"]] == [10, 20, 30, 40, 50], r
         assert all(s["host_rss"] > 10**7 and s["gpu_allocated"] == 0 for s in r["samples"]), r
+        assert all(s["segments"] == s["alloc_retries"] == 0 for s in r["samples"]), r  # no GPU
+        assert r["gpu_reserved_after_empty_cache"] == 0, r
         base, last = r["samples"][2], r["samples"][-1]  # the first sample after one cycle (25)
         assert r["base"] == base, r
         growth = (last["host_rss"] - base["host_rss"]) / base["host_rss"]

@@ -9,8 +9,8 @@
 #   of the real row again (hot_path_host now warms the profiling thread's cuDNN plans first);
 # - issue 44: the GPU peer tests (pytest, XFAIL now empty) and the watchdog/exit tests; the
 #   watchdog change touches every NCCL call (watch() clears a list): inference new / old
-#   alternated at ring 2 (GPUs 2,3; call 1) and ring 4 (call 2); the soak with expandable
-#   segments given time (call 2).
+#   alternated at ring 2 (GPUs 2,3; call 1) and ring 4 (call 2); the soak again with what the
+#   allocator's pool is made of, and with expandable segments given time (call 2).
 . docs/benchmarks/device_prelude.sh  # lt, mark, save, the wheels, the environment
 PT="python3 -m pytest -m gpu -q -p no:cacheprovider -rfEX"
 SITE=$PWD/.site; ROOT=$PWD
@@ -35,9 +35,14 @@ if [ "${1:-1}" = 1 ]; then
 else
   sweep new 0,1,2,3 4 1 29951 60; sweep old 0,1,2,3 4 2 29952 120; sweep new 0,1,2,3 4 3 29953 180; sweep old 0,1,2,3 4 4 29954 240
   save
-  CUDA_VISIBLE_DEVICES=0,1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout $(lt 540) torchrun --nproc_per_node=2 \
+  # the soak with the allocator pool's make-up per sample and after empty_cache (soak.py's
+  # POOL_STATS), as is (GPUs 2,3) and with expandable segments (GPUs 0,1)
+  ( CUDA_VISIBLE_DEVICES=0,1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout $(lt 540) torchrun --nproc_per_node=2 \
       --master_port 29955 benchmarks/diagnostics/soak.py --calls 10000 --out $R/soak_expandable.json > $G/soak_expandable.log 2>&1
-  mark soak_expandable $?
+    mark soak_expandable $? ) &
+  ( CUDA_VISIBLE_DEVICES=2,3 timeout $(lt 400) torchrun --nproc_per_node=2 --master_port 29956 benchmarks/diagnostics/soak.py \
+      --calls 20000 --out $R/soak_default.json > $G/soak_default.log 2>&1; mark soak_default $? ) &
+  wait
 fi
 save
 for f in $G/*.log; do echo "## $f"; tail -n 8 $f; done >> $L
