@@ -15,10 +15,11 @@ died in std::terminate at exit (SIGABRT), fixed by ending the groups at exit aft
 CUDA-graph replays (seventh and eighth sessions): NCCL's abort waits until every graph that
 captured the communicator is destroyed (the watchdog drops our graphs once the aborts are under
 way); a destroy_process_group after a stopped peer waited for it (now aborted instead); and with
-replay step marks the watchdog blocked in cuEventDestroy behind a graph launch waiting for queue
-room (it no longer destroys events). Eighth session, twice: every scenario passed (error 8.0-8.9
-s after the fault, exit 1.2-3.0 s after the error). Graph replays name their peers, not their
-step, unless TOKENRING_XDIT_REPLAY_STEP_MARKS=1 (the "-marks" scenarios check the step).
+replay step marks the watchdog blocked in cuEventDestroy while a graph launch was blocked behind
+the stuck replay (it no longer destroys events). Eighth session, twice: every scenario passed
+(error 8.0-8.9 s after the fault, exit 1.2-3.0 s after the error). Graph replays name their
+peers, not their step, unless TOKENRING_XDIT_REPLAY_STEP_MARKS=1 (the "-marks" scenarios check
+the step).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The deadline's watchdog never destroys a CUDA event in its own thread (issue 44): on 4 x H200
 a survivor whose replay was stuck never raised because the watchdog sat in cuEventDestroy,
-behind a driver lock that the main thread's cuGraphLaunch held while it waited for room in a
-queue full behind the stuck replay. Events are released by the calling thread's next watch().
+waiting for a driver lock while the main thread's cuGraphLaunch was blocked behind the stuck
+replay. Events are released by the calling thread's next watch().
 Runs the real watchdog thread with stand-in events (no GPU here) that record where they die."""
 
 from __future__ import annotations

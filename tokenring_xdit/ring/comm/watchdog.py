@@ -37,11 +37,11 @@ log = logging.getLogger("tokenring_xdit")
 _POLL_S = 0.002
 _items: deque = deque()  # (event, deadline, comms, what), oldest first
 # Items the watchdog is done with. Their events are destroyed by the next watch(), in the
-# calling thread, never in the watchdog's: cudaEventDestroy takes a driver lock that a graph
-# launch holds while it waits for room in a queue full behind a stuck replay, so a watchdog
-# destroying an event there blocked until the replay ended, which needed the watchdog's abort
-# (measured, 4 x H200: native stacks, main thread in cuGraphLaunch, watchdog in cuEventDestroy;
-# the survivor never raised). Queries do not wait there.
+# calling thread, never in the watchdog's: cudaEventDestroy waits for a driver lock, and a graph
+# launch blocked behind a stuck replay (most likely for room in the launch queue) held it, so a
+# watchdog destroying an event there waited for the replay to end, which needed the watchdog's
+# abort (measured, 4 x H200, native stacks: main thread in cuGraphLaunch, watchdog in
+# cuEventDestroy; the survivor never raised). Its event queries did not wait there.
 _spent: list = []
 _cv = threading.Condition()
 _thread: list[threading.Thread] = []
