@@ -33,9 +33,7 @@ def infer(
     if not graphs_wanted(prepared.graphs, q.device):
         result = run(inputs)
     else:
-        signature = tuple((x.shape, x.stride(), x.dtype) for x in inputs)
-        graph_key = (ring.pos.group, ring.key, call.graph_key(), signature)  # agreed + shapes
-        result = ring.graphed(graph_key, inputs, run)
+        result = ring.graphed(ring.graph_key((call.graph_key(),), inputs), inputs, run)
     ring.finished("forward")
     if swapped:
         return result[0].transpose(1, 2), result[1]

@@ -68,6 +68,13 @@ class Ring:
         """(Q lane, return lane) for one call."""
         return TRANSPORTS[self.transport][0](self.comms, self.pos.rank)
 
+    def graph_key(self, baked: tuple, inputs: tuple[torch.Tensor, ...]) -> tuple:
+        """A ring call's graph cache key: this ring's agreed value, what the call bakes into its
+        graph (`baked`) and the inputs' signature (shape, strides, dtype), so ranks that agreed
+        the call ask the cache for the same keys in the same order."""
+        signature = tuple((x.shape, x.stride(), x.dtype) for x in inputs)
+        return (self.pos.group, self.key, *baked, signature)
+
     def graphed(self, key: Hashable, inputs: tuple[torch.Tensor, ...], run: Callable) -> Any:
         """`run(inputs)` through the ring call graphs under `key` (agreed on every rank): the
         first call of a key runs eagerly, then it is captured and replayed. With the replay

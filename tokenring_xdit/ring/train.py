@@ -39,17 +39,15 @@ FORWARD, BACKWARD = "train-fwd", "train-bwd"
 def train_graph_key(
     ring: Ring, call: BlockCall, half: str, inputs: tuple[torch.Tensor, ...]
 ) -> Hashable | None:
-    """The graph cache key of one half of a call (None: this call is not graphed): the ring's
-    agreed value, what the call bakes in, the autocast state it is captured under (a replay
-    repeats its casts) and the inputs' signature, so ranks that agreed the call ask the cache
-    for their keys in the same order."""
+    """The graph cache key of one half of a call (None: this call is not graphed): `Ring.
+    graph_key` of what the call bakes in, the half and the autocast state it is captured under
+    (a replay repeats its casts)."""
     baked = call.graph_key()
     if baked is None:
         return None
     device = inputs[0].device.type
     cast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
-    signature = tuple((x.shape, x.stride(), x.dtype) for x in inputs)
-    return (ring.pos.group, ring.key, baked, half, cast, signature)
+    return ring.graph_key((baked, half, cast), inputs)
 
 
 def _run(
