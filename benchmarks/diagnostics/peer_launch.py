@@ -146,7 +146,8 @@ def _supervise(
         if late or now - start > wall:
             if not late and not group:
                 alive = {k: p for k, p in procs.items() if p.poll() is None}
-                (native if native is not None else {}).update(_native_stacks(alive))
+                if native is not None:  # (py-spy only where the caller keeps its answer)
+                    native.update(_native_stacks(alive))
                 _dump_stacks(list(alive.values()))
             for key, p in procs.items():
                 if p.poll() is None:
