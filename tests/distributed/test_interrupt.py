@@ -12,8 +12,9 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+from datetime import timedelta
 
-from tests.harness import plain_ranks
+from tests.harness import plain_ranks, run_ranks
 
 PROGRAM = """
 import sys, time, torch, torch.distributed as dist
@@ -79,3 +80,37 @@ def test_a_missing_peer_is_named_at_the_deadline():
         for p in procs:
             p.kill()
             p.wait()
+
+
+def _restarted_member_waits(rank: int, world_size: int) -> float:
+    """A worker group torchrun restarted: its store still holds the previous attempt's arrival
+    keys (torchrun keeps its store across restarts). Rank 1 is late; rank 0 must wait for it."""
+    import os
+
+    from tokenring_xdit.ring.comm import groups
+
+    os.environ["TORCHELASTIC_RESTART_COUNT"] = "0"  # the previous attempt arrived, then died
+    groups._members_arrive((0, 1), timedelta(seconds=30))
+    groups._ARRIVALS.clear()  # the restarted processes start afresh
+    os.environ["TORCHELASTIC_RESTART_COUNT"] = "1"
+    if rank == 1:
+        time.sleep(2.0)
+    start = time.monotonic()
+    groups._members_arrive((0, 1), timedelta(seconds=30))
+    return time.monotonic() - start
+
+
+def test_a_restarted_group_does_not_meet_its_predecessors_keys():
+    results = run_ranks(_restarted_member_waits, 2)
+    assert all(r.ok for r in results), [r.trace for r in results]
+    assert results[0].value > 1.5, results[0].value  # it waited for rank 1, not the stale key
+
+
+def test_a_restarted_group_failing_to_connect_names_torchruns_shared_store(monkeypatch):
+    from tokenring_xdit.ring.comm import groups
+
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in groups._restart_hint()
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    assert groups._restart_hint() == ""

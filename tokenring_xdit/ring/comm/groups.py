@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -203,9 +204,30 @@ def _make(group: dist.ProcessGroup, settings: CommSettings) -> RingComms:
             f"{deadline.total_seconds():.0f} s ({str(exc).strip().splitlines()[0][:200]}); "
             "likely causes: a member of the ring raised or exited, did not call TokenRing "
             "(or setup_token_ring_group) with this group, or passed a different group"
+            + _restart_hint()
         ) from exc
     name = int.from_bytes(hashlib.sha256(group.group_name.encode()).digest()[:7], "little")
     return RingComms(group, ranks, q, out, check, deadline, backend, name, settings)
+
+
+def _launch_attempt() -> str:
+    """Which of torchrun's attempts this worker is ("0" outside torchrun): a restarted
+    worker group meets the previous attempt's keys in the store torchrun keeps across restarts."""
+    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+
+
+def _restart_hint() -> str:
+    """Why making communicators can fail in a worker group torchrun restarted: its store, shared
+    with the rendezvous, still holds the previous attempt's addresses, and torch's gloo and NCCL
+    set-up can read those (measured, torch 2.11 and 2.13: even a plain gloo init_process_group
+    of the restarted group fails with connection refused)."""
+    if _launch_attempt() == "0" or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return ""
+    return (
+        f"; this is torchrun's restart {_launch_attempt()} and its store is shared with the "
+        "rendezvous, where torch can hand the restarted workers the previous attempt's "
+        "addresses (pytorch/pytorch#135712): launch with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"
+    )
 
 
 # ring ranks -> how many times this process made communicators for those ranks. Keyed like the
@@ -232,7 +254,9 @@ def _members_arrive(ranks: tuple[int, ...], deadline: timedelta) -> None:
         return  # no store to meet on (a custom init): torch's own wait stays the only one
     generation = _ARRIVALS.get(ranks, 0)
     _ARRIVALS[ranks] = generation + 1
-    prefix = f"tokenring/arrive/{'-'.join(map(str, ranks))}/{generation}"
+    # keyed by torchrun's attempt too: its store outlives a restarted worker group, whose
+    # members would otherwise find their predecessors' keys and not wait for each other
+    prefix = f"tokenring/arrive/{_launch_attempt()}/{'-'.join(map(str, ranks))}/{generation}"
     store.set(f"{prefix}/{dist.get_rank()}", b"1")
     keys = {r: f"{prefix}/{r}" for r in ranks}
     end = time.monotonic() + deadline.total_seconds()
