@@ -101,6 +101,7 @@ GPU = dict(wall=75.0)
 # users get them, and the "-marks" scenarios check the named step with the marks on.
 REPLAY = dict(GPU, expect_step=False)
 MARKS = (("TOKENRING_XDIT_REPLAY_STEP_MARKS", "1"),)
+SEPARATE_STORES = (("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"),)
 GPU_MATRIX = (
     # a rank may compile seconds longer than its peer: the warm-up calls get 60 s (the ring's
     # communicators are made with it; the calls from the fault on have the 8 s deadline)
@@ -108,8 +109,7 @@ GPU_MATRIX = (
     # torchrun keeps its store across restarts and torch can hand the restarted workers the
     # previous attempt's addresses (pytorch#135712; call 1 of the ninth session: the restarted
     # ring's gloo set-up was refused): run it as docs/troubleshooting.md tells users to
-    _g("train", "die", "torchrun", max_restarts=1, wall=120.0,
-       env=(("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"),)),  # fmt: skip
+    _g("train", "die", "torchrun", max_restarts=1, wall=120.0, env=SEPARATE_STORES),
     *(_g("infer_graphed", f, **REPLAY) for f in ("die", "hang", "raise_exit", "raise_stay")),
     *(_g("infer_graphed", f, env=MARKS, **GPU) for f in ("die", "hang")),
     *(_g("infer_eager", f, **GPU) for f in ("die", "die_mid", "hang", "raise_exit")),
