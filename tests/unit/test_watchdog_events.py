@@ -1,7 +1,8 @@
 """The deadline's watchdog never destroys a CUDA event in its own thread (issue 44): on 4 x H200
 a survivor whose replay was stuck never raised because the watchdog sat in cuEventDestroy,
 waiting for a driver lock while the main thread's cuGraphLaunch was blocked behind the stuck
-replay. Events are released by the calling thread's next watch().
+replay. The calling thread's next watch() takes finished calls' events back for reuse (no
+event is created or destroyed per call in steady state) and drops expired ones.
 Runs the real watchdog thread with stand-in events (no GPU here) that record where they die."""
 
 from __future__ import annotations
@@ -14,12 +15,16 @@ from datetime import timedelta
 from tokenring_xdit.ring.comm import watchdog
 
 DIED_IN: list[str] = []
+MADE: list[int] = []
 
 
 class _Event:
     """Stands in for torch.cuda.Event: done at once, or never (`stuck`)."""
 
     stuck = False
+
+    def __init__(self) -> None:
+        MADE.append(1)
 
     def record(self) -> None:
         pass
@@ -44,17 +49,22 @@ def _wait_until(cond, seconds: float = 10.0) -> None:
     assert cond()
 
 
-def test_events_die_in_the_calling_thread_done_or_expired(monkeypatch):
+def test_events_are_reused_and_die_only_in_the_calling_thread(monkeypatch):
     monkeypatch.setattr(watchdog.torch.cuda, "Event", _Event)
+    monkeypatch.setattr(watchdog.torch.cuda, "current_device", lambda: 0)
     expired = []
     monkeypatch.setattr(watchdog, "_expire", lambda comms, what: expired.append(what[0]))
+    with watchdog._cv:
+        watchdog._spent.clear()
+        watchdog._reuse.clear()
     DIED_IN.clear()
+    MADE.clear()
     comms = _Comms(60.0)
-    for i in range(5):  # finished calls: each is popped by the watchdog, freed by the next watch
+    for i in range(5):  # finished calls: the watchdog sets each aside, the next watch reuses it
         watchdog.watch(comms, f"call {i}")
         _wait_until(lambda: not watchdog._items)
     gc.collect()
-    assert DIED_IN == ["MainThread"] * 4  # the last one waits in _spent for the next call
+    assert len(MADE) == 1 and DIED_IN == []
 
     # a stuck call past its deadline, with a later call of the same ring queued behind it
     monkeypatch.setattr(_Event, "stuck", True)
@@ -64,12 +74,13 @@ def test_events_die_in_the_calling_thread_done_or_expired(monkeypatch):
     _wait_until(lambda: expired == ["stuck call"] and not watchdog._items)
     time.sleep(0.05)
     gc.collect()
-    assert set(DIED_IN) == {"MainThread"}  # nothing died in the watchdog's thread
+    assert DIED_IN == []  # nothing died in the watchdog's thread
     monkeypatch.setattr(_Event, "stuck", False)
-    watchdog.watch(comms, "after")  # frees what the watchdog set aside, here
+    watchdog.watch(comms, "after")  # drops what the watchdog set aside, here
     _wait_until(lambda: not watchdog._items)
     gc.collect()
-    assert len(DIED_IN) == 7 and set(DIED_IN) == {"MainThread"}
+    assert DIED_IN == ["MainThread"] * 2  # the expired call's events; finished ones are reused
     with watchdog._cv:
         watchdog._spent.clear()
+        watchdog._reuse.clear()
     gc.collect()

@@ -2,8 +2,8 @@
 
 On NCCL a lane's wait only orders the GPU stream; a peer that died or went elsewhere leaves the
 ring's kernels waiting forever, and torch's own watchdog would abort the process at the
-communicator's timeout. Instead each finished NCCL call records one CUDA event (a few
-microseconds, also after CUDA-graph replays), and a daemon thread polls the oldest: one that is
+communicator's timeout. Instead each finished NCCL call records one CUDA event (reused from
+finished calls; also after CUDA-graph replays), and a daemon thread polls the oldest: one that is
 not done by the ring's deadline aborts the ring's own communicators (the stuck transfers then
 end, so the GPU moves on), marks the ring unusable, and logs the named error; the next TokenRing
 call on that ring raises it as TokenRingCommError. Our communicators' NCCL timeout is twice the
@@ -35,32 +35,51 @@ __all__ = ["watch"]
 
 log = logging.getLogger("tokenring_xdit")
 _POLL_S = 0.002
-_items: deque = deque()  # (event, deadline, comms, what), oldest first
-# Items the watchdog is done with. Their events are destroyed by the next watch(), in the
+_items: deque = deque()  # (event, device, deadline, comms, what), oldest first
+# Items the watchdog is done with. Their events are dropped by the next watch(), in the
 # calling thread, never in the watchdog's: cudaEventDestroy waits for a driver lock, and a graph
 # launch blocked behind a stuck replay (most likely for room in the launch queue) held it, so a
 # watchdog destroying an event there waited for the replay to end, which needed the watchdog's
 # abort (measured, 4 x H200, native stacks: main thread in cuGraphLaunch, watchdog in
 # cuEventDestroy; the survivor never raised). Its event queries did not wait there.
 _spent: list = []
+# device -> events of finished calls, recorded again by the next watch() on that device: in
+# steady state no call creates or destroys an event (each did both, a few microseconds of
+# host time per ring call).
+_reuse: dict[int, list] = {}
+_REUSE_MAX = 64  # per device; more in flight at once is rare (events beyond it are dropped)
 _cv = threading.Condition()
 _thread: list[threading.Thread] = []
 
 
 def watch(comms: RingComms, what: str) -> None:
     """Bound the NCCL work this call queued (everything on the current stream so far)."""
-    event = torch.cuda.Event()
+    device = torch.cuda.current_device()
+    with _cv:
+        _recycle()
+        free = _reuse.get(device)
+        event = free.pop() if free else torch.cuda.Event()
     event.record()
     marks, comms.marks = comms.marks, []
     with _cv:
-        _spent.clear()  # destroyed here, in the calling thread (see _spent)
         _items.append(
-            (event, time.monotonic() + comms.deadline.total_seconds(), comms, (what, marks))
-        )
+            (event, device, time.monotonic() + comms.deadline.total_seconds(), comms,
+             (what, marks))
+        )  # fmt: skip
         if not _thread:
             _thread.append(threading.Thread(target=_run, name="tokenring-watchdog", daemon=True))
             _thread[0].start()
         _cv.notify()
+
+
+def _recycle() -> None:
+    """Under the lock, in the calling thread: the watchdog's finished items give their events
+    back for reuse; an expired call's event (its work may never finish) is dropped."""
+    for event, device, _, _, _, done in _spent:
+        free = _reuse.setdefault(device, [])
+        if done and len(free) < _REUSE_MAX:
+            free.append(event)
+    _spent.clear()
 
 
 # CUstreamCaptureMode: CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
@@ -85,7 +104,7 @@ def _run() -> None:
         with _cv:
             while not _items:
                 _cv.wait()
-            event, deadline, comms, what = _items[0]
+            event, _, deadline, comms, what = _items[0]
         done = event.query()
         expired = not done and time.monotonic() > deadline
         if expired:
@@ -93,10 +112,10 @@ def _run() -> None:
         with _cv:  # this thread's references go first, under the lock (see _spent)
             del event, what
             if done:
-                _spent.append(_items.popleft())
+                _spent.append((*_items.popleft(), True))
             elif expired:
-                _spent.extend(i for i in _items if i[2] is comms)
-                kept = [i for i in _items if i[2] is not comms]
+                _spent.extend((*i, False) for i in _items if i[3] is comms)
+                kept = [i for i in _items if i[3] is not comms]
                 _items.clear()
                 _items.extend(kept)
                 del kept
