@@ -9,10 +9,16 @@ allocator pool's segments / free bytes inside split blocks / allocation retries 
 its host RSS; at the end, the reserved pool after torch.cuda.empty_cache(); rank 0 writes it all
 as JSON.
 
-Verdict, per rank and per measure (GPU allocated, GPU reserved, host RSS): "flat" when the last
-sample is less than 1 % above the sample at the end of the first cycle (every length, both modes
-and every graph have been made by then); "grew" otherwise. The JSON's verdict is "flat" only if
-every rank's every measure is.
+Verdict, per rank, on what the process holds: "flat" when GPU allocated and host RSS at the
+last sample are less than 1 % above the sample at the end of the first cycle (every length, both
+modes and every graph have been made by then), and the reserved pool after empty_cache() is at
+most 1 % above the reserved pool of that first sample (so whatever the pool grew by was blocks
+cached for reuse, not memory anything holds); "grew" otherwise. The reserved pool's own growth
+(the caching allocator keeping freed segments of the lengths' different sizes) is reported as
+`growth["gpu_reserved"]`, with its samples, not judged. The JSON's verdict is "flat" only if
+every rank's is. Each sample is also printed by rank 0 as it is taken (calls, seconds, pool),
+and `--max-seconds` ends the soak at the first sample past it (agreed by the ranks), so a slow
+run still reports.
 
     torchrun --nproc_per_node=2 benchmarks/diagnostics/soak.py --out soak.json
     torchrun --nproc_per_node=2 benchmarks/diagnostics/soak.py --device cpu --calls 50 \
@@ -33,6 +39,7 @@ import torch.distributed as dist
 
 GROWTH_LIMIT = 0.01  # "flat": the last sample < 1 % above the first cycle's end
 MEASURES = ("gpu_allocated", "gpu_reserved", "host_rss")
+HELD = ("gpu_allocated", "host_rss")  # judged; gpu_reserved is judged after empty_cache()
 
 
 def _args() -> argparse.Namespace:
@@ -45,6 +52,9 @@ def _args() -> argparse.Namespace:
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument(
+        "--max-seconds", type=float, default=None, help="end at the first sample past it"
+    )
     p.add_argument("--out", type=Path)
     return p.parse_args()
 
@@ -78,17 +88,26 @@ def sample(calls: int, cuda: bool, start: float) -> dict:
     )
 
 
-def verdict(samples: list[dict], first_cycle_calls: int) -> dict:
+def verdict(samples: list[dict], first_cycle_calls: int, reserved_after_empty: int) -> dict:
     """Growth of each measure from the first sample at or after the first cycle to the last
-    sample; "flat" when each is < GROWTH_LIMIT (a measure that is 0 throughout is flat)."""
+    sample; "flat" when each held measure's is < GROWTH_LIMIT (a measure that is 0 throughout is
+    flat) and the pool after empty_cache() is within GROWTH_LIMIT of that first sample's."""
     steady = [s for s in samples if s["calls"] >= first_cycle_calls]
     if len(steady) < 2:
         return {"verdict": "too short", "growth": {}}
     base, last = steady[0], steady[-1]
     growth = {m: (last[m] - base[m]) / base[m] if base[m] else 0.0 for m in MEASURES}
     peak = {m: max(s[m] for s in steady) for m in MEASURES}
-    flat = all(g < GROWTH_LIMIT for g in growth.values())
+    kept = reserved_after_empty <= base["gpu_reserved"] * (1 + GROWTH_LIMIT)
+    flat = kept and all(growth[m] < GROWTH_LIMIT for m in HELD)
     return {"verdict": "flat" if flat else "grew", "growth": growth, "base": base, "peak": peak}
+
+
+def _agreed_past(start: float, seconds: float, device: torch.device) -> bool:
+    """Whether any rank is past `seconds` (every rank stops at the same call)."""
+    late = torch.tensor([float(time.monotonic() - start > seconds)], device=device)
+    dist.all_reduce(late, op=dist.ReduceOp.MAX)
+    return bool(late.item())
 
 
 def main() -> None:
@@ -134,6 +153,10 @@ def main() -> None:
             if calls % every == 0:
                 finite = finite and bool(torch.isfinite(out).all())  # syncs: done before sampling
                 samples.append(sample(calls, cuda, start))
+                if rank == 0:
+                    print("sample", json.dumps(samples[-1]), flush=True)
+                if args.max_seconds is not None and _agreed_past(start, args.max_seconds, device):
+                    args.calls = calls
             if calls >= args.calls:
                 break
     if cuda:
@@ -151,14 +174,17 @@ def main() -> None:
                 gpu_reserved_after_empty_cache=after_empty)  # fmt: skip
     dist.all_gather_object(everyone, mine)
     if rank == 0:
-        ranks = [dict(r, **verdict(r["samples"], per_cycle)) for r in everyone]
+        ranks = [
+            dict(r, **verdict(r["samples"], per_cycle, r["gpu_reserved_after_empty_cache"]))
+            for r in everyone
+        ]
         flat = all(r["verdict"] == "flat" for r in ranks)
 
         result = dict(
             verdict="flat" if flat else "grew",
-            rule=f"per rank and measure ({', '.join(MEASURES)}): last sample < "
-            f"{GROWTH_LIMIT:.0%} above the first sample at or after one cycle ({per_cycle} "
-            "calls)",
+            rule=f"per rank: {', '.join(HELD)} at the last sample < {GROWTH_LIMIT:.0%} above "
+            f"the first sample at or after one cycle ({per_cycle} calls), and gpu_reserved after "
+            f"empty_cache() <= {GROWTH_LIMIT:.0%} above that sample's gpu_reserved",
             calls=calls,
             cycles=calls / per_cycle,
             calls_per_cycle=per_cycle,
