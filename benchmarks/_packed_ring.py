@@ -290,6 +290,13 @@ def main_real_ring(args, documents) -> None:
     dtype = getattr(torch, name)
     heads = (args.heads, args.kv_heads, args.head_dim)
     layouts = [x for x in args.layout.split(",") if x]
+    if args.train_graph:  # packed training with the ring's CUDA graphs (_packed_train_graph.py)
+        from _packed_train_graph import main_train_graph
+
+        main_train_graph(args, documents, device, dtype, heads, layouts)
+        dist.barrier()
+        dist.destroy_process_group()
+        return
     rank = dist.get_rank()
     result = {"meta": {}, "rows": []}
     if args.check:

@@ -21,8 +21,9 @@ a new packing comes (on every rank at the same call: the keys are agreed).
 
 Not graphed (eager as before): a ring of one (a single kernel), the IPC transport (`_run`),
 a call met inside someone else's capture or on a non-CUDA device (`graphs_wanted`), a call
-autograd records through (a backward with create_graph=True). `ring.finished` follows every call, replayed or not (a replay's deadline
-error names its step only with TOKENRING_XDIT_REPLAY_STEP_MARKS=1).
+autograd records through (a backward with create_graph=True). `ring.finished` follows every
+call, replayed or not (a replay's deadline error names its step only with
+TOKENRING_XDIT_REPLAY_STEP_MARKS=1).
 """
 
 from __future__ import annotations
