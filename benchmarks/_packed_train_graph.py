@@ -25,12 +25,19 @@ from __future__ import annotations
 
 import functools
 import json
-import platform
 import statistics
 
 import torch
 import torch.distributed as dist
-from _packed_ring import _clock, _kernel_used, _kernels, _methods, _reference, make_row
+from _packed_ring import (
+    _clock,
+    _kernel_used,
+    _kernels,
+    _methods,
+    _reference,
+    make_row,
+    ring_meta,
+)
 
 
 def _stats() -> dict:
@@ -199,12 +206,7 @@ def main_train_graph(args, documents, device, dtype, heads, layouts) -> None:
     result["meta"] = {
         "mode": "train_graph",
         "graphs": "cuda" if cuda else "eager (CUDA graphs need a GPU: cuda_graph=True ran eagerly)",
-        "device": torch.cuda.get_device_name() if cuda else "cpu",
-        "backend": dist.get_backend(),
-        "world_size": dist.get_world_size(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "heads": list(heads),
+        **ring_meta(device, heads),
         "dtype": str(dtype).removeprefix("torch."),
         "layers": args.layers,
         "steps": args.steps,
