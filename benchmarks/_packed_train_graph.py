@@ -80,8 +80,9 @@ def _step(ins, do, cu, kernel, graphs: bool):
 
 def _method(args, documents, total, layout, kernel, device, dtype, heads) -> dict:
     n, layers = dist.get_world_size(), args.layers
-    entry = {"eager_ms_per_call": [], "graph_ms_per_call": [], "documents": [],
-             "graph_stats": [], "eager_stats": []}  # fmt: skip
+    lists = ("eager_ms_per_call", "graph_ms_per_call", "documents", "layout_used",
+             "kernel_used", "graph_stats", "eager_stats")  # fmt: skip
+    entry: dict = {name: [] for name in lists}
     for step in range(-1, args.steps):  # step -1: the warm-up packing
         cu = documents(total, step)
         made, do = _layers(make_row(total, args.seed, device, dtype, heads), layout, cu, layers)
@@ -95,15 +96,16 @@ def _method(args, documents, total, layout, kernel, device, dtype, heads) -> dic
             name = "graph" if graphs else "eager"
             entry[f"{name}_ms_per_call"].append(ms / layers)
             entry[f"{name}_stats"].append(_delta(before, _stats()))
-        if step >= 0:
+        if step >= 0:  # auto's layout and kernel are per packing
+            used = _layout_used(layout, cu, n)
             entry["documents"].append(len(cu) - 1)
+            entry["layout_used"].append(used)
+            entry["kernel_used"].append(_kernel_used(kernel, used, cu, n, device, dtype, heads))
         del made, do, run
     for name in ("eager", "graph"):
         entry[f"{name}_ms"] = statistics.mean(entry[f"{name}_ms_per_call"])
     entry["speedup"] = entry["eager_ms"] / entry["graph_ms"]
     entry["kernel"] = kernel
-    entry["kernel_used"] = _kernel_used(kernel, _layout_used(layout, cu, n), cu, n, device,
-                                        dtype, heads)  # fmt: skip
     entry["refused"] = _refused()
     return entry
 
@@ -176,7 +178,7 @@ def _table(rows) -> str:
              f"{'speedup':>7}  captures/replays/dropped per step (graphs on)"]  # fmt: skip
     for r in rows:
         for name, e in r["methods"].items():
-            shown = f"{name}:{e['kernel_used']}"
+            shown = f"{name}:{'/'.join(sorted(set(e['kernel_used'])))}"
             counts = " ".join(f"{s['captures']}/{s['replays']}/{s['dropped']}"
                               for s in e["graph_stats"])  # fmt: skip
             lines.append(

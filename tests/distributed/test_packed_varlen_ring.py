@@ -187,7 +187,8 @@ def test_train_graph_runs_new_packings_per_step_and_degrades_to_eager_on_the_cpu
             assert entry[f"{mode}_ms"] == sum(per_step) / 2
             assert entry[f"{mode}_stats"] == [zero, zero], (name, entry)
         assert entry["speedup"] == entry["eager_ms"] / entry["graph_ms"]
-        assert entry["kernel_used"] == "masked" and entry["refused"] == []
+        assert entry["kernel_used"] == ["masked"] * 2 and entry["refused"] == []
+        assert entry["layout_used"] == [name] * 2
         assert len(entry["documents"]) == 2 and min(entry["documents"]) > 1
     # the steps' packings are new: the packer draws per step from --seed + step
     import sys
