@@ -124,53 +124,62 @@ def _refused() -> list[str]:
 
 def _check(args, documents, device, dtype, heads, layouts) -> dict:
     """Per layer: graphs on vs eager (max abs difference) and both vs fp64, worst over layers
-    and packings; per packing the graph cache's counts of the graphed run."""
+    and packings; per packing the graph cache's counts of the graphed run. The fp64 reference
+    of a packing's layers is made once for every (layout, kernel)."""
+    total, layers = args.check_tokens, args.layers
+    methods = list(_methods(layouts, _kernels(args)))
+    worst = {name: {w: dict.fromkeys(PARTS, 0.0) for w in COMPARED} for _, _, name in methods}
+    counts = {name: [] for _, _, name in methods}
+    for step in range(args.steps):
+        cu = documents(total, step)
+        rows = [make_row(total, args.seed + 1 + i, device, dtype, heads) for i in range(layers)]
+        refs = [_reference(cu, *full) for full in rows]
+        for layout, kernel, name in methods:
+            before = _stats()
+            got = {g: _check_layers(rows, layout, cu, kernel, g) for g in (False, True)}
+            counts[name].append(_delta(before, _stats()))
+            for i, ref in enumerate(refs):
+                pairs = {"graph_vs_eager": (got[True][i], got[False][i]),
+                         "graph_vs_fp64": (got[True][i], ref),
+                         "eager_vs_fp64": (got[False][i], ref)}  # fmt: skip
+                for what, (a, b) in pairs.items():
+                    for part, x, y in zip(PARTS, a, b, strict=True):
+                        err = float((x.double() - y.double()).abs().max())
+                        worst[name][what][part] = max(worst[name][what][part], err)
+        del rows, refs
+    for _, _, name in methods:
+        if dist.get_rank() == 0:
+            print(f"  check {total} tokens {name}: {json.dumps(worst[name])}", flush=True)
+    res = {name: {**worst[name], "graph_stats": counts[name]} for _, _, name in methods}
+    return {"tokens": total, "layers": layers, "packings": args.steps, "max_abs": res}
+
+
+PARTS = ("out", "dq", "dk", "dv")
+COMPARED = ("graph_vs_eager", "graph_vs_fp64", "eager_vs_fp64")
+
+
+def _check_layers(rows, layout, cu, kernel, graphs: bool) -> list[list[torch.Tensor]]:
+    """Every layer's (out, dq, dk, dv), whole rows: the forwards, then the backwards (each
+    layer its own inputs and dout)."""
     import tokenring_xdit
 
-    total, layers = args.check_tokens, args.layers
-    res = {}
-    for layout, kernel, name in _methods(layouts, _kernels(args)):
-        worst = {w: dict.fromkeys(("out", "dq", "dk", "dv"), 0.0)
-                 for w in ("graph_vs_eager", "graph_vs_fp64", "eager_vs_fp64")}  # fmt: skip
-        counts = []
-        for step in range(args.steps):
-            cu = documents(total, step)
-            rows = [make_row(total, args.seed + 1 + i, device, dtype, heads) for i in range(layers)]
-            got = {}
-            for graphs in (False, True):
-                before = _stats()
-                ins, dos = [], []
-                for full in rows:
-                    made, do = _layers(full, layout, cu, 1)
-                    ins.append(made[0])
-                    dos.append(do)
-                outs = [
-                    tokenring_xdit.token_ring_attn_func(
-                        q, k, v, causal=True, cu_seqlens=cu, kernel=kernel, cuda_graph=graphs
-                    )
-                    for q, k, v in ins
-                ]
-                torch.autograd.backward(outs, dos)  # each layer its own dout
-                got[graphs] = [
-                    [tokenring_xdit.unshard(x.detach(), causal=True, cu_seqlens=cu, layout=layout)
-                     for x in (o, q.grad, k.grad, v.grad)]
-                    for o, (q, k, v) in zip(outs, ins, strict=True)
-                ]  # fmt: skip
-                if graphs:
-                    counts.append(_delta(before, _stats()))
-            for i, full in enumerate(rows):
-                refs = _reference(cu, *full)
-                pairs = {"graph_vs_eager": (got[True][i], got[False][i]),
-                         "graph_vs_fp64": (got[True][i], refs),
-                         "eager_vs_fp64": (got[False][i], refs)}  # fmt: skip
-                for what, (a, b) in pairs.items():
-                    for part, x, y in zip(("out", "dq", "dk", "dv"), a, b, strict=True):
-                        err = float((x.double() - y.double()).abs().max())
-                        worst[what][part] = max(worst[what][part], err)
-        res[name] = {**worst, "graph_stats": counts}
-        if dist.get_rank() == 0:
-            print(f"  check {total} tokens {name}: {json.dumps(worst)}", flush=True)
-    return {"tokens": total, "layers": layers, "packings": args.steps, "max_abs": res}
+    ins, dos = [], []
+    for full in rows:
+        made, do = _layers(full, layout, cu, 1)
+        ins.append(made[0])
+        dos.append(do)
+    outs = [
+        tokenring_xdit.token_ring_attn_func(
+            q, k, v, causal=True, cu_seqlens=cu, kernel=kernel, cuda_graph=graphs
+        )
+        for q, k, v in ins
+    ]
+    torch.autograd.backward(outs, dos)
+    return [
+        [tokenring_xdit.unshard(x.detach(), causal=True, cu_seqlens=cu, layout=layout)
+         for x in (o, q.grad, k.grad, v.grad)]
+        for o, (q, k, v) in zip(outs, ins, strict=True)
+    ]  # fmt: skip
 
 
 def _table(rows) -> str:
