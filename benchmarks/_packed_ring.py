@@ -276,6 +276,18 @@ def _table(rows) -> str:
     return "\n".join(lines)
 
 
+def ring_meta(device, heads) -> dict:
+    """The machine and ring a --real-ring result was measured on."""
+    return {
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "backend": dist.get_backend(),
+        "world_size": dist.get_world_size(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "heads": list(heads),
+    }
+
+
 def main_real_ring(args, documents) -> None:
     """The --real-ring mode under torchrun (NCCL on --device cuda, gloo on cpu)."""
     from tokenring_xdit.ring.comm import setup_token_ring_group
@@ -290,6 +302,13 @@ def main_real_ring(args, documents) -> None:
     dtype = getattr(torch, name)
     heads = (args.heads, args.kv_heads, args.head_dim)
     layouts = [x for x in args.layout.split(",") if x]
+    if args.train_graph:  # packed training with the ring's CUDA graphs (_packed_train_graph.py)
+        from _packed_train_graph import main_train_graph
+
+        main_train_graph(args, documents, device, dtype, heads, layouts)
+        dist.barrier()
+        dist.destroy_process_group()
+        return
     rank = dist.get_rank()
     result = {"meta": {}, "rows": []}
     if args.check:
@@ -300,12 +319,7 @@ def main_real_ring(args, documents) -> None:
         result["rows"].append(_row(total, args, documents, device, dtype, heads, layouts))
     result["meta"] = {
         "mode": "real_ring",
-        "device": torch.cuda.get_device_name() if cuda else "cpu",
-        "backend": dist.get_backend(),
-        "world_size": dist.get_world_size(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "heads": list(heads),
+        **ring_meta(device, heads),
         "dtype": name,
         "warmup": args.warmup,
         "iters": args.iters,

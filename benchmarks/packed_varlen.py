@@ -42,6 +42,13 @@ for the ring's size (the row's zigzag evened by the packing order alone).
 torch.profiler (benchmarks/_packed_profile.py: timeline, host issue time, launches per call, the
 cost model's per-rank ms beside the measured attention busy time, the rank's planned work) and
 prints a per-rank table; --profile-events adds every GPU activity of one call per rank.
+--train-graph times packed training with the ring's CUDA graphs as a model runs it: per step a
+new packing through --layers calls forward + backward, graphs on vs eager on the same packings
+(benchmarks/_packed_train_graph.py; --check then compares every replayed call with the eager
+one and both with fp64):
+
+    torchrun --nproc_per_node=4 benchmarks/packed_varlen.py --real-ring --train-graph \
+        --layers 8 --steps 4 --tokens 32768,131072 --check --out packed_train_graph.json
 """
 
 from __future__ import annotations
@@ -283,23 +290,41 @@ def main() -> None:
         action="store_true",
         help="with --profile: every GPU activity of one more call, per rank (`events`)",
     )
+    ring.add_argument(
+        "--train-graph",
+        action="store_true",
+        help="packed training with the ring's CUDA graphs: per step a new packing through "
+        "--layers calls forward + backward, graphs on vs eager on the same packings "
+        "(_packed_train_graph.py; on the CPU graphs run eagerly and the meta says so)",
+    )
+    ring.add_argument("--layers", type=int, default=8, help="--train-graph: calls per packing")
+    ring.add_argument("--steps", type=int, default=4, help="--train-graph: packings timed")
     args = parser.parse_args()
     if args.profile_events and not args.profile:
         parser.error("--profile-events needs --profile N")
+    if args.train_graph and args.profile:
+        parser.error("--profile does not combine with --train-graph")
+    if min(args.layers, args.steps) < 1:
+        parser.error("--layers and --steps must be >= 1")
     lo, hi = (int(x) for x in args.doc_lens.split(","))
     if args.real_ring:
         from _packed_ring import main_real_ring
 
-        main_real_ring(args, lambda total: _ordered(_documents(total, args.seed, lo, hi), args))
+        # a step's packing: fresh lengths from the same distribution (--train-graph); step 0 is
+        # the row of before
+        def documents(total: int, step: int = 0) -> list[int]:
+            return _ordered(_documents(total, args.seed + step, lo, hi), args)
+
+        main_real_ring(args, documents)
         return
     ring_only = (
         args.device, args.heads, args.kv_heads, args.head_dim, args.dtype, args.check,
-        args.kernel, args.order, args.profile, args.profile_events,
+        args.kernel, args.order, args.profile, args.profile_events, args.train_graph,
     )  # fmt: skip
-    if ring_only != ("cuda", H, HK, D, "auto", False, "auto", "packed", 0, False):
+    if ring_only != ("cuda", H, HK, D, "auto", False, "auto", "packed", 0, False, False):
         parser.error(
             "--device/--heads/--kv-heads/--head-dim/--dtype/--check/--kernel/--order/--profile"
-            "[-events] need --real-ring"
+            "[-events]/--train-graph need --real-ring"
         )
     rings = [int(x) for x in args.rings.split(",") if x]
     rows = []

@@ -156,3 +156,55 @@ def test_balanced_packing_order_runs_exact(tmp_path):
     assert result["check"]["tokens"] == 1024  # the check row is this reordered row
     for errs in result["check"]["max_abs"].values():
         assert all(0 <= e <= TOL for e in errs.values()), errs
+
+
+def test_train_graph_runs_new_packings_per_step_and_degrades_to_eager_on_the_cpu(tmp_path):
+    """--train-graph: per step a new packing (fresh lengths, the documents counted per step)
+    through --layers calls forward + backward, eager and graphs on timed on the same packings;
+    on the CPU graphs cannot run, so cuda_graph=True runs eagerly: the meta says so, the graph
+    cache counts nothing and --check finds the two modes bitwise equal, both exact vs fp64."""
+    out = tmp_path / "graph.json"
+    done = torchrun_script(
+        "benchmarks/packed_varlen.py",
+        "--real-ring", "--train-graph", "--device", "cpu", "--tokens", "256", "--heads", "4",
+        "--kv-heads", "2", "--head-dim", "16", "--doc-lens", "16,96", "--layout",
+        "zigzag,documents", "--layers", "3", "--steps", "2", "--check", "--check-tokens", "128",
+        "--out", str(out),
+        timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    meta = result["meta"]
+    assert meta["mode"] == "train_graph" and meta["graphs"].startswith("eager")
+    assert (meta["layers"], meta["steps"], meta["world_size"]) == (3, 2, 2)
+    zero = {"captures": 0, "replays": 0, "eager": 0, "dropped": 0, "refused": 0}
+    (row,) = result["rows"]
+    assert row["tokens"] == 256 and set(row["methods"]) == {"zigzag", "documents"}
+    for name, entry in row["methods"].items():
+        for mode in ("eager", "graph"):
+            per_step = entry[f"{mode}_ms_per_call"]
+            assert len(per_step) == 2 and min(per_step) > 0, (name, entry)
+            assert entry[f"{mode}_ms"] == sum(per_step) / 2
+            assert entry[f"{mode}_stats"] == [zero, zero], (name, entry)
+        assert entry["speedup"] == entry["eager_ms"] / entry["graph_ms"]
+        assert entry["kernel_used"] == ["masked"] * 2 and entry["refused"] == []
+        assert entry["layout_used"] == [name] * 2
+        assert len(entry["documents"]) == 2 and min(entry["documents"]) > 1
+    # the steps' packings are new: the packer draws per step from --seed + step
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from packed_varlen import _documents
+
+    drawn = [len(_documents(256, step, 16, 96)) - 1 for step in range(2)]
+    assert row["methods"]["zigzag"]["documents"] == drawn
+    assert _documents(256, 0, 16, 96) != _documents(256, 1, 16, 96)
+    check = result["check"]
+    assert (check["tokens"], check["layers"], check["packings"]) == (128, 3, 2)
+    for name, entry in check["max_abs"].items():
+        assert set(entry["graph_vs_eager"].values()) == {0.0}, (name, entry)
+        for what in ("graph_vs_fp64", "eager_vs_fp64"):
+            assert all(0 <= e <= TOL for e in entry[what].values()), (name, what, entry)
+        assert entry["graph_stats"] == [zero, zero]
+    assert "graph ms" in done.stdout

@@ -1,7 +1,8 @@
 """Training calls as CUDA graphs (RingConfig.train_cuda_graph, ring/train.py) without a GPU:
 the switch's parsing and which calls it reaches (the per-call override, inference untouched),
 and the graph keys of a call's two halves: hashable, equal for equal calls (records rebuilt per
-call included), different wherever a captured graph would differ, none for packed documents."""
+call included), different wherever a captured graph would differ (a packed call's agreed
+documents and their layout included)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from tokenring_xdit.config import CALL, ENV, RingConfig, scope_of
 from tokenring_xdit.ring.block_loop import BlockCall
 from tokenring_xdit.ring.call import _graphs
 from tokenring_xdit.ring.comm import RingPosition
+from tokenring_xdit.ring.doc_layout import DOCUMENTS, ROW
 from tokenring_xdit.ring.documents import Documents, doc_plan
 from tokenring_xdit.ring.kernels import PAIRS
 from tokenring_xdit.ring.kernels.wrappers import expanded
@@ -115,11 +117,35 @@ def test_a_deterministic_pair_is_another_graph():
     )
 
 
-def test_packed_documents_are_not_graphed():
-    plan = doc_plan(Documents((0, 5, 16)), CAUSAL_ZIGZAG, (8, 8))
-    assert _call(docs=plan).graph_key() is None
-    assert train_graph_key(_ring(), _call(docs=plan), FORWARD, _qkv()) is None
-    assert train_graph_key(_ring(), _call(docs=plan), BACKWARD, _qkv()) is None
+def _packed(bounds=(0, 5, 16), split=ROW, schedule=CAUSAL_ZIGZAG) -> BlockCall:
+    # Documents made anew (as the agreed ones of every call are): equal by value
+    return _call(
+        schedule=schedule, docs=doc_plan(Documents(tuple(bounds)), schedule, (8, 8), split)
+    )
+
+
+def test_packed_keys_hold_the_agreed_documents_and_their_layout():
+    """Packed calls are graphed: equal keys for equal documents (plans built anew), another key
+    for another packing, another layout of the same documents, and the dense call."""
+    ring, qkv = _ring(), _qkv()
+    key = train_graph_key(ring, _packed(), FORWARD, qkv)
+    assert key is not None and train_graph_key(ring, _packed(), BACKWARD, qkv) is not None
+    hash(key)
+    again = train_graph_key(ring, _packed(), FORWARD, qkv)
+    assert key == again and hash(key) == hash(again)
+    assert _packed().packing == (ROW, Documents((0, 5, 16)))
+    others = {
+        "packing": train_graph_key(ring, _packed((0, 7, 16)), FORWARD, qkv),
+        "more documents": train_graph_key(ring, _packed((0, 5, 9, 16)), FORWARD, qkv),
+        "layout": train_graph_key(ring, _packed(split=DOCUMENTS), FORWARD, qkv),
+        "dense": train_graph_key(ring, _call(), FORWARD, qkv),
+        "half": train_graph_key(ring, _packed(), BACKWARD, qkv),
+    }
+    assert all(other != key for other in others.values()), [
+        name for name, other in others.items() if other == key
+    ]
+    assert len(set(others.values())) == len(others)
+    assert _call().packing is None
 
 
 def test_the_autocast_state_is_part_of_the_key():

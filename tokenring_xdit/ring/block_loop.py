@@ -58,16 +58,21 @@ class BlockCall:
             return None
         return pieces(self.layout.dims(q)[2], self.layout.dims(k)[2])
 
+    @property
+    def packing(self) -> tuple | None:
+        """The agreed packed documents this call runs (None: not packed): the documents and
+        their layout, from which every rank's plan, segments and transfer table follow (with
+        the schedule and the ring's lengths, which the graph key holds too)."""
+        return None if self.docs is None else (self.docs.split, self.docs.docs)
+
     def graph_key(self) -> tuple | None:
         """Everything a captured graph of this call bakes in besides the ring's agreed value
         and the tensors' signature (the pair by value: a frozen record, equal for equal
-        choices). None: not graphed. Packed documents stay eager: a batch's packing is new
-        almost every step (a capture per batch, never replayed) and their kernels copy the
-        segments' offsets from the host."""
-        if self.docs is not None:
-            return None
+        choices; a packed call's documents, `packing`). None: not graphed. A packing is shared
+        by every layer of a step, so its graphs replay per layer (the ring keeps those of its
+        last few packings only: graphs.PACKINGS_KEPT)."""
         return (self.schedule.name, self.pair, self.layout.name, self.scale,
-                self.head_start_us, self.hold_back)  # fmt: skip
+                self.head_start_us, self.hold_back, self.packing)  # fmt: skip
 
     def mask(self, rank: int, st: BlockStep):
         """The kernel's mask argument at this step: the causal flag, or the block's segments

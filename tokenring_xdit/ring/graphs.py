@@ -14,7 +14,7 @@ import hashlib
 import threading
 import traceback
 import weakref
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,11 +25,14 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from .comm.teardown import GRAPH_RELEASERS, ensure_guard
 
 __all__ = [
+    "PACKINGS_KEPT",
     "GraphCache",
     "GraphStats",
+    "PackingWindow",
     "all_ranks_ok",
     "clear_graphs",
     "graphs_wanted",
+    "keep_alive",
     "release_all_graphs",
     "run_graphed",
 ]
@@ -37,6 +40,12 @@ __all__ = [
 # TokenRing call graphs kept at most (least recently used dropped first): a growing KV cache
 # makes a new signature per length, and each graph holds its buffers.
 RING_GRAPH_LIMIT = 64
+# Packed-document graphs kept per ring: those of its last PACKINGS_KEPT packings (in the order
+# first seen). A batch's packing is new almost every step and each of its graphs holds static
+# buffers of the call's size, so older ones are dead weight; two, not one, so a forward that runs
+# ahead of the previous batch's backward (pipeline schedules, an evaluation batch in between)
+# does not drop graphs that are still to be replayed.
+PACKINGS_KEPT = 2
 
 
 @dataclass
@@ -44,6 +53,7 @@ class GraphStats:
     captures: int = 0
     replays: int = 0
     eager: int = 0
+    dropped: int = 0  # graphs dropped by `GraphCache.drop` (old packings)
     refused: list[str] = field(default_factory=list)
 
 
@@ -53,10 +63,21 @@ class _Graph:
     inputs: list[Any]  # flattened inputs; tensors are the static input buffers
     outputs: list[Any]
     out_spec: Any  # None: the outputs were a plain tuple of tensors (a ring call's (out, lse))
+    kept: list[torch.Tensor] = field(default_factory=list)  # read by the graph, made outside it
 
 
 _MISSING = object()
 _LIVE: weakref.WeakSet[GraphCache] = weakref.WeakSet()
+_CAPTURING = threading.local()  # .kept: the list of the capture under way on this thread
+
+
+def keep_alive(*tensors: torch.Tensor) -> None:
+    """Tensors that the capture under way (on this thread) reads but that a cache outside it
+    owns (e.g. device offsets cached by value): the graph keeps them until it is dropped, so a
+    cache that lets them go cannot free memory a replay still reads. No capture: nothing."""
+    kept = getattr(_CAPTURING, "kept", None)
+    if kept is not None:
+        kept.extend(tensors)
 
 
 class GraphCache:
@@ -114,6 +135,16 @@ class GraphCache:
         outs = [x.clone() if isinstance(x, torch.Tensor) else x for x in entry.outputs]
         return tree_unflatten(outs, entry.out_spec)
 
+    def drop(self, keys: Iterable[Hashable]) -> int:
+        """Drop the graphs of `keys` (absent ones are skipped; their memory goes back to the
+        pool for later captures); the next call of such a key captures again. Returns how many
+        graphs were dropped."""
+        with self._lock:
+            gone = [self._graphs.pop(key, None) for key in keys]
+        dropped = sum(isinstance(g, _Graph) for g in gone)
+        self.stats.dropped += dropped
+        return dropped
+
     def clear(self) -> None:
         """Drop every graph (their memory too); the next call of each key captures again."""
         with self._lock:
@@ -127,27 +158,30 @@ class GraphCache:
         static = [x.clone() if isinstance(x, torch.Tensor) else x for x in leaves]
         device = next(x.device for x in static if isinstance(x, torch.Tensor))
         same_key = not self.agree_on_key or _agree_on_key(key, device, group)
-        graph, outputs, error = torch.cuda.CUDAGraph(), None, None
+        graph, outputs, error, kept = torch.cuda.CUDAGraph(), None, None, []
         if same_key:
             ensure_guard()  # destroy_process_group frees our graphs first (pytorch#115388)
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             torch.cuda.synchronize(device)
+            _CAPTURING.kept = kept
             try:
                 with torch.cuda.graph(graph, pool=self._pool):
                     outputs = run(static)
             except Exception as exc:  # a host sync or an uncapturable op: stay eager
                 error = _first_error(exc)
                 _reset_rng_capture(device)
+            finally:
+                _CAPTURING.kept = None
         if not all_ranks_ok(same_key and error is None, device, group):
             reason = error or ("ranks called with different arguments" if not same_key else None)
             self.stats.refused.append(reason or "capture failed on another rank")
             return None
         self.stats.captures += 1
         if type(outputs) is tuple and all(isinstance(x, torch.Tensor) for x in outputs):
-            return _Graph(graph, static, list(outputs), None)
+            return _Graph(graph, static, list(outputs), None, kept)
         out_leaves, out_spec = tree_flatten(outputs)
-        return _Graph(graph, static, out_leaves, out_spec)
+        return _Graph(graph, static, out_leaves, out_spec, kept)
 
 
 def _first_error(exc: BaseException) -> str:
@@ -224,18 +258,50 @@ def graphs_wanted(enabled: bool, device: torch.device) -> bool:
     return enabled
 
 
+class PackingWindow:
+    """Which packed-document graphs a cache keeps: per ring, the keys of its last `kept`
+    packings in the order first seen. `admit` is told every graphed packed call; a ring's
+    packed calls come in the same order on each of its ranks (the keys are agreed), so every
+    rank drops the same graphs at the same call. Bookkeeping only: the cache drops them."""
+
+    def __init__(self, kept: int) -> None:
+        self.kept = kept
+        self._rings: dict[Hashable, dict[Hashable, set[Hashable]]] = {}
+
+    def admit(self, ring: Hashable, packing: Hashable, key: Hashable) -> list[Hashable]:
+        """Record `key` as a graph of `packing` on `ring`; returns the keys of the packings
+        that fall out of the window (a new packing pushes the oldest out)."""
+        packings = self._rings.setdefault(ring, {})
+        packings.setdefault(packing, set()).add(key)
+        dropped: list[Hashable] = []
+        while len(packings) > self.kept:
+            dropped.extend(packings.pop(next(iter(packings))))
+        return dropped
+
+    def clear(self) -> None:
+        self._rings.clear()
+
+
 # TokenRing calls share one cache (keys hold the group, rank, kernel and tensor signature).
 RING_GRAPHS = GraphCache(lru=RING_GRAPH_LIMIT)
+RING_PACKINGS = PackingWindow(PACKINGS_KEPT)
 
 
-def run_graphed(key: Hashable, inputs: tuple[torch.Tensor, ...], run, group) -> Any:
-    """run(inputs) through the ring's graph cache under `key` (same key on every ring rank)."""
+def run_graphed(
+    key: Hashable, inputs: tuple[torch.Tensor, ...], run, group, packing: Hashable = None
+) -> Any:
+    """run(inputs) through the ring's graph cache under `key` (same key on every ring rank).
+    `packing`: the call's agreed packed documents (its graphs are kept for the ring's last
+    PACKINGS_KEPT packings only)."""
+    if packing is not None:
+        RING_GRAPHS.drop(RING_PACKINGS.admit(group, packing, key))
     return RING_GRAPHS(key, inputs, run, group)
 
 
 def clear_graphs() -> None:
     """Drop the TokenRing call graphs (frees their memory)."""
     RING_GRAPHS.clear()
+    RING_PACKINGS.clear()
 
 
 def release_all_graphs() -> int:

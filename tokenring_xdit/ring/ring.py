@@ -75,14 +75,18 @@ class Ring:
         signature = tuple((x.shape, x.stride(), x.dtype) for x in inputs)
         return (self.pos.group, self.key, *baked, signature)
 
-    def graphed(self, key: Hashable, inputs: tuple[torch.Tensor, ...], run: Callable) -> Any:
+    def graphed(
+        self, key: Hashable, inputs: tuple[torch.Tensor, ...], run: Callable,
+        packing: Hashable = None,
+    ) -> Any:  # fmt: skip
         """`run(inputs)` through the ring call graphs under `key` (agreed on every rank): the
-        first call of a key runs eagerly, then it is captured and replayed. With the replay
+        first call of a key runs eagerly, then it is captured and replayed. `packing`: a packed
+        call's agreed documents (graphs.run_graphed keeps the last few packings'). With the replay
         step marks on, a replay's steps are named by the events its capture recorded
         (comm/step_marks.py); off (the default), nothing is added to a replay."""
         comms = self.comms
         if comms is None or not comms.settings.replay_step_marks:
-            return run_graphed(key, inputs, run, self.pos.group)
+            return run_graphed(key, inputs, run, self.pos.group, packing)
         ran = []
 
         def marked(xs):
@@ -90,7 +94,7 @@ class Ring:
             with capture_marks(comms, key):
                 return run(xs)
 
-        result = run_graphed(key, inputs, marked, self.pos.group)
+        result = run_graphed(key, inputs, marked, self.pos.group, packing)
         if not ran:
             replay_marks(comms, key)
         return result

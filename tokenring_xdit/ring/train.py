@@ -13,11 +13,17 @@ what autograd saves for the backward (out, lse) and what it gets back (dq, dk, d
 caller's own tensors, never buffers a later replay overwrites. Every layer of one shape shares a
 forward graph and a backward graph.
 
+Packed documents (`BlockCall.docs`) are graphed too: the key holds the agreed documents and
+their layout (`BlockCall.packing`), and one packing is shared by every layer of a step, so per
+step and half a packing runs eagerly once, is captured once and replays for the other layers.
+The ring keeps the graphs of its last `graphs.PACKINGS_KEPT` packings and drops older ones when
+a new packing comes (on every rank at the same call: the keys are agreed).
+
 Not graphed (eager as before): a ring of one (a single kernel), the IPC transport (`_run`),
-packed documents (`BlockCall.graph_key`), a call met inside someone else's capture or on a
-non-CUDA device (`graphs_wanted`), a call autograd records through (a backward with
-create_graph=True). `ring.finished` follows every call, replayed or not (a replay's deadline
-error names its step only with TOKENRING_XDIT_REPLAY_STEP_MARKS=1).
+a call met inside someone else's capture or on a non-CUDA device (`graphs_wanted`), a call
+autograd records through (a backward with create_graph=True). `ring.finished` follows every
+call, replayed or not (a replay's deadline error names its step only with
+TOKENRING_XDIT_REPLAY_STEP_MARKS=1).
 """
 
 from __future__ import annotations
@@ -66,7 +72,7 @@ def _run(
         # (autograd recording through the call, a backward with create_graph, stays eager)
         if not (torch.is_grad_enabled() and any(x.requires_grad for x in inputs)):
             key = train_graph_key(ring, call, half, inputs)
-    result = run(inputs) if key is None else ring.graphed(key, inputs, run)
+    result = run(inputs) if key is None else ring.graphed(key, inputs, run, call.packing)
     ring.finished("forward" if half == FORWARD else "backward")
     return result
 

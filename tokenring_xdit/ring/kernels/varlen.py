@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..doc_layout import Segment, segment_runs
+from ..graphs import keep_alive
 from ..layout import BHSD, Layout
 from ..standin import out_standin_bhsd
 from .base import Kernel, RowsSeen, empty_partial, merge_rows
@@ -33,17 +34,23 @@ def _device_offsets(offsets: tuple[int, ...], device: torch.device) -> torch.Ten
     (issue 44, measured on 2 x H200). Pinned memory and a non-blocking copy only queue."""
     key = (offsets, device)
     hit = _OFFSETS.get(key)
-    if hit is None and device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        # a copy captured in a graph runs only at replay: nothing to cache (as before)
-        return torch.tensor(offsets, dtype=torch.int32, device=device)
-    if hit is None:
-        host = torch.tensor(offsets, dtype=torch.int32)
-        if device.type == "cuda":
-            host = host.pin_memory()  # the caching host allocator keeps it until the copy ends
-        hit = host.to(device, non_blocking=True)
-        if len(_OFFSETS) >= _OFFSETS_SIZE:
-            _OFFSETS.clear()
-        _OFFSETS[key] = hit
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if hit is not None:
+        if capturing:  # this cache may let it go while the graph still reads it
+            keep_alive(hit)
+        return hit
+    host = torch.tensor(offsets, dtype=torch.int32)
+    if device.type == "cuda":
+        host = host.pin_memory()  # the caching host allocator keeps it until the copy ends
+    hit = host.to(device, non_blocking=True)
+    if capturing:
+        # captured, the copy reads the pinned buffer at every replay: the graph keeps both
+        # (the call's eager run before its capture has normally cached the offsets already)
+        keep_alive(host, hit)
+        return hit
+    if len(_OFFSETS) >= _OFFSETS_SIZE:
+        _OFFSETS.clear()
+    _OFFSETS[key] = hit
     return hit
 
 
