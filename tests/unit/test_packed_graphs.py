@@ -110,3 +110,19 @@ def test_clear_graphs_forgets_the_window(ring_cache):
 def test_keep_alive_is_nothing_outside_a_capture():
     graphs.keep_alive(torch.zeros(1))  # no capture under way: nothing kept, nothing raised
     assert getattr(graphs._CAPTURING, "kept", None) is None
+
+
+def test_the_lru_counts_each_group_apart(monkeypatch):
+    """A rank in two rings: the keys of one ring never push another ring's graphs out (each
+    ring's ranks see the same sequence of their own keys only; a drop one of them made alone
+    would make it capture, a collective, while its peers replay)."""
+    cache = GraphCache(lru=2)
+    monkeypatch.setattr(cache, "_capture", lambda key, leaves, run, group: _graph())
+    x = torch.arange(3.0)
+    for group, key in (("A", "a1"), ("A", "a2"), ("B", "b1"), ("B", "b2"), ("B", "b3")):
+        cache(key, [x], lambda xs: (xs[0],), group)
+    assert set(cache._graphs) == {"a1", "a2", "b2", "b3"}
+    cache("a1", [x], None, "A")  # a replay: a1 is now A's most recently used
+    cache("a3", [x], lambda xs: (xs[0],), "A")
+    assert set(cache._graphs) == {"a1", "a3", "b2", "b3"}
+    assert cache.drop(["b2"]) == 1 and "b2" not in cache._group

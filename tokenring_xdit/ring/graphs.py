@@ -85,8 +85,11 @@ class GraphCache:
     inputs (tensors and plain values) that is capturable; `key` must be equal on every rank.
 
     max_entries: past it, new keys run eagerly (their arguments probably change per call).
-    lru: past it, the least recently used graph is dropped (with its memory) for a new key; the
-    key sequence is agreed across ranks, so every rank drops the same one.
+    lru: past it, the least recently used graph of the same group is dropped (with its memory)
+    for a new key; a group's key sequence is agreed across its ranks, so every rank drops the
+    same one. Counted per group, not over the cache: with a count over every group, a rank whose
+    other rings made more keys would drop a graph its peers in this ring keep, and the next call
+    would capture (a collective) on one rank and replay on the other: a hang.
     agree_on_key: compare the key across the group before capturing (a caller whose key can
     differ between ranks, e.g. built from Python state).
     """
@@ -99,6 +102,7 @@ class GraphCache:
         self.agree_on_key = agree_on_key
         self.stats = GraphStats()
         self._graphs: dict[Hashable, _Graph | None] = {}  # None: stay eager for this key
+        self._group: dict[Hashable, Any] = {}  # key -> the group it was made in (lru)
         self._pool = None
         self._lock = threading.Lock()
         _LIVE.add(self)
@@ -116,11 +120,15 @@ class GraphCache:
         if entry is _MISSING:
             result = run(leaves)  # warm-up, and this call's answer
             with self._lock:
-                if self.lru is not None and len(self._graphs) >= self.lru:
-                    del self._graphs[next(iter(self._graphs))]  # least recently used
+                if self.lru is not None:
+                    mine = [k for k in self._graphs if self._group.get(k) is group]
+                    if len(mine) >= self.lru:  # the group's least recently used
+                        del self._graphs[mine[0]]
+                        self._group.pop(mine[0], None)
             graph = self._capture(key, leaves, run, group)
             with self._lock:
                 self._graphs[key] = graph
+                self._group[key] = group
             return result
         if entry is None:
             self.stats.eager += 1
@@ -140,7 +148,10 @@ class GraphCache:
         pool for later captures); the next call of such a key captures again. Returns how many
         graphs were dropped."""
         with self._lock:
-            gone = [self._graphs.pop(key, None) for key in keys]
+            gone = []
+            for key in keys:
+                self._group.pop(key, None)
+                gone.append(self._graphs.pop(key, None))
         dropped = sum(isinstance(g, _Graph) for g in gone)
         self.stats.dropped += dropped
         return dropped
@@ -149,6 +160,7 @@ class GraphCache:
         """Drop every graph (their memory too); the next call of each key captures again."""
         with self._lock:
             self._graphs.clear()
+            self._group.clear()
             self._pool = None
 
     def __len__(self) -> int:
