@@ -104,10 +104,14 @@ class TorchLane:
                     works += [group.recv([t], peers[p], 0) for t, p in recvs]
                 else:  # one coalesced batch (one NCCL group), one work
                     group._start_coalescing(device)
-                    for t, p in sends:
-                        group.send([t], peers[p], 0)
-                    for t, p in recvs:
-                        group.recv([t], peers[p], 0)
+                    try:
+                        for t, p in sends:
+                            group.send([t], peers[p], 0)
+                        for t, p in recvs:
+                            group.recv([t], peers[p], 0)
+                    except BaseException:
+                        _close_batch(group, device)
+                        raise
                     work = group._end_coalescing(device)
                     works = [] if work is None else [work]
         except RuntimeError as exc:
@@ -191,6 +195,17 @@ def _decide(group: dist.ProcessGroup, comms: RingComms) -> _Direct | None:
     except (RuntimeError, ValueError):  # no such backend here, or a rank torch cannot map
         return None
     return _Direct(comms.ranks, peers, device if coalesce else None)
+
+
+def _close_batch(group: dist.ProcessGroup, device: torch.device) -> None:
+    """End a batch an op of which raised. NCCL's coalescing opened an NCCL group on this thread
+    (ncclGroupStart): left open, every later NCCL call of the thread, on any communicator,
+    would join it and never run. torch's coalescing manager leaves it open; the ring is failed
+    either way (what was queued is issued and bounded by the ring's deadline)."""
+    try:
+        group._end_coalescing(device)
+    except RuntimeError:
+        pass
 
 
 def _batched(group: dist.ProcessGroup, ranks: tuple[int, ...], sends, recvs) -> list:
