@@ -179,6 +179,8 @@ def _direct_of(group: dist.ProcessGroup, comms: RingComms) -> _Direct | None:
     """The direct issue of `group`'s posts, or None. What batch_isend_irecv would decide for
     the lane's tensors (CUDA on NCCL, CPU on gloo): coalesce where that backend supports it,
     one op at a time where it does not; other backends or group types keep the fallback."""
+    if type(group) is not dist.ProcessGroup:  # a wrapper of torch's (or not weak-referable)
+        return None
     direct = _DIRECT.get(group, False)
     if direct is False or (direct is not None and direct.ranks is not comms.ranks):
         direct = _DIRECT[group] = _decide(group, comms)
@@ -186,7 +188,7 @@ def _direct_of(group: dist.ProcessGroup, comms: RingComms) -> _Direct | None:
 
 
 def _decide(group: dist.ProcessGroup, comms: RingComms) -> _Direct | None:
-    if comms.backend not in ("nccl", "gloo") or type(group) is not dist.ProcessGroup:
+    if comms.backend not in ("nccl", "gloo"):
         return None
     device = torch.device("cuda" if comms.backend == "nccl" else "cpu")
     try:
