@@ -5,13 +5,24 @@ receives, `wait` completes them (on gloo: the host blocks, bounded by the ring's
 NCCL: the stream waits and comm/watchdog.py bounds the call). Any other transport implements the
 same three members. A failure marks the ring unusable and raises TokenRingCommError naming this
 rank, the peers, the step and the lane.
+
+A post runs at every step of every ring call, so its host cost bounds small or many-step calls
+(issue 42). It issues what `dist.batch_isend_irecv` would, straight on the lane's process group:
+on NCCL one coalesced batch (start coalescing, each send and receive, end coalescing: one NCCL
+group and one work, as torch's coalescing manager does), on gloo (no coalescing) one work per
+op, as torch's own fallback does. Same C++ calls, same streams, under CUDA-graph capture too;
+only torch's per-op Python (P2POp, the rank look-ups, the op list checks) is skipped, ~35 Python
+calls an op. The peers' ranks in the lane's group are looked up once per group. Where the
+process group lacks those methods (feature-detected at import), or for any other backend, the
+lane calls `batch_isend_irecv` as before; `DIRECT_P2P = False` forces that (tests, benchmarks).
 """
 
 from __future__ import annotations
 
 import time
+import weakref
 from datetime import timedelta
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.distributed as dist
@@ -21,7 +32,13 @@ from .groups import RingComms, describe_peer
 from .step_marks import mark_captured_step
 from .teardown import wait_for_aborts
 
-__all__ = ["Lane", "TorchLane", "torch_lanes"]
+__all__ = ["Lane", "TorchLane", "torch_lanes", "DIRECT_P2P"]
+
+# What the direct issue calls on a process group (torch's own batch_isend_irecv calls the same)
+_DIRECT_METHODS = ("send", "recv", "_start_coalescing", "_end_coalescing", "_get_backend")
+# Issue on the process group directly where it can (see the module docstring); False: always
+# through batch_isend_irecv. Read when a lane is made (once per ring call).
+DIRECT_P2P: bool = all(hasattr(dist.ProcessGroup, m) for m in _DIRECT_METHODS)
 
 
 class Lane(Protocol):
@@ -61,6 +78,7 @@ class TorchLane:
         capturing = not gloo and torch.cuda.is_current_stream_capturing()
         self._mark = not gloo and not capturing
         self._mark_captured = not gloo and capturing  # replays name steps (step_marks.py)
+        self._direct = _direct_of(group, comms) if DIRECT_P2P else None
 
     def post(
         self,
@@ -72,24 +90,45 @@ class TorchLane:
 
         `what` is "q" or "partial" (a partial = its out and its lse: two messages), for counters.
         """
-        ranks, group = self.comms.ranks, self.group
-        ops = [dist.P2POp(dist.isend, t, ranks[p], group) for t, p in sends]
-        ops += [dist.P2POp(dist.irecv, t, ranks[p], group) for t, p in recvs]
-        if not ops:
+        if not sends and not recvs:
             return []
         about = (what, self.step, [p for _, p in sends], [p for _, p in recvs])
+        direct = self._direct
         try:
-            works = dist.batch_isend_irecv(ops)
+            if direct is None:
+                works = _batched(self.group, self.comms.ranks, sends, recvs)
+            else:  # what batch_isend_irecv does for these tensors, without its per-op wrappers
+                group, peers, device = self.group, direct.peers, direct.device
+                if device is None:  # no coalescing (gloo): one work per op
+                    works = [group.send([t], peers[p], 0) for t, p in sends]
+                    works += [group.recv([t], peers[p], 0) for t, p in recvs]
+                else:  # one coalesced batch (one NCCL group), one work
+                    group._start_coalescing(device)
+                    try:
+                        for t, p in sends:
+                            group.send([t], peers[p], 0)
+                        for t, p in recvs:
+                            group.recv([t], peers[p], 0)
+                    except BaseException:
+                        _close_batch(group, device)
+                        raise
+                    work = group._end_coalescing(device)
+                    works = [] if work is None else [work]
         except RuntimeError as exc:
             raise self._error(about, exc) from exc
-        self._works.extend((w, about) for w in works)
-        if what == "q":
-            COUNTERS.q_messages += len(sends)
-        else:
-            COUNTERS.partial_messages += len(sends)
-        for t, p in sends:
-            COUNTERS.bytes_sent += t.numel() * t.element_size()
-            COUNTERS.by_peer[p] = COUNTERS.by_peer.get(p, 0) + 1
+        pending = self._works
+        for w in works:
+            pending.append((w, about))
+        if sends:
+            counters = COUNTERS
+            if what == "q":
+                counters.q_messages += len(sends)
+            else:
+                counters.partial_messages += len(sends)
+            by_peer = counters.by_peer
+            for t, p in sends:
+                counters.bytes_sent += t.nbytes
+                by_peer[p] = by_peer.get(p, 0) + 1
         return works
 
     def wait(self, works: list | None = None) -> None:
@@ -121,6 +160,61 @@ class TorchLane:
 
     def _error(self, about: tuple, exc: BaseException) -> TokenRingCommError:
         return transfer_error(self, about, exc, self.comms.deadline.total_seconds())
+
+
+class _Direct(NamedTuple):
+    """How a lane's group takes a post directly."""
+
+    ranks: tuple[int, ...]  # the ring's global ranks these peers were computed for
+    peers: tuple[int, ...]  # ring rank -> rank in the lane's group (what P2POp computes)
+    device: torch.device | None  # coalesce on this device type; None: one work per op
+
+
+# lane group -> its _Direct, or None where it must take batch_isend_irecv (weak: the ring's
+# teardown destroys the group, the entry goes with it)
+_DIRECT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _direct_of(group: dist.ProcessGroup, comms: RingComms) -> _Direct | None:
+    """The direct issue of `group`'s posts, or None. What batch_isend_irecv would decide for
+    the lane's tensors (CUDA on NCCL, CPU on gloo): coalesce where that backend supports it,
+    one op at a time where it does not; other backends or group types keep the fallback."""
+    if type(group) is not dist.ProcessGroup:  # a wrapper of torch's (or not weak-referable)
+        return None
+    direct = _DIRECT.get(group, False)
+    if direct is False or (direct is not None and direct.ranks is not comms.ranks):
+        direct = _DIRECT[group] = _decide(group, comms)
+    return direct
+
+
+def _decide(group: dist.ProcessGroup, comms: RingComms) -> _Direct | None:
+    if comms.backend not in ("nccl", "gloo"):
+        return None
+    device = torch.device("cuda" if comms.backend == "nccl" else "cpu")
+    try:
+        coalesce = bool(getattr(group._get_backend(device), "supports_coalescing", False))
+        peers = tuple(dist.get_group_rank(group, g) for g in comms.ranks)
+    except (RuntimeError, ValueError):  # no such backend here, or a rank torch cannot map
+        return None
+    return _Direct(comms.ranks, peers, device if coalesce else None)
+
+
+def _close_batch(group: dist.ProcessGroup, device: torch.device) -> None:
+    """End a batch an op of which raised. NCCL's coalescing opened an NCCL group on this thread
+    (ncclGroupStart): left open, every later NCCL call of the thread, on any communicator,
+    would join it and never run. torch's coalescing manager leaves it open; the ring is failed
+    either way (what was queued is issued and bounded by the ring's deadline)."""
+    try:
+        group._end_coalescing(device)
+    except RuntimeError:
+        pass
+
+
+def _batched(group: dist.ProcessGroup, ranks: tuple[int, ...], sends, recvs) -> list:
+    """The fallback: torch's batch_isend_irecv (peers as global ranks)."""
+    ops = [dist.P2POp(dist.isend, t, ranks[p], group) for t, p in sends]
+    ops += [dist.P2POp(dist.irecv, t, ranks[p], group) for t, p in recvs]
+    return dist.batch_isend_irecv(ops)
 
 
 def transfer_error(
