@@ -96,10 +96,13 @@ def _works(plan: DocPlan, q_lens: tuple[int, ...], tile: int) -> list[Work]:
     return [plan_work(plan, q_lens, r, tile) for r in range(len(q_lens))]
 
 
-def _rank_ms(plan: DocPlan, q_lens: tuple[int, ...], costs: Costs) -> dict[str, list[float]]:
-    """{kernel: every rank's predicted ms} (the Work counted once per tile size)."""
+def _rank_ms(
+    plan: DocPlan, q_lens: tuple[int, ...], costs: Costs, fresh: bool = False
+) -> dict[str, list[float]]:
+    """{kernel: every rank's predicted ms} (the Work counted once per tile size); `fresh`: on a
+    new packing (with the kernel's set-up, layout_cost.LayoutCost.fresh_ms)."""
     works = {c.tile: _works(plan, q_lens, c.tile) for _, c in costs}
-    return {k: [c.ms(w) for w in works[c.tile]] for k, c in costs}
+    return {k: [c.fresh_ms(w) if fresh else c.ms(w) for w in works[c.tile]] for k, c in costs}
 
 
 def _cuts(total: int, n: int, causal: bool, split: str) -> bool:
@@ -112,12 +115,13 @@ def _cuts(total: int, n: int, causal: bool, split: str) -> bool:
 
 @functools.lru_cache(maxsize=128)
 def _split_ms(docs: Documents, n: int, causal: bool, split: str, costs: Costs) -> dict:
-    """{kernel: the slowest rank's predicted ms} of one layout, or {} where it cannot cut."""
+    """{kernel: the slowest rank's predicted ms on a new packing} of one layout, or {} where it
+    cannot cut (auto picks for a new packing: a training step's batch is one)."""
     if not _cuts(docs.total, n, causal, split):
         return {}
     q_lens = (docs.total // n,) * n
     plan = doc_plan(docs, _schedule(causal), q_lens, split)
-    return {k: max(ms) for k, ms in _rank_ms(plan, q_lens, costs).items()}
+    return {k: max(ms) for k, ms in _rank_ms(plan, q_lens, costs, fresh=True).items()}
 
 
 def _predicted(docs: Documents, n: int, causal: bool, costs: Costs) -> dict:
@@ -199,6 +203,7 @@ def _report(plan: DocPlan, q_lens: tuple[int, ...], costs: Costs) -> dict:
     n = len(q_lens)
     by_kernel = _rank_ms(plan, q_lens, costs)
     slowest = {k: max(ms) for k, ms in by_kernel.items()}
+    fresh = {k: max(ms) for k, ms in _rank_ms(plan, q_lens, costs, fresh=True).items()}
     kernel = _best(slowest)[0]
     works = _works(plan, q_lens, costs[0][1].tile)
     ranks = []
@@ -226,6 +231,7 @@ def _report(plan: DocPlan, q_lens: tuple[int, ...], costs: Costs) -> dict:
         "kernel": kernel,
         "predicted_ms": slowest[kernel],
         "kernels": slowest,
+        "kernels_new_packing": fresh,
     }
 
 
@@ -244,14 +250,17 @@ def document_work(
     segments, varlen calls, kernel tiles, predicted ms (forward + backward, layout_cost.py) with
     the layout's fastest kernel ("predicted_ms") and with each ("predicted_ms_by_kernel"),
     query transfers and returns; the spread (max / mean pairs), that kernel ("kernel"), the
-    slowest rank's predicted ms, each kernel's ("kernels") and the dense pairs it replaces.
+    slowest rank's predicted ms, each kernel's ("kernels"; with its plans built) and on a new
+    packing ("kernels_new_packing": with cuDNN's plan builds over LAYERS_PER_PACKING calls),
+    and the dense pairs it replaces.
     "layouts" holds the report of each layout (None where the documents layout cannot cut the
     row: T not a multiple of 2N); "auto" / "auto_kernel" the (layout, kernel) pair `auto` picks
-    on CUDA in half precision (`pick`); "choices" every pair's predicted ms (fastest first) and
-    its ratio to "dense_ring_ms", the dense causal ring's predicted time on the same row (cuDNN,
-    no mask); "slower_than_dense" the pairs predicted slower than it. `cost`: the table (default
-    the packaged one; a single LayoutCost prices flash_varlen alone); `kernels`: the kernels
-    auto may pick (default every one of the table: CUDA half precision where cuDNN works)."""
+    on CUDA in half precision (`pick`, for a new packing); "choices" every pair's predicted ms
+    (both ways; fastest on a new packing first) and its ratio to "dense_ring_ms", the dense
+    causal ring's predicted time on the same row (cuDNN, no mask); "slower_than_dense" the pairs
+    predicted slower than it. `cost`: the table (default the packaged one; a single LayoutCost
+    prices flash_varlen alone); `kernels`: the kernels auto may pick (default every one of the
+    table: CUDA half precision where cuDNN works)."""
     docs, costs = Documents.of(cu_seqlens), _costs(cost, kernels)
     n, total = world_size, docs.total
     if total % (2 * n if causal else n):
@@ -263,16 +272,18 @@ def document_work(
     if _cuts(total, n, causal, DOCUMENTS):
         layouts[DOCUMENTS] = _report(doc_plan(docs, schedule, q_lens, DOCUMENTS), q_lens, costs)
     predicted = {k: (v["kernels"] if v else {}) for k, v in layouts.items()}
-    auto, auto_kernel = _pick(predicted) if n > 1 else (ROW, layouts[ROW]["kernel"])
+    fresh = {k: (v["kernels_new_packing"] if v else {}) for k, v in layouts.items()}
+    auto, auto_kernel = _pick(fresh) if n > 1 else (ROW, _best(fresh[ROW])[0])
     chosen = layouts[auto if layout == "auto" else layout]
     if chosen is None:
         check_total(total, n)
     dense_ms = dense_ring_ms(total, n, causal, cost)
     choices = [
-        {"layout": split, "kernel": k, "predicted_ms": ms, "vs_dense": ms / dense_ms}
+        {"layout": split, "kernel": k, "predicted_ms": ms, "vs_dense": ms / dense_ms,
+         "new_packing_ms": fresh[split][k]}
         for split, by in predicted.items()
         for k, ms in by.items()
-    ]
+    ]  # fmt: skip
     return {
         "documents": docs.count,
         "tokens": total,
@@ -282,7 +293,7 @@ def document_work(
         "layouts": layouts,
         "auto": auto,
         "auto_kernel": auto_kernel,
-        "choices": sorted(choices, key=lambda c: c["predicted_ms"]),
+        "choices": sorted(choices, key=lambda c: c["new_packing_ms"]),
         "dense_ring_ms": dense_ms,
         "slower_than_dense": [
             f"{c['layout']}/{c['kernel']}" for c in choices if c["predicted_ms"] > dense_ms

@@ -15,6 +15,14 @@ block and no skipped block. So a rank's forward + backward through a packed kern
   its host work (cu_seqlens to the device, the lse slice, gradients added back, a merge);
 - rows: the query rows of every block that attends (its partial merged, its gradients summed).
 
+A new packing adds per-shape set-up on its first call: cuDNN builds a plan for every segment
+shape it has not met (forward and backward), ~140 ms a shape on H200 (ninth session, a new
+packing per step, 8-16 layers: a call took 50-145 ms where the same packing, its plans built,
+took 8-24 ms), while flash_varlen needs none. A training step packs a new batch and every layer
+runs it, so `fresh_ms` prices that set-up over LAYERS_PER_PACKING calls (each segment counted
+as a new shape: document boundaries make nearly every one distinct), and `auto` picks with it;
+`ms` is the call once the plans exist (what the replays measured and the fit reproduces).
+
 Each packed kernel has its own constants over the same terms (`KERNELS`): `flash_varlen` (one
 varlen call per run of segments) and `cudnn` (cuDNN once per segment, `segments_pair`: every
 segment its own forward and backward call with host work, so `segment_ms` dominates, while its
@@ -40,13 +48,16 @@ from .schedules.blocks import ALL, BACK, FRONT
 
 __all__ = [
     "Work", "LayoutCost", "block_work", "plan_work", "piece_work", "load", "load_kernels", "fit",
-    "DATA", "KERNELS",
+    "DATA", "KERNELS", "LAYERS_PER_PACKING",
 ]  # fmt: skip
 
 DATA = Path(__file__).with_name("data") / "packed_layout_cost.json"
 TERMS = ("tiles", "segments", "calls", "rows")
 # the packed kernels the table prices (registry names), in `auto`'s order on a tie
 KERNELS = ("flash_varlen", "cudnn")
+# calls that share one packing, over which a new packing's set-up is priced: the layers of a
+# model (forward, then backward), a new packing at every step; 32 as in an 8B-parameter LLM
+LAYERS_PER_PACKING = 32
 
 
 class Work(NamedTuple):
@@ -162,6 +173,7 @@ class LayoutCost:
     call_ms: float
     row_ms: float  # per 1000 query rows
     source: str = ""
+    plan_ms: float = 0.0  # per segment of a new packing, per call: set-up / LAYERS_PER_PACKING
 
     def ms(self, work: Work) -> float:
         return (
@@ -171,16 +183,21 @@ class LayoutCost:
             + self.row_ms * work.rows / 1000
         )
 
+    def fresh_ms(self, work: Work) -> float:
+        """`ms` on a new packing: with the kernel's per-shape set-up over the packing's calls."""
+        return self.ms(work) + self.plan_ms * work.segments
+
 
 @functools.lru_cache(maxsize=4)
 def _table(path: str | None) -> tuple[tuple[str, LayoutCost], ...]:
     data = json.loads(Path(path or DATA).read_text())
+    builds = data.get("plan_build_ms", {})
     out = []
     for name in KERNELS:
         c = data["kernels"][name]["constants"]
         cost = LayoutCost(
             int(c["tile"]), c["tile_ms"], c["segment_ms"], c["call_ms"], c["row_ms"],
-            data["source"],
+            data["source"], builds.get(name, 0.0) / LAYERS_PER_PACKING,
         )  # fmt: skip
         out.append((name, cost))
     return tuple(out)
