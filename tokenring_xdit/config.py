@@ -54,6 +54,19 @@ RING_IMPL_SOURCES = (
 )
 # Not ours, but it changes the links `auto` predicts with; read here like our own variables.
 NCCL_P2P_DISABLE = "NCCL_P2P_DISABLE"
+# Not ours either: CUDA graphs of NCCL transfers hang with torch's expandable segments unless
+# NCCL's graph buffer registration is off (pytorch#158029; measured, ninth session: a graphed
+# ring replay never finished at call 100 of a soak; with NCCL_GRAPH_REGISTER=0, 10^4 calls ran)
+ALLOC_CONF = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+NCCL_GRAPH_REGISTER = "NCCL_GRAPH_REGISTER"
+
+
+def graph_register_hazard(environ) -> bool:
+    """Whether the allocator's expandable segments meet NCCL's graph buffer registration."""
+    conf = ",".join(environ.get(var) or "" for var in ALLOC_CONF).replace(" ", "").lower()
+    return "expandable_segments:true" in conf and environ.get(NCCL_GRAPH_REGISTER) != "0"
+
+
 HEAD_START_MAX_US = 1000.0  # comm_head_start_us's bound (environment and RingConfig alike)
 
 
@@ -284,6 +297,8 @@ class RingConfig:
         _choice(TRANSPORTS),
     )  # agreed across the ring by the input check (ring/agree/)
     nccl_p2p_disabled: bool = False  # NCCL_P2P_DISABLE (not ours; `auto`'s fabric)
+    # expandable segments with NCCL's graph registration on (not ours): ring graphs stay eager
+    graph_register_hazard: bool = False
 
     @classmethod
     def from_env(cls, environ: os._Environ | dict | None = None) -> RingConfig:
@@ -296,7 +311,8 @@ class RingConfig:
             for f in _SETTINGS
         }  # fmt: skip
         p2p = _flag(environ.get(NCCL_P2P_DISABLE), NCCL_P2P_DISABLE, False)
-        return cls(**values, nccl_p2p_disabled=p2p)
+        hazard = graph_register_hazard(environ)
+        return cls(**values, nccl_p2p_disabled=p2p, graph_register_hazard=hazard)
 
     def __post_init__(self) -> None:
         if self.defer_own is not None and not 0 <= self.defer_own < 1:  # where it is built
@@ -372,7 +388,7 @@ ENV: dict[str, tuple[str, str, str]] = {
     f.name: (f.metadata["env"], _default_text(f.default), f.metadata["doc"]) for f in _SETTINGS
 }
 ENV["autopatch"] = (AUTOPATCH[0], _default_text(AUTOPATCH[1]), AUTOPATCH[2])  # the bootstrap's
-_VARS = (*(var for var, _, _ in ENV.values()), NCCL_P2P_DISABLE)
+_VARS = (*(var for var, _, _ in ENV.values()), NCCL_P2P_DISABLE, *ALLOC_CONF, NCCL_GRAPH_REGISTER)
 # [len(os.environ), ((variable, value) of ours that are set), RingConfig] of the last parse
 _cache: list = [-1, (), None]
 

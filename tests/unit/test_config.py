@@ -132,3 +132,36 @@ def test_fabric_takes_a_measured_link(monkeypatch):
     monkeypatch.setenv("TOKENRING_XDIT_FABRIC", "nvlinkk")
     with pytest.raises(ValueError, match="gbps=G|nvswitch"):
         RingConfig.from_env()
+
+
+EXPANDABLE = "expandable_segments:True"
+
+
+@pytest.mark.parametrize(
+    ("env", "hazard"),
+    [
+        ({}, False),
+        ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, True),
+        ({"PYTORCH_ALLOC_CONF": "max_split_size_mb:128, expandable_segments:True"}, True),
+        (
+            {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "NCCL_GRAPH_REGISTER": "0"},
+            False,
+        ),
+        ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}, False),
+    ],
+)
+def test_expandable_segments_with_nccl_graph_registration_turn_ring_graphs_off(env, hazard):
+    """Graphed NCCL transfers hang under expandable segments unless NCCL_GRAPH_REGISTER=0
+    (measured: a graphed ring replay never finished; with the variable 10^4 calls ran): then
+    every call's agreed graphs setting is off, whatever was asked, with one warning."""
+    from tokenring_xdit.ring import call
+
+    cfg = RingConfig.from_env(env)
+    assert cfg.graph_register_hazard is hazard
+    on = cfg.replace(cuda_graphs=True, train_cuda_graph=True)
+    call._warn_graph_register_hazard.cache_clear()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = [call._graphs(asked, on, train, "key") for asked in (None, True) for train in (0, 1)]
+    assert got == [not hazard] * 4
+    assert len([w for w in seen if "NCCL_GRAPH_REGISTER=0" in str(w.message)]) == int(hazard)

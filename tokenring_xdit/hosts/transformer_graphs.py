@@ -41,7 +41,17 @@ _PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device)
 
 
 def graph_transformer_requested() -> bool:
-    return config.current().cuda_graph_transformer
+    """Asked for, and not under expandable segments with NCCL's graph registration on (its
+    graphed NCCL transfers hang: config.graph_register_hazard)."""
+    cfg = config.current()
+    if cfg.cuda_graph_transformer and cfg.graph_register_hazard:
+        log.warning(
+            "%s is ignored: expandable segments with NCCL_GRAPH_REGISTER unset hang graphed NCCL "
+            "transfers (pytorch/pytorch#158029); set NCCL_GRAPH_REGISTER=0 to use it",
+            GRAPH_TRANSFORMER_ENV,
+        )
+        return False
+    return cfg.cuda_graph_transformer
 
 
 class GraphedForward:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import warnings
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, NamedTuple
@@ -296,10 +297,25 @@ def prepare(
 def _graphs(asked: bool | None, cfg: RingConfig, train: bool, kernel_key) -> bool:
     """Replay CUDA graphs: the call's `cuda_graph=`, else the config's (train_cuda_graph for
     the block-schedule path, cuda_graphs for inference, whose kernel needs a graph key).
-    Agreed in the call's header: a capture is collective."""
+    Agreed in the call's header: a capture is collective. Never with expandable segments while
+    NCCL registers graph buffers (`RingConfig.graph_register_hazard`): those replays hang."""
+    if cfg.graph_register_hazard:
+        _warn_graph_register_hazard()
+        return False
     if train:
         return cfg.train_cuda_graph if asked is None else asked
     return (cfg.cuda_graphs if asked is None else asked) and kernel_key is not None
+
+
+@functools.cache
+def _warn_graph_register_hazard() -> None:
+    warnings.warn(
+        "TokenRing runs without CUDA graphs: PYTORCH_CUDA_ALLOC_CONF has expandable_segments:True "
+        "and NCCL registers graph buffers, under which graphed NCCL transfers hang "
+        "(pytorch/pytorch#158029; a graphed ring replay never finished in our soak). Set "
+        "NCCL_GRAPH_REGISTER=0 to keep the graphs (measured: 10^4 graphed calls ran)",
+        stacklevel=4,
+    )
 
 
 def _agree(spec: CallSpec, pos: RingPosition, grad: bool, cfg: RingConfig) -> Ring:
