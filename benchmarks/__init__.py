@@ -92,6 +92,10 @@ SWEEPS: dict[str, tuple[str, str]] = {
     "plot_sweep": ("python", "plots ring_sweep results: time per call and efficiency vs tokens"),
     "plot_e2e": ("python", "plots e2e_pipeline results: seconds per image per setting"),
     "plot_train_speed": ("python", "plots train_ring1 and replay_rank results side by side"),
+    "plot_packed_train_graph": (
+        "python",
+        "plots packed_varlen --train-graph results: ms per call per step, eager and graphed",
+    ),
     "plot_train_sweep": ("python", "plots train_sweep results: ms per call per method and shape"),
     "plot_multi_node": (
         "python",

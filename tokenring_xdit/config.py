@@ -61,6 +61,21 @@ ALLOC_CONF = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 NCCL_GRAPH_REGISTER = "NCCL_GRAPH_REGISTER"
 
 
+def torchrun_attempt(environ=None) -> str:
+    """Which of torchrun's attempts this worker is ("0" outside torchrun): its store outlives a
+    restarted worker group, so keys written in it must name the attempt."""
+    return (os.environ if environ is None else environ).get("TORCHELASTIC_RESTART_COUNT", "0")
+
+
+def torchrun_restarted_with_shared_store(environ=None) -> bool:
+    """A restarted torchrun worker whose store is the rendezvous's own (kept across restarts):
+    torch can hand it the previous attempt's addresses (pytorch/pytorch#135712)."""
+    environ = os.environ if environ is None else environ
+    return (
+        torchrun_attempt(environ) != "0" and environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    )
+
+
 def graph_register_hazard(environ) -> bool:
     """Whether the allocator's expandable segments meet NCCL's graph buffer registration."""
     conf = ",".join(environ.get(var) or "" for var in ALLOC_CONF).replace(" ", "").lower()

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -37,7 +36,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ...config import CommSettings, current
+from ...config import CommSettings, current, torchrun_attempt, torchrun_restarted_with_shared_store
 from . import teardown
 from .errors import TokenRingCommError
 from .teardown import (
@@ -210,21 +209,15 @@ def _make(group: dist.ProcessGroup, settings: CommSettings) -> RingComms:
     return RingComms(group, ranks, q, out, check, deadline, backend, name, settings)
 
 
-def _launch_attempt() -> str:
-    """Which of torchrun's attempts this worker is ("0" outside torchrun): a restarted
-    worker group meets the previous attempt's keys in the store torchrun keeps across restarts."""
-    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-
-
 def _restart_hint() -> str:
     """Why making communicators can fail in a worker group torchrun restarted: its store, shared
     with the rendezvous, still holds the previous attempt's addresses, and torch's gloo and NCCL
     set-up can read those (measured, torch 2.11 and 2.13: even a plain gloo init_process_group
     of the restarted group fails with connection refused)."""
-    if _launch_attempt() == "0" or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    if not torchrun_restarted_with_shared_store():
         return ""
     return (
-        f"; this is torchrun's restart {_launch_attempt()} and its store is shared with the "
+        f"; this is torchrun's restart {torchrun_attempt()} and its store is shared with the "
         "rendezvous, where torch can hand the restarted workers the previous attempt's "
         "addresses (pytorch/pytorch#135712): launch with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"
     )
@@ -256,7 +249,7 @@ def _members_arrive(ranks: tuple[int, ...], deadline: timedelta) -> None:
     _ARRIVALS[ranks] = generation + 1
     # keyed by torchrun's attempt too: its store outlives a restarted worker group, whose
     # members would otherwise find their predecessors' keys and not wait for each other
-    prefix = f"tokenring/arrive/{_launch_attempt()}/{'-'.join(map(str, ranks))}/{generation}"
+    prefix = f"tokenring/arrive/{torchrun_attempt()}/{'-'.join(map(str, ranks))}/{generation}"
     store.set(f"{prefix}/{dist.get_rank()}", b"1")
     keys = {r: f"{prefix}/{r}" for r in ranks}
     end = time.monotonic() + deadline.total_seconds()
