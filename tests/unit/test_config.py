@@ -165,3 +165,10 @@ def test_expandable_segments_with_nccl_graph_registration_turn_ring_graphs_off(e
         got = [call._graphs(asked, on, train, "key") for asked in (None, True) for train in (0, 1)]
     assert got == [not hazard] * 4
     assert len([w for w in seen if "NCCL_GRAPH_REGISTER=0" in str(w.message)]) == int(hazard)
+    # graphs not asked for: no warning, nothing changes
+    call._warn_graph_register_hazard.cache_clear()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        off = cfg.replace(cuda_graphs=False, train_cuda_graph=False)
+        assert [call._graphs(None, off, train, "key") for train in (0, 1)] == [False, False]
+    assert not [w for w in seen if "NCCL_GRAPH_REGISTER" in str(w.message)]

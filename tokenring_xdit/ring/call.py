@@ -299,12 +299,14 @@ def _graphs(asked: bool | None, cfg: RingConfig, train: bool, kernel_key) -> boo
     the block-schedule path, cuda_graphs for inference, whose kernel needs a graph key).
     Agreed in the call's header: a capture is collective. Never with expandable segments while
     NCCL registers graph buffers (`RingConfig.graph_register_hazard`): those replays hang."""
-    if cfg.graph_register_hazard:
+    if train:
+        wanted = cfg.train_cuda_graph if asked is None else asked
+    else:
+        wanted = (cfg.cuda_graphs if asked is None else asked) and kernel_key is not None
+    if wanted and cfg.graph_register_hazard:
         _warn_graph_register_hazard()
         return False
-    if train:
-        return cfg.train_cuda_graph if asked is None else asked
-    return (cfg.cuda_graphs if asked is None else asked) and kernel_key is not None
+    return wanted
 
 
 @functools.cache
