@@ -21,6 +21,7 @@ import atexit
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
@@ -68,8 +69,20 @@ def run_main(main: Callable[[], object], script: str) -> None:
         first = f"rank {_rank()}: {type(exc).__name__}: {exc}"
         sys.stderr.write(f"{first} ({DEBUG_ENV}=debug shows the traceback)\n")
         sys.stderr.flush()
+        _linger_under_torchrun()
         sys.exit(1)
     exit_without_teardown(0)
+
+
+# Under torchrun the first rank to exit makes the agent stop the others: a rank still loading
+# its model when a faster peer hit the same mistake was stopped before saying it (seen once in a
+# full test run on 2 busy cores). An erring rank waits this long first, so its peers say theirs.
+LINGER_S = 3.0
+
+
+def _linger_under_torchrun() -> None:
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        time.sleep(LINGER_S)
 
 
 def exit_without_teardown(code: int) -> NoReturn:
