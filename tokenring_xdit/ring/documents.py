@@ -96,12 +96,16 @@ def _works(plan: DocPlan, q_lens: tuple[int, ...], tile: int) -> list[Work]:
     return [plan_work(plan, q_lens, r, tile) for r in range(len(q_lens))]
 
 
+def _tile_works(plan: DocPlan, q_lens: tuple[int, ...], costs: Costs) -> dict[int, list[Work]]:
+    """{tile: every rank's Work} for the tile sizes of `costs` (counted once per tile size)."""
+    return {c.tile: _works(plan, q_lens, c.tile) for _, c in costs}
+
+
 def _rank_ms(
-    plan: DocPlan, q_lens: tuple[int, ...], costs: Costs, fresh: bool = False
+    works: dict[int, list[Work]], costs: Costs, fresh: bool = False
 ) -> dict[str, list[float]]:
-    """{kernel: every rank's predicted ms} (the Work counted once per tile size); `fresh`: on a
-    new packing (with the kernel's set-up, layout_cost.LayoutCost.fresh_ms)."""
-    works = {c.tile: _works(plan, q_lens, c.tile) for _, c in costs}
+    """{kernel: every rank's predicted ms} from `_tile_works`; `fresh`: on a new packing (with
+    the kernel's set-up, layout_cost.LayoutCost.fresh_ms)."""
     return {k: [c.fresh_ms(w) if fresh else c.ms(w) for w in works[c.tile]] for k, c in costs}
 
 
@@ -121,7 +125,8 @@ def _split_ms(docs: Documents, n: int, causal: bool, split: str, costs: Costs) -
         return {}
     q_lens = (docs.total // n,) * n
     plan = doc_plan(docs, _schedule(causal), q_lens, split)
-    return {k: max(ms) for k, ms in _rank_ms(plan, q_lens, costs, fresh=True).items()}
+    by_kernel = _rank_ms(_tile_works(plan, q_lens, costs), costs, fresh=True)
+    return {k: max(ms) for k, ms in by_kernel.items()}
 
 
 def _predicted(docs: Documents, n: int, causal: bool, costs: Costs) -> dict:
@@ -201,11 +206,12 @@ def _report(plan: DocPlan, q_lens: tuple[int, ...], costs: Costs) -> dict:
     kernel tiles, predicted ms with the layout's best kernel (and with each), query transfers
     and returns; over the ranks: pairs, spread, the best kernel and the slowest rank's ms."""
     n = len(q_lens)
-    by_kernel = _rank_ms(plan, q_lens, costs)
+    tile_works = _tile_works(plan, q_lens, costs)
+    by_kernel = _rank_ms(tile_works, costs)
     slowest = {k: max(ms) for k, ms in by_kernel.items()}
-    fresh = {k: max(ms) for k, ms in _rank_ms(plan, q_lens, costs, fresh=True).items()}
+    fresh = {k: max(ms) for k, ms in _rank_ms(tile_works, costs, fresh=True).items()}
     kernel = _best(slowest)[0]
-    works = _works(plan, q_lens, costs[0][1].tile)
+    works = tile_works[costs[0][1].tile]
     ranks = []
     for r, work in enumerate(works):
         blocks = [plan.block(r, t) for t in range(n)]

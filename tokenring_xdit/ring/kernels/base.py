@@ -111,12 +111,16 @@ class KeyedKernel:
 
 
 def empty_partial(
-    q, v, layout: Layout, dtype: torch.dtype | None = None
+    q, v, layout: Layout, dtype: torch.dtype | None = None, filled: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The partial of queries that see no key: out 0 (in `dtype`, default q's) and lse -inf
-    (the merge weighs it as nothing)."""
+    (the merge weighs it as nothing). `filled=False`: the same buffers uninitialised, for a
+    caller that writes every row before reading it."""
     b, s_q, h, _ = layout.dims(q)
     shape = (b, s_q, h, v.shape[3]) if layout.seq_dim == 1 else (b, h, s_q, v.shape[3])
+    if not filled:
+        out = torch.empty(shape, dtype=dtype or q.dtype, device=q.device)
+        return out, torch.empty((b, h, s_q), dtype=torch.float32, device=q.device)
     out = torch.zeros(shape, dtype=dtype or q.dtype, device=q.device)
     return out, torch.full((b, h, s_q), float("-inf"), dtype=torch.float32, device=q.device)
 

@@ -34,11 +34,10 @@ def _device_offsets(offsets: tuple[int, ...], device: torch.device) -> torch.Ten
     (issue 44, measured on 2 x H200). Pinned memory and a non-blocking copy only queue."""
     key = (offsets, device)
     hit = _OFFSETS.get(key)
-    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-    if hit is not None:
-        if capturing:  # this cache may let it go while the graph still reads it
-            keep_alive(hit)
+    if hit is not None:  # no CUDA query on this path (every varlen call of every layer)
+        keep_alive(hit)  # in our capture: this cache may let it go while the graph reads it
         return hit
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     host = torch.tensor(offsets, dtype=torch.int32)
     if device.type == "cuda":
         host = host.pin_memory()  # the caching host allocator keeps it until the copy ends

@@ -158,12 +158,8 @@ class SegmentsForward:
             return self.dense(q, k, v, scale, layout, mask)
         sd = layout.seq_dim
         cuts = _cut(tuple(mask), q.shape[sd], k.shape[sd])
-        if cuts.q_covered:  # every row is copied before it is read
-            b, s_q, h, _ = layout.dims(q)
-            out = layout.empty(b, s_q, h, v.shape[3], like=q)
-            lse = torch.empty(b, h, s_q, dtype=torch.float32, device=q.device)
-        else:
-            out, lse = empty_partial(q, v, layout)
+        # where every row is copied before it is read, no zero / -inf start is needed
+        out, lse = empty_partial(q, v, layout, filled=not cuts.q_covered)
         run, (qr, kr, vr, outr) = _views(layout, self.bhsd, q, k, v, out)
         seq = run.seq_slice
         for c in cuts.cuts:
