@@ -76,7 +76,7 @@ def _case(rank: int, n: int, c: dict) -> dict:
     ins = [local(x).float().requires_grad_() for x in (q, k, v)]
     kwargs = {"cu_seqlens": torch.tensor(cu, dtype=torch.int32)}
     if c["explicit"]:
-        kwargs.update(doc_layout="documents", positions=pos if causal else None)
+        kwargs.update(doc_layout=split, positions=pos if causal else None)
     COUNTERS.reset()
     out, lse = token_ring_attn(*ins, causal=causal, layout=c["layout"], **kwargs)
     fwd_kernels, fwd_q = COUNTERS.kernel_calls, COUNTERS.q_messages

@@ -30,14 +30,14 @@ from ..config import RingConfig, current
 from .agree import CallSpec, Problem, agree, digest, needs_grad
 from .block_forward import BlockCall
 from .comm import RingPosition
-from .doc_layout import ROW
+from .doc_layout import CONTIGUOUS, ROW
 from .documents import Documents, PackedRow, doc_plan
 from .forward import RingCall
 from .head_start import ring_pause_us
 from .kernels import BlockKernel, KernelChoice, SwappedKernel, resolve_kernel
 from .layout import Layout, get_layout
 from .ring import Ring
-from .schedules import CAUSAL_ZIGZAG, NON_CAUSAL, NON_CAUSAL_BLOCKS
+from .schedules import NON_CAUSAL, block_schedule
 from .sharding import call_layout
 
 __all__ = [
@@ -158,8 +158,10 @@ class CallOptions:
         every rank learns the same documents from them in the input check.
     doc_layout: the layout of packed shards: None (what `shard(..., cu_seqlens=)` declared for
         these documents on this group; the row's split if nothing was), "zigzag" (the row's
-        split) or "documents" (every document in 2N pieces, ring/doc_layout.py; needs
-        cu_seqlens). A value that contradicts the declaration is refused on every rank.
+        split), "documents" (every document in 2N pieces, ring/doc_layout.py; needs
+        cu_seqlens) or "contiguous" (a causal row in N contiguous shards,
+        schedules/contiguous.py; needs cu_seqlens; not causal it is the row's split). A value
+        that contradicts the declaration is refused on every rank.
 
     Packed documents: non-causal shards are the contiguous shards in rank order, causal ones
     zigzag shards (unless in the documents layout); K/V must be the query's tokens; batch size
@@ -260,6 +262,8 @@ def prepare(
     if options.packed or options.doc_layout is not None:
         total = q.shape[layout.seq_dim] * pos.size
         split, why = call_layout(options.group, docs, options.doc_layout, total)
+        if split == CONTIGUOUS and not (options.causal and pos.size > 1):
+            split = ROW  # the row's split is contiguous shards already
     if why and not problem:
         problem, text = Problem.DOC_LAYOUT, why
     grad = needs_grad(q, k, v) if grad is None else grad
@@ -283,7 +287,7 @@ def prepare(
     ring = _agree(spec, pos, grad, cfg)
     head_start_us = ring_pause_us(cfg.comm_head_start_us, ring.transport)
     if train:
-        schedule = CAUSAL_ZIGZAG if options.causal else NON_CAUSAL_BLOCKS
+        schedule = block_schedule(options.causal, ring.split)
         plan = None
         if ring.docs is not None:
             plan = doc_plan(ring.docs, schedule, ring.q_lens, ring.split)

@@ -18,6 +18,10 @@ layout). Off the diagonal a zigzag block meets at most one document (the one rea
 the chunks between the tiles), so the work left is the diagonal's per-document triangles plus
 one rectangle per document that crosses a chunk boundary.
 
+In the contiguous layout (a causal row in N contiguous shards, schedules/contiguous.py) a block
+pairs a query shard with an earlier key shard: full rectangles of the documents that reach from
+one into the other, nothing for a later key shard, the causal diagonal at step 0.
+
 In the documents layout (doc_layout.py: every document cut into 2N pieces) a tile is a list of
 pieces instead, each inside one document, and a block's segments come from `block_pieces`: per
 document a full rectangle or a causal diagonal, several documents per block; `document_work`
@@ -33,6 +37,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .doc_layout import (
+    CONTIGUOUS,
     DOCUMENTS,
     ROW,
     Segment,
@@ -234,18 +239,21 @@ class DocPlan:
 @functools.lru_cache(maxsize=64)
 def doc_plan(docs: Documents, schedule, q_lens: tuple[int, ...], split: str = ROW) -> DocPlan:
     """The DocPlan of `schedule` (a block schedule) over shards of `q_lens` tokens cut in
-    layout `split` (the row's split, or DOCUMENTS: every document cut in 2N pieces)."""
+    layout `split` (the row's split, DOCUMENTS: every document cut in 2N pieces, or
+    CONTIGUOUS: N contiguous shards under `schedules.CAUSAL_CONTIGUOUS`)."""
     n = len(q_lens)
     steps = tuple(schedule.block_steps(r, n) for r in range(n))
     if split == DOCUMENTS:
         check_total(docs.total, n)
         return DocPlan(docs, n, None, steps, split, bool(schedule.causal))
-    ranges = [_local_ranges(r, q_lens, bool(schedule.causal) and n > 1) for r in range(n)]
+    zigzag = bool(schedule.causal) and n > 1 and split == ROW
+    ranges = [_local_ranges(r, q_lens, zigzag) for r in range(n)]
     segments = []
     for r in range(n):
         row = []
         for st in steps[r]:
-            if not st.kernel:
+            # contiguous shards: a query shard before ours sees none of our keys
+            if not st.kernel or (split == CONTIGUOUS and schedule.causal and st.q_owner < r):
                 row.append(())
                 continue
             q_ranges = _part_ranges(ranges[st.q_owner], st.q_part)

@@ -39,13 +39,15 @@ from typing import NamedTuple
 from .schedules.blocks import ALL, FRONT
 
 __all__ = [
-    "ROW", "DOCUMENTS", "LAYOUTS", "Segment", "check_total", "piece_lengths", "local_pieces",
-    "local_positions", "block_pieces", "pieces_meet", "piece_pairs", "segment_runs",
+    "ROW", "DOCUMENTS", "CONTIGUOUS", "LAYOUTS", "Segment", "check_total", "piece_lengths",
+    "local_pieces", "local_positions", "block_pieces", "pieces_meet", "piece_pairs", "segment_runs",
 ]  # fmt: skip
 
-# ROW: the row's own split (the zigzag; contiguous shards when not causal)
-ROW, DOCUMENTS = "zigzag", "documents"
-LAYOUTS = (ROW, DOCUMENTS)
+# ROW: the row's own split (the zigzag; contiguous shards when not causal). CONTIGUOUS: a
+# causal row cut in N contiguous shards, documents whole where a shard holds them
+# (schedules/contiguous.py; the same cut as ROW when not causal, which it then becomes).
+ROW, DOCUMENTS, CONTIGUOUS = "zigzag", "documents", "contiguous"
+LAYOUTS = (ROW, DOCUMENTS, CONTIGUOUS)
 
 
 class Segment(NamedTuple):

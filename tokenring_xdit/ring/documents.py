@@ -4,15 +4,17 @@ report of it.
 Which (query, key) pairs of a block share a document, and the plan of a call (`Documents`,
 `DocPlan`, `doc_plan`), are doc_blocks.py's (imported here: this is their public module).
 
-A packed call runs in one of two layouts (the row's zigzag, or every document cut in 2N pieces:
-doc_layout.py) and, on CUDA in half precision, through one of two exact kernels: `flash_varlen`
-(torch flash with cu_seqlens, one call per run of segments) or `cudnn` (cuDNN once per segment).
+A packed call runs in one of three layouts (the row's zigzag; every document cut in 2N pieces,
+doc_layout.py; a causal row in N contiguous shards, schedules/contiguous.py) and, on CUDA in half
+precision, through one of two exact kernels: `flash_varlen` (torch flash with cu_seqlens, one
+call per run of segments) or `cudnn` (cuDNN once per segment).
 Neither wins everywhere: measured on 4 x H200, cuDNN per segment runs the zigzag's few segments
 per rank in ~0.6x flash_varlen's time and the documents layout's 63-252 segments 1.5-3x slower
 (docs/benchmarks/packed_ring_h200/). So every (layout, kernel) pair's slowest rank is priced with
 that kernel's constants (layout_cost.py) and `auto` takes the fastest pair; the documents layout
-only where it beats the row's best pair by AUTO_MARGIN (the model ranks from a few measured rows;
-a near tie keeps the zigzag, which skips blocks and transfers).
+only where it beats the row's best pair by AUTO_MARGIN (the model ranks from a few measured
+rows; a near tie keeps the zigzag, which skips blocks and transfers). The contiguous layout is
+reported but not among AUTO_LAYOUTS: it is taken by name (see AUTO_LAYOUTS).
 
 The layout is picked when `shard(..., layout="auto")` cuts the row (`pick_layout`, from the
 documents and the ring's size: shard does not know the call's dtype, so it assumes every kernel
@@ -35,12 +37,13 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from .doc_blocks import DocPlan, Documents, block_segments, doc_plan
-from .doc_layout import DOCUMENTS, LAYOUTS, ROW, Segment, check_total
+from .doc_layout import CONTIGUOUS, DOCUMENTS, LAYOUTS, ROW, Segment, check_total
 from .layout_cost import KERNELS, LayoutCost, Work, load_kernels, piece_work, plan_work
 
 __all__ = [
     "Documents", "Segment", "DocPlan", "doc_plan", "block_segments", "PackedRow",
     "document_work", "pick", "pick_layout", "pick_kernel", "dense_ring_ms", "AUTO_MARGIN",
+    "AUTO_LAYOUTS",
 ]  # fmt: skip
 
 # documents win `auto` only where their best (layout, kernel) pair's slowest rank is predicted
@@ -48,6 +51,9 @@ __all__ = [
 # (layout_cost.py), so a near tie keeps the row's zigzag (fewer transfers: it skips the blocks
 # of documents inside a chunk)
 AUTO_MARGIN = 0.05
+# the layouts `auto` chooses among; the contiguous layout is asked for by name until its
+# measured GPU times say where auto should take it (its model prices kernels, not transfers)
+AUTO_LAYOUTS = (ROW, DOCUMENTS)
 
 Costs = tuple[tuple[str, LayoutCost], ...]  # (kernel, its constants), in auto's tie order
 
@@ -82,10 +88,10 @@ def _costs(cost, kernels: Sequence[str] | None = None) -> Costs:
     return tuple((k, table[k]) for k in chosen)
 
 
-def _schedule(causal: bool):
-    from .schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
+def _schedule(causal: bool, split: str = ROW):
+    from .schedules import block_schedule
 
-    return CAUSAL_ZIGZAG if causal else NON_CAUSAL_BLOCKS
+    return block_schedule(causal, split)
 
 
 def _works(plan: DocPlan, q_lens: tuple[int, ...], tile: int) -> list[Work]:
@@ -111,9 +117,12 @@ def _rank_ms(
 
 def _cuts(total: int, n: int, causal: bool, split: str) -> bool:
     """Whether `split` can cut a row of `total` tokens over `n` ranks (the row's split: in 2N
-    zigzag chunks when causal over N > 1, else N shards; the documents layout: 2N pieces)."""
+    zigzag chunks when causal over N > 1, else N shards; the documents layout: 2N pieces; the
+    contiguous layout: N shards of a causal row over N > 1, the row's split otherwise)."""
     if split == ROW:
         return total % (2 * n if causal and n > 1 else n) == 0
+    if split == CONTIGUOUS:
+        return causal and n > 1 and total % n == 0
     return total % (2 * n) == 0
 
 
@@ -124,14 +133,15 @@ def _split_ms(docs: Documents, n: int, causal: bool, split: str, costs: Costs) -
     if not _cuts(docs.total, n, causal, split):
         return {}
     q_lens = (docs.total // n,) * n
-    plan = doc_plan(docs, _schedule(causal), q_lens, split)
+    plan = doc_plan(docs, _schedule(causal, split), q_lens, split)
     by_kernel = _rank_ms(_tile_works(plan, q_lens, costs), costs, fresh=True)
     return {k: max(ms) for k, ms in by_kernel.items()}
 
 
 def _predicted(docs: Documents, n: int, causal: bool, costs: Costs) -> dict:
-    """{layout: {kernel: the slowest rank's predicted ms}} ({} where it cannot cut)."""
-    return {split: _split_ms(docs, n, causal, split, costs) for split in LAYOUTS}
+    """{layout: {kernel: the slowest rank's predicted ms}} of auto's layouts ({} where one
+    cannot cut)."""
+    return {split: _split_ms(docs, n, causal, split, costs) for split in AUTO_LAYOUTS}
 
 
 def _best(by_kernel: Mapping[str, float]) -> tuple[str, float] | None:
@@ -140,11 +150,18 @@ def _best(by_kernel: Mapping[str, float]) -> tuple[str, float] | None:
 
 
 def _pick(predicted: dict) -> tuple[str, str]:
-    """(layout, kernel): the documents layout where its best pair beats the row's by
-    AUTO_MARGIN, else the row's split with its best kernel."""
-    row, per_doc = _best(predicted[ROW]), _best(predicted[DOCUMENTS])
-    if per_doc is not None and (row is None or per_doc[1] < row[1] * (1 - AUTO_MARGIN)):
-        return DOCUMENTS, per_doc[0]
+    """(layout, kernel): the fastest pair of another of AUTO_LAYOUTS where it beats the row's
+    best by AUTO_MARGIN, else the row's split with its best kernel."""
+    row = _best(predicted[ROW])
+    others = [
+        (split, found)
+        for split in AUTO_LAYOUTS[1:]
+        if (found := _best(predicted.get(split, {}))) is not None
+    ]
+    if others:
+        split, (kernel, ms) = min(others, key=lambda x: x[1][1])
+        if row is None or ms < row[1] * (1 - AUTO_MARGIN):
+            return split, kernel
     return ROW, row[0] if row is not None else KERNELS[0]
 
 
@@ -250,39 +267,53 @@ def document_work(
     kernels: Sequence[str] | None = None,
 ) -> dict:
     """Load-balance and time report of a packed sequence over a ring of `world_size` without
-    running anything. Top level: the layout `layout` ("zigzag": the row's split, TokenRing's
-    zigzag when causal and contiguous shards otherwise; "documents"; "auto": the one `auto`
-    picks): per rank the attended (query, key) pairs, kernel calls (blocks that attend),
-    segments, varlen calls, kernel tiles, predicted ms (forward + backward, layout_cost.py) with
-    the layout's fastest kernel ("predicted_ms") and with each ("predicted_ms_by_kernel"),
-    query transfers and returns; the spread (max / mean pairs), that kernel ("kernel"), the
-    slowest rank's predicted ms, each kernel's ("kernels"; with its plans built) and on a new
-    packing ("kernels_new_packing": with cuDNN's plan builds over LAYERS_PER_PACKING calls),
-    and the dense pairs it replaces.
-    "layouts" holds the report of each layout (None where the documents layout cannot cut the
-    row: T not a multiple of 2N); "auto" / "auto_kernel" the (layout, kernel) pair `auto` picks
-    on CUDA in half precision (`pick`, for a new packing); "choices" every pair's predicted ms
-    (both ways; fastest on a new packing first) and its ratio to "dense_ring_ms", the dense
-    causal ring's predicted time on the same row (cuDNN, no mask); "slower_than_dense" the pairs
-    predicted slower than it. `cost`: the table (default the packaged one; a single LayoutCost
-    prices flash_varlen alone); `kernels`: the kernels auto may pick (default every one of the
-    table: CUDA half precision where cuDNN works)."""
+    running anything. Top level: the layout `layout` ("zigzag": the row's split, TokenRing's zigzag
+    when causal and contiguous shards otherwise; "documents"; "contiguous": a causal row in N
+    contiguous shards; "auto": the one `auto` picks): per rank the attended (query, key) pairs,
+    kernel calls (blocks that attend), segments, varlen calls, kernel tiles, predicted ms (forward +
+    backward, layout_cost.py) with the layout's fastest kernel ("predicted_ms") and with each
+    ("predicted_ms_by_kernel"), query transfers and returns; the spread (max / mean pairs), that
+    kernel ("kernel"), the slowest rank's predicted ms, each kernel's ("kernels"; with its plans
+    built) and on a new packing ("kernels_new_packing": with cuDNN's plan builds over
+    LAYERS_PER_PACKING calls), and the dense pairs it replaces.
+    "layouts" holds the report of each layout (None where it cannot cut the row: the zigzag and the
+    documents layout with T not a multiple of 2N, the contiguous layout of a row that is not
+    causal); "auto" / "auto_kernel" the (layout, kernel) pair `auto` picks on CUDA in half precision
+    (`pick`, for a new packing); "choices" every pair's predicted ms (both ways; fastest on a new
+    packing first) and its ratio to "dense_ring_ms", the dense causal ring's predicted time on the
+    same row (cuDNN, no mask); "slower_than_dense" the pairs predicted slower than it. `cost`: the
+    table (default the packaged one; a single LayoutCost prices flash_varlen alone); `kernels`: the
+    kernels auto may pick (default every one of the table: CUDA half precision where cuDNN
+    works)."""
     docs, costs = Documents.of(cu_seqlens), _costs(cost, kernels)
     n, total = world_size, docs.total
-    if total % (2 * n if causal else n):
-        raise ValueError(f"{total} tokens do not split evenly over {n} ranks; pad the sequence")
     if layout not in (*LAYOUTS, "auto"):
-        raise ValueError(f"layout must be 'auto', 'zigzag' or 'documents', got {layout!r}")
-    schedule, q_lens = _schedule(causal), (total // n,) * n
-    layouts = {ROW: _report(doc_plan(docs, schedule, q_lens), q_lens, costs), DOCUMENTS: None}
-    if _cuts(total, n, causal, DOCUMENTS):
-        layouts[DOCUMENTS] = _report(doc_plan(docs, schedule, q_lens, DOCUMENTS), q_lens, costs)
+        raise ValueError(f"layout must be one of {[*LAYOUTS, 'auto']}, got {layout!r}")
+    if layout == CONTIGUOUS and not (causal and n > 1):
+        layout = ROW  # the row's split is contiguous shards when not causal
+    if total % n or (layout != CONTIGUOUS and total % (2 * n if causal else n)):
+        raise ValueError(f"{total} tokens do not split evenly over {n} ranks; pad the sequence")
+    q_lens = (total // n,) * n
+    layouts: dict = {}
+    for split in LAYOUTS:
+        layouts[split] = None
+        if _cuts(total, n, causal, split):
+            plan = doc_plan(docs, _schedule(causal, split), q_lens, split)
+            layouts[split] = _report(plan, q_lens, costs)
     predicted = {k: (v["kernels"] if v else {}) for k, v in layouts.items()}
     fresh = {k: (v["kernels_new_packing"] if v else {}) for k, v in layouts.items()}
-    auto, auto_kernel = _pick(fresh) if n > 1 else (ROW, _best(fresh[ROW])[0])
+    if layouts[ROW] is None:  # as `pick`: auto needs a row the zigzag cuts
+        if layout == "auto":
+            raise ValueError(f"{total} tokens do not split evenly over {n} ranks; pad the row")
+        auto, auto_kernel = ROW, KERNELS[0]
+    elif n > 1:
+        auto, auto_kernel = _pick({k: v for k, v in fresh.items() if k in AUTO_LAYOUTS})
+    else:
+        auto, auto_kernel = ROW, _best(fresh[ROW])[0]
     chosen = layouts[auto if layout == "auto" else layout]
     if chosen is None:
         check_total(total, n)
+        raise ValueError(f"the {layout} layout needs a causal row over more than one rank")
     dense_ms = dense_ring_ms(total, n, causal, cost)
     choices = [
         {"layout": split, "kernel": k, "predicted_ms": ms, "vs_dense": ms / dense_ms,

@@ -22,9 +22,10 @@ import random
 from collections.abc import Sequence
 from itertools import accumulate
 
+from .doc_layout import CONTIGUOUS, ROW
 from .documents import Documents, doc_plan
 from .layout_cost import LayoutCost, load, plan_work
-from .schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
+from .schedules import block_schedule
 
 __all__ = ["balanced_order", "row_ms"]
 
@@ -35,21 +36,33 @@ KERNEL = "cudnn"
 
 
 def row_ms(
-    lengths: Sequence[int], world_size: int, causal: bool = True, cost=None, kernel: str = KERNEL
+    lengths: Sequence[int],
+    world_size: int,
+    causal: bool = True,
+    cost=None,
+    kernel: str = KERNEL,
+    split: str = ROW,
 ) -> float:
     """The cost model's ms of the slowest rank when documents of `lengths`, packed in this
-    order, are cut by the row's split over `world_size` ranks (`cost`, else `kernel`'s
-    constants)."""
+    order, are cut by `split` (the row's split, or "contiguous" shards of a causal row) over
+    `world_size` ranks (`cost`, else `kernel`'s constants)."""
     cost = cost or load(kernel=kernel)
-    return _row_ms(tuple(lengths), world_size, causal, cost)
+    return _row_ms(tuple(lengths), world_size, causal, cost, _checked_split(split, causal))
 
 
-def _row_ms(lengths: tuple[int, ...], n: int, causal: bool, cost: LayoutCost) -> float:
+def _checked_split(split: str, causal: bool) -> str:
+    if split not in (ROW, CONTIGUOUS):
+        raise ValueError(f"split must be {ROW!r} or {CONTIGUOUS!r}, got {split!r}")
+    return split if causal else ROW  # not causal: the row's split is contiguous already
+
+
+def _row_ms(
+    lengths: tuple[int, ...], n: int, causal: bool, cost: LayoutCost, split: str = ROW
+) -> float:
     docs = Documents(tuple(accumulate((x for x in lengths if x), initial=0)))
     q_lens = (docs.total // n,) * n
     # not doc_plan's cache: the search makes hundreds of plans no call will ask for
-    schedule = CAUSAL_ZIGZAG if causal else NON_CAUSAL_BLOCKS
-    plan = doc_plan.__wrapped__(docs, schedule, q_lens)
+    plan = doc_plan.__wrapped__(docs, block_schedule(causal, split), q_lens, split)
     return max(cost.ms(plan_work(plan, q_lens, r, cost.tile)) for r in range(n))
 
 
@@ -62,17 +75,20 @@ def balanced_order(
     seed: int = 0,
     cost: LayoutCost | None = None,
     kernel: str = KERNEL,
+    split: str = ROW,
 ) -> list[int]:
     """Indices into `lengths`: the order to pack the documents in (a permutation; the given
     order where no swap helps), judged by `cost`, else by the constants of the packed `kernel`
-    the ring will run ("cudnn" per segment, `auto`'s choice on CUDA half; "flash_varlen").
-    ValueError if the row cannot be split (its total must divide by 2 x world_size when
-    causal, by world_size otherwise: pad with one more document first)."""
+    the ring will run ("cudnn" per segment; "flash_varlen", `auto`'s choice on a new packing of
+    many documents), for rows cut by `split` (the row's zigzag, or "contiguous" shards).
+    ValueError if the row cannot be split (its total must divide by 2 x world_size for the
+    causal zigzag, by world_size otherwise: pad with one more document first)."""
     lengths = [int(x) for x in lengths]
     n, total = world_size, sum(lengths)
+    split = _checked_split(split, causal)
     if n < 1 or min(lengths, default=0) < 0:
         raise ValueError("world_size must be >= 1 and document lengths >= 0")
-    if total % (2 * n if causal else n):
+    if total % (2 * n if causal and split == ROW else n):
         raise ValueError(
             f"{total} tokens do not split evenly over {n} ranks; pad the row with one more "
             "document first (labels -100)"
@@ -83,7 +99,7 @@ def balanced_order(
     cost, rng = cost or load(kernel=kernel), random.Random(seed)
 
     def ms(o):
-        return _row_ms(tuple(lengths[i] for i in o), n, causal, cost)
+        return _row_ms(tuple(lengths[i] for i in o), n, causal, cost, split)
 
     best = ms(order)
     for _ in range(tries):

@@ -14,11 +14,12 @@ so a causal call must carry proof, checked on every rank before any transfer (ri
 `shard` / `unshard` cut a full sequence into this rank's shard and put shards back together,
 for any process group (no yunchang groups needed): zigzag for causal attention (and the
 declaration above), contiguous otherwise. A packed row (`cu_seqlens=`) may instead be cut in the
-documents layout (ring/doc_layout.py: every document in 2N pieces, balanced whatever the
-lengths); `layout="auto"` picks the layout whose slowest rank has the smaller predicted time
-(`documents.document_work`, ring/layout_cost.py). `shard` declares the layout it cut for
-(group, length, documents), and a packed call on those documents follows that declaration
-(`call_layout`), agreed across the ring like the rest of the call.
+documents layout (ring/doc_layout.py: every document in 2N pieces, balanced whatever the lengths)
+or, causal, in contiguous shards (schedules/contiguous.py: documents stay whole where a shard holds
+them); `layout="auto"` picks the layout whose slowest rank has the smallest predicted time
+(`documents.document_work`, ring/layout_cost.py). `shard` declares the layout it cut for (group,
+length, documents), and a packed call on those documents follows that declaration (`call_layout`),
+agreed across the ring like the rest of the call.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from collections import OrderedDict
 import torch
 import torch.distributed as dist
 
-from .doc_layout import DOCUMENTS, LAYOUTS, ROW, check_total, local_positions
+from .doc_layout import CONTIGUOUS, DOCUMENTS, LAYOUTS, ROW, check_total, local_positions
 from .documents import Documents, pick_layout
 
 __all__ = [
@@ -96,19 +97,25 @@ def shard_positions(
     if split == DOCUMENTS:
         pos = local_positions(Documents.of(cu_seqlens, total=total).bounds, rank, world_size)
         return torch.tensor(pos, dtype=torch.int64, device=device)
-    if causal and world_size > 1:
+    if causal and world_size > 1 and split == ROW:
         return zigzag_positions(total, rank, world_size, device=device)
     size = total // _pieces(total, world_size, False)
     return torch.arange(rank * size, (rank + 1) * size, device=device)
 
 
 def _split(layout: str, cu_seqlens, total: int, world_size: int, causal: bool) -> str:
-    """The layout `shard` cuts: ROW or DOCUMENTS ("auto": the smaller predicted time)."""
+    """The layout `shard` cuts: ROW, DOCUMENTS or CONTIGUOUS ("auto": the smallest predicted
+    time). CONTIGUOUS of a row that is not causal (or over one rank) is the row's split."""
     if layout not in (*LAYOUTS, "auto"):
-        raise ValueError(f"layout must be 'auto', 'zigzag' or 'documents', got {layout!r}")
+        raise ValueError(f"layout must be one of {['auto', *LAYOUTS]}, got {layout!r}")
+    if layout == CONTIGUOUS and (not causal or world_size == 1):
+        layout = ROW  # the same contiguous shards
     if cu_seqlens is None:
-        if layout == DOCUMENTS:
-            raise ValueError("layout='documents' cuts every document: pass cu_seqlens=")
+        if layout in (DOCUMENTS, CONTIGUOUS):
+            raise ValueError(
+                f"layout={layout!r} is for packed rows (a causal call over contiguous shards "
+                "needs their documents to know which blocks attend): pass cu_seqlens="
+            )
         return ROW
     docs = Documents.of(cu_seqlens, total=total)
     if layout == "auto":
@@ -117,6 +124,8 @@ def _split(layout: str, cu_seqlens, total: int, world_size: int, causal: bool) -
         return pick_layout(docs, world_size, causal)
     if layout == DOCUMENTS:
         check_total(total, world_size)
+    if layout == CONTIGUOUS:
+        _pieces(total, world_size, False)
     return layout
 
 
@@ -173,11 +182,11 @@ def call_layout(
     doc_layout) or, with None, what `shard` declared for these documents (the row's split if
     nothing was). A request that contradicts the declaration is refused."""
     if requested is not None and requested not in LAYOUTS:
-        return ROW, f"doc_layout must be None, 'zigzag' or 'documents', got {requested!r}"
+        return ROW, f"doc_layout must be None or one of {list(LAYOUTS)}, got {requested!r}"
     if docs is None:
-        if requested == DOCUMENTS:
+        if requested in (DOCUMENTS, CONTIGUOUS):
             return ROW, (
-                "doc_layout='documents' needs the documents as cu_seqlens of the whole row "
+                f"doc_layout={requested!r} needs the documents as cu_seqlens of the whole row "
                 "(position_ids that restart cannot place the pieces)"
             )
         return ROW, ""
@@ -224,15 +233,15 @@ def proof_of(
 ) -> tuple[int, int]:
     """(proof code, proven global length) of a causal call's layout on this rank (`split`:
     the documents layout of `docs`, proven by positions or by `shard`'s declaration)."""
-    if split == DOCUMENTS:
+    if split in (DOCUMENTS, CONTIGUOUS):
         total = q_len * world_size
         if positions is not None:
             want = shard_positions(total, rank, world_size, cu_seqlens=docs.bounds,
-                                   layout=DOCUMENTS, device=positions.device)  # fmt: skip
+                                   layout=split, device=positions.device)  # fmt: skip
             pos = positions.reshape(-1, positions.shape[-1])
             ok = pos.shape[-1] == q_len and bool((pos == want).all())
             return (POSITIONS, total) if ok else (BAD_POSITIONS, 0)
-        declared = declared_layout(group, total, docs) == DOCUMENTS
+        declared = declared_layout(group, total, docs) == split
         return (DECLARED, total) if declared else (NO_PROOF, 0)
     if positions is not None:
         total = _positions_total(positions, rank, world_size, q_len)
@@ -295,8 +304,11 @@ def shard(
 
     Packed rows: `cu_seqlens` (document offsets in the full row) and `layout`: "zigzag" (the
     row's split above), "documents" (every document cut into 2N pieces, rank r holding pieces
-    r and 2N-1-r of each: ring/doc_layout.py; the length must divide by 2N) or "auto" (the one
-    of smaller predicted time, `document_work`; equal on every rank). The layout is declared
+    r and 2N-1-r of each: ring/doc_layout.py; the length must divide by 2N), "contiguous" (a
+    causal row in N contiguous shards: documents stay whole where a shard holds them,
+    schedules/contiguous.py; pack the row in `pack_order.balanced_order(...,
+    split="contiguous")` to even the ranks) or "auto" (the one of smallest predicted time,
+    `document_work`; equal on every rank). The layout is declared
     for (group, length, documents): a call with these cu_seqlens follows it. Position ids and
     labels follow `shard_positions` (or shard them with the same arguments).
     """
@@ -308,10 +320,10 @@ def shard(
         declare_layout(group, total, Documents.of(cu_seqlens), DOCUMENTS)
         pos = shard_positions(total, rank, n, cu_seqlens=cu_seqlens, layout=DOCUMENTS)
         return x.index_select(dim, pos.to(x.device))
-    size = total // _pieces(total, n, causal)
+    size = total // _pieces(total, n, causal and split == ROW)
     if cu_seqlens is not None:
-        declare_layout(group, total, Documents.of(cu_seqlens), ROW)
-    if not causal:
+        declare_layout(group, total, Documents.of(cu_seqlens), split)
+    if not causal or split == CONTIGUOUS:
         return x.narrow(dim, rank * size, size)
     front, back = zigzag_chunks(rank, n)
     declare_zigzag(group, total)
@@ -339,7 +351,7 @@ def unshard(
         return x
     total = x.shape[dim] * n
     split = _split(layout, cu_seqlens, total, n, causal)
-    if causal and x.shape[dim] % 2:
+    if causal and split == ROW and x.shape[dim] % 2:
         raise ValueError(
             f"unshard(causal=True) takes zigzag shards (two equal halves); got a shard of "
             f"{x.shape[dim]} tokens along dim {dim}"
@@ -352,7 +364,7 @@ def unshard(
         where = torch.cat([shard_positions(total, r, n, cu_seqlens=cu_seqlens,
                                            layout=DOCUMENTS) for r in range(n)])  # fmt: skip
         return torch.cat(shards, dim).index_select(dim, torch.argsort(where).to(x.device))
-    if not causal or n == 1:
+    if not causal or n == 1 or split == CONTIGUOUS:
         return torch.cat(shards, dim)
     halves = [s.chunk(2, dim) for s in shards]
     # chunk c of 2N: rank c's front half (c < N), else rank 2N-1-c's back half

@@ -16,7 +16,7 @@ from ...config import CommSettings
 from ..comm import RingComms, RingPosition, TokenRingCommError, comms_of
 from ..comm.groups import describe_peer
 from ..doc_claims import claim_count, documents_from_claims, local_claims
-from ..doc_layout import DOCUMENTS
+from ..doc_layout import CONTIGUOUS, DOCUMENTS, ROW
 from ..documents import Documents
 from ..layout import wire_swapped
 from ..ring import Ring
@@ -85,14 +85,14 @@ def _header(spec: CallSpec, pos: RingPosition, device_type: str) -> Header:
         proof = proof_of(
             pos.group, spec.positions, pos.rank, pos.size, s, spec.documents, spec.split
         )
-        by_docs = spec.split == DOCUMENTS
-        if s % 2:
+        by_docs = {DOCUMENTS: Problem.DOC_LAYOUT_PROOF, CONTIGUOUS: Problem.CONTIGUOUS_PROOF}
+        if s % 2 and spec.split == ROW:
             problem = Problem.NOT_ZIGZAG  # a zigzag shard is two equal halves
         elif proof[0] == BAD_POSITIONS:
-            problem = Problem.DOC_LAYOUT_PROOF if by_docs else Problem.BAD_POSITIONS
+            problem = by_docs.get(spec.split, Problem.BAD_POSITIONS)
             proof = (NO_PROOF, 0)
         elif proof[0] == NO_PROOF:
-            problem = Problem.DOC_LAYOUT_PROOF if by_docs else Problem.NO_PROOF
+            problem = by_docs.get(spec.split, Problem.NO_PROOF)
     claims = 0
     if not problem and spec.doc_positions is not None:
         claims = claim_count(
@@ -204,11 +204,17 @@ def _check_zigzag(headers: list[Header]) -> None:
 
 
 def _check_split(headers: list[Header], spec: CallSpec) -> None:
-    """The documents layout holds T/N tokens on every rank, T a multiple of 2N (the split is
-    agreed by now, so every rank takes the same branch)."""
+    """The documents layout holds T/N tokens on every rank, T a multiple of 2N; contiguous
+    shards hold T/N each (the split is agreed by now, so every rank takes the same branch)."""
+    lens, n = [h.q_len for h in headers], len(headers)
+    if spec.split == CONTIGUOUS and len(set(lens)) > 1:
+        raise ValueError(
+            f"TokenRing: the contiguous layout needs T/N tokens on every rank: local lengths "
+            f"{lens}. Cut the row with tokenring_xdit.shard(x, group, causal=True, "
+            "cu_seqlens=cu, layout='contiguous') after padding it to a multiple of N"
+        )
     if spec.split != DOCUMENTS:
         return
-    lens, n = [h.q_len for h in headers], len(headers)
     if len(set(lens)) > 1 or sum(lens) % (2 * n):
         raise ValueError(
             f"TokenRing: the documents layout needs T/N tokens on every rank with T a multiple "
@@ -220,7 +226,7 @@ def _check_split(headers: list[Header], spec: CallSpec) -> None:
 
 def _chunks(spec: CallSpec, pos: RingPosition) -> int:
     """Chunks of a local shard: 2 for a zigzag shard (causal over a ring), else 1."""
-    return 2 if spec.causal and pos.size > 1 else 1
+    return 2 if spec.causal and pos.size > 1 and spec.split == ROW else 1
 
 
 def _documents(

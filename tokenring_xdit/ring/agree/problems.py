@@ -131,6 +131,17 @@ class Problem(IntEnum):
             "refused too"
         ),
     )
+    CONTIGUOUS_PROOF = (
+        22,
+        (
+            "causal=True on contiguous shards of a packed row needs proof that they are (other "
+            "shards give wrong results silently): cut them with tokenring_xdit.shard(x, group, "
+            "causal=True, cu_seqlens=cu, layout='contiguous'), which declares it for the group, "
+            "or pass positions=tokenring_xdit.ring.sharding.shard_positions(total, rank, N, "
+            "cu_seqlens=cu, layout='contiguous'); positions given that differ from those are "
+            "refused too"
+        ),
+    )
 
 
 @dataclass(frozen=True)
