@@ -258,7 +258,7 @@ def _kernel_used(kernel, layout, cu, n, device, dtype, heads) -> str:
 
 
 def _table(rows) -> str:
-    head = f"{'tokens':>7} {'docs':>4} {'N':>2} {'ideal/N':>8} {'method':>26} {'ms':>9} "
+    head = f"{'tokens':>7} {'docs':>4} {'N':>2} {'ideal/N':>8} {'method':>34} {'ms':>9} "
     lines = [head + f"{'eff':>5} {'vs dense':>8} {'model':>7}  pairs per rank"]
     for r in rows:
         for name, e in r["methods"].items():
@@ -270,7 +270,7 @@ def _table(rows) -> str:
             model = f"{e['predicted_ms']:7.2f}" if e.get("predicted_ms") is not None else " " * 7
             lines.append(
                 f"{r['tokens']:>7} {r['documents']:>4} {r['ring']:>2} {r['ideal_ring']:8.2f} "
-                f"{shown[-26:]:>26} {e['ms']:9.2f} {e['efficiency']:5.2f} {vs} {model}  {pairs}"
+                f"{shown[-34:]:>34} {e['ms']:9.2f} {e['efficiency']:5.2f} {vs} {model}  {pairs}"
             )
         lines.append(f"  auto picks {r['auto']['layout']}/{r['auto']['kernel']}")
     return "\n".join(lines)

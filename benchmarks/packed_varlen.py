@@ -37,7 +37,8 @@ on gloo at a tiny size (e.g. --tokens 256 --heads 4 --kv-heads 2 --head-dim 16
 --doc-lens 16,96). --kernel names the packed calls' kernels (a comma list, each run beside the
 others: e.g. auto,flash_varlen,cudnn; default auto, the (layout, kernel) cost model's pick);
 --order balanced packs the drawn documents in `tokenring_xdit.ring.pack_order.balanced_order`
-for the ring's size (the row's zigzag evened by the packing order alone).
+for the ring's size (the row's zigzag evened by the packing order alone); balanced-contiguous
+in the order that evens the contiguous layout's shards.
 --profile N adds to every packed entry a `profile`, one dict per rank, of N more calls under
 torch.profiler (benchmarks/_packed_profile.py: timeline, host issue time, launches per call, the
 cost model's per-rank ms beside the measured attention busy time, the rank's planned work) and
@@ -90,7 +91,8 @@ def _ordered(cu: list[int], args) -> list[int]:
     # judged by the kernel the run names, if exactly one priced kernel; else auto's (cuDNN)
     named = args.kernel.split(",")
     kernel = named[0] if len(named) == 1 and named[0] in ("flash_varlen", "cudnn") else "cudnn"
-    order = balanced_order(lengths, dist.get_world_size(), kernel=kernel)
+    split = "contiguous" if args.order == "balanced-contiguous" else "zigzag"
+    order = balanced_order(lengths, dist.get_world_size(), kernel=kernel, split=split)
     out = [0]
     for i in order:
         out.append(out[-1] + lengths[i])
@@ -250,7 +252,8 @@ def main() -> None:
         "--layout",
         default="zigzag,documents",
         help="comma-separated layouts of the replayed rings: zigzag (the row's), documents "
-        "(every document in 2N pieces), auto (what shard(..., layout='auto') picks)",
+        "(every document in 2N pieces), contiguous (N contiguous shards, --real-ring), auto "
+        "(what shard(..., layout='auto') picks)",
     )
     parser.add_argument("--out", default="packed_varlen.json")
     parser.add_argument("--doc-lens", default="512,8192", help="min,max document length")
@@ -264,10 +267,11 @@ def main() -> None:
     ring.add_argument("--check", action="store_true", help="errors vs fp64 per document")
     ring.add_argument(
         "--order",
-        choices=("packed", "balanced"),
+        choices=("packed", "balanced", "balanced-contiguous"),
         default="packed",
         help="balanced: pack the drawn documents in tokenring_xdit.ring.pack_order's "
-        "balanced_order for the ring's size (the row's zigzag evened by the packing order)",
+        "balanced_order for the ring's size (the row's zigzag evened by the packing order); "
+        "balanced-contiguous: the order that evens the contiguous layout's shards",
     )
     ring.add_argument(
         "--kernel",

@@ -1,7 +1,7 @@
 """Drift guard: eager and compiled TokenRing calls are prepared the same way (ring/call.py).
 
-For every call option (documents by cu_seqlens and by position ids, in the documents layout
-declared by shard() or asked for by doc_layout, timeout, kernel name,
+For every call option (documents by cu_seqlens and by position ids, in the documents and the
+contiguous layouts declared by shard() or asked for by doc_layout, timeout, kernel name,
 layouts including the swapped-storage wire layout, GQA, causal, deterministic, joint K/V, final
 pieces, scale) one ring of 2 gloo ranks runs the call eagerly and under
 torch.compile(fullgraph=True), recording what `prepare` hands to `agree`: the header every rank
@@ -58,6 +58,10 @@ def _cases(torch, n):
          "documents"),
         ("documents-explicit-infer", {"cu_seqlens": [0, 5, total], "doc_layout": "documents"},
          False, H, False, "documents"),
+        ("contiguous-causal-train", {"cu_seqlens": [0, 5, total], "causal": True}, True, HK, True,
+         "contiguous"),
+        ("contiguous-explicit-infer", {"cu_seqlens": [0, 5, total], "causal": True,
+         "doc_layout": "contiguous"}, False, H, True, "contiguous"),
         ("joint-infer", {"joint": "rear"}, False, H, False, "bshd"),
         ("joint-front-infer", {"joint": "front"}, False, H, False, "bshd"),
     ]  # fmt: skip
@@ -93,12 +97,15 @@ def _recorder():
     return records
 
 
+LAYOUT_FORMS = ("documents", "contiguous")  # shards cut in a packed row's layout (declared)
+
+
 def _inputs(torch, rank, n, seed, kv_heads, causal, form):
     from tokenring_xdit.ring.sharding import shard
 
     gen = torch.Generator().manual_seed(seed)
     full = [torch.randn(1, S * n, h, D, generator=gen) for h in (H, kv_heads, kv_heads, H)]
-    cut = {"cu_seqlens": [0, 5, S * n], "layout": "documents"} if form == "documents" else {}
+    cut = {"cu_seqlens": [0, 5, S * n], "layout": form} if form in LAYOUT_FORMS else {}
     mine = [shard(x, causal=causal, **cut) for x in full]  # declares the split it cuts
     if form == "bhsd":
         return [x.transpose(1, 2).contiguous() for x in mine]

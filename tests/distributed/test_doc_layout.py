@@ -267,7 +267,7 @@ def test_auto_is_agreed_and_exact_either_way(n):
             assert case["q_messages"] == case["plan_q"], (rank, i, case)
             for name, err in case["errs"].items():
                 assert err <= TOL, f"auto case {i} ({picked}): {name} {err:.3g} on rank {rank}"
-    assert used == {"zigzag", "documents"}, used
+    assert {"zigzag", "documents"} <= used, used  # and "contiguous" where predicted fastest
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])

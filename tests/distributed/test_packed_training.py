@@ -7,7 +7,8 @@ the packed position ids to `shard_batch`, step 2 cu_seqlens. The reference is on
 running each document ALONE through the same model (SDPA): the loss summed over every
 document's tokens over the total count, so it does not depend on transformers' own packing
 detection. Loss and every parameter gradient are compared at every step, with the batch cut in
-the row's zigzag and in the documents layout (every document in 2N pieces).
+the row's zigzag, in the documents layout (every document in 2N pieces) and in contiguous
+shards (documents whole where a shard holds them).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ SEQ = 24  # divides by 2N for N = 2, 3
 PACKINGS = ([5, 1, 9, 3, 6], [1, 13, 1, 1, 8])  # document lengths of the two steps
 LOSS_TOL = 1e-6
 GRAD_REL_TOL = 1e-4
-LAYOUTS = ("zigzag", "documents")  # shard_batch(layout=): the row's zigzag, documents in 2N pieces
+LAYOUTS = ("zigzag", "documents", "contiguous")  # shard_batch(layout=)
 
 
 def _llama(impl: str):

@@ -11,7 +11,7 @@ import json
 from tests.harness import torchrun_script
 
 TOL = 2e-5  # fp32, max |err| of out, dq, dk, dv
-LAYOUTS = ["zigzag", "documents", "auto"]
+LAYOUTS = ["zigzag", "documents", "contiguous", "auto"]
 KERNELS = ["masked", "auto"]  # on the CPU auto is the masked kernel too
 METHODS = [f"{layout}/{kernel}" for layout in LAYOUTS for kernel in KERNELS]
 TOKENS = [256, 512]
@@ -46,10 +46,10 @@ def test_tiny_real_ring_has_every_layout_and_is_exact(tmp_path):
         # what auto picks on CUDA half for this row (the cost model), recorded beside the runs
         assert row["auto"]["layout"] in LAYOUTS
         assert row["auto"]["kernel"] in ("flash_varlen", "cudnn")
-        assert len(row["auto"]["choices"]) == 4
+        assert len(row["auto"]["choices"]) == 6  # 3 layouts x 2 kernels
         for name in METHODS:
             entry = methods[name]
-            assert entry["layout_used"] in ("zigzag", "documents")
+            assert entry["layout_used"] in ("zigzag", "documents", "contiguous")
             assert entry["kernel_used"] == "masked" and entry["predicted_ms"] is None  # unpriced
             assert len(entry["pairs_per_rank"]) == 2 and min(entry["pairs_per_rank"]) > 0
             # exactly the documents' causal pairs, fewer than the dense causal ring's

@@ -22,9 +22,14 @@ def _worker(rank, n):
 
     ids = torch.arange(16).unsqueeze(0)
     pos, cu = _packed(torch, [5, 3, 8])
+    from tokenring_xdit.ring.documents import Documents, pick_layout
+
     agreed = tr_hf.shard_batch(ids, position_ids=pos, cu_seqlens=cu, layout="zigzag")
     per_doc = tr_hf.shard_batch(ids, position_ids=pos, cu_seqlens=cu, layout="documents")
-    auto = tr_hf.shard_batch(ids, position_ids=pos, cu_seqlens=cu)  # 16 tokens: the zigzag
+    contig = tr_hf.shard_batch(ids, position_ids=pos, cu_seqlens=cu, layout="contiguous")
+    picked = pick_layout(Documents.of(cu.tolist()), n, True)
+    cut = {"zigzag": agreed, "documents": per_doc, "contiguous": contig}[picked]
+    auto = tr_hf.shard_batch(ids, position_ids=pos, cu_seqlens=cu)
     _, other_cu = _packed(torch, [6, 2, 8])  # offset 5 vs 6
     try:
         tr_hf.shard_batch(ids, position_ids=pos, cu_seqlens=other_cu)
@@ -32,15 +37,16 @@ def _worker(rank, n):
         refused = str(exc)
     else:
         refused = "no error"
-    cut = [x["position_ids"].tolist() for x in (agreed, per_doc)]
-    same = auto["input_ids"].tolist() == agreed["input_ids"].tolist()
-    return cut, agreed["cu_seq_lens_q"].tolist(), refused, per_doc["input_ids"].tolist(), same
+    same = auto["input_ids"].tolist() == cut["input_ids"].tolist()
+    cuts = [x["position_ids"].tolist() for x in (agreed, per_doc, contig)]
+    ids_cut = [x["input_ids"].tolist() for x in (per_doc, contig)]
+    return cuts, agreed["cu_seq_lens_q"].tolist(), refused, ids_cut, same
 
 
 def test_disagreeing_position_ids_and_cu_seqlens_are_refused_on_every_rank():
     results = values(run_ranks(_worker, 2, timeout=120))
     for _, cu, refused, _, same in results:
-        assert same  # auto: tiny documents cut in 2N pieces cost more than they balance
+        assert same  # auto cuts as the layout pick_layout names (every rank alike)
         assert cu == [0, 5, 8, 16]
         assert "position_ids and cu_seqlens disagree at token 5" in refused, refused
         assert "pass only one of them" in refused
@@ -49,10 +55,14 @@ def test_disagreeing_position_ids_and_cu_seqlens_are_refused_on_every_rank():
     assert results[1][0][0] == [[4, 0, 1, 2, 0, 1, 2, 3]]
     # the documents layout (docs/training.md's rule: pieces 2 1 1 1 | 0 1 1 1 | 2 2 2 2);
     # the position ids follow the tokens
-    assert results[0][3] == [[0, 1, 8, 9, 4, 7, 14, 15]]
-    assert results[1][3] == [[2, 5, 10, 11, 3, 6, 12, 13]]
+    assert results[0][3][0] == [[0, 1, 8, 9, 4, 7, 14, 15]]
+    assert results[1][3][0] == [[2, 5, 10, 11, 3, 6, 12, 13]]
     assert results[0][0][1] == [[0, 1, 0, 1, 4, 2, 6, 7]]
     assert results[1][0][1] == [[2, 0, 2, 3, 3, 1, 4, 5]]
+    # contiguous shards: tokens 0-7 and 8-15, the position ids with them
+    assert results[0][3][1] == [list(range(8))] and results[1][3][1] == [list(range(8, 16))]
+    assert results[0][0][2] == [[0, 1, 2, 3, 4, 0, 1, 2]]
+    assert results[1][0][2] == [list(range(8))]
 
 
 def test_global_positions_with_cu_seqlens_are_refused():

@@ -136,16 +136,17 @@ def test_document_pairs_match_exact(name, kv_heads, layout):
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("name", ["flash_varlen", "torch_flash", "cudnn+segments"])
-@pytest.mark.parametrize("split", ["zigzag", "documents"])
+@pytest.mark.parametrize("split", ["zigzag", "documents", "contiguous"])
 def test_thread_ring_with_documents_matches_exact(n, causal, name, split):
-    """Every rank's loops on one GPU; `split`: the row's zigzag or the documents layout (every
-    document in 2N pieces: a query piece meets two key pieces in one block, merged)."""
+    """Every rank's loops on one GPU; `split`: the row's zigzag, the documents layout (every
+    document in 2N pieces: a query piece meets two key pieces in one block, merged) or
+    contiguous shards (causal: schedules/contiguous.py; not causal: the row's split)."""
     from tests.thread_ring import run_ring
     from tokenring_xdit.ring.backward import block_backward
     from tokenring_xdit.ring.block_forward import BlockCall, block_forward
     from tokenring_xdit.ring.documents import Documents, doc_plan
     from tokenring_xdit.ring.layout import BSHD
-    from tokenring_xdit.ring.schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
+    from tokenring_xdit.ring.schedules import block_schedule
     from tokenring_xdit.ring.sharding import shard_positions, zigzag_positions
 
     rng = random.Random(n * 2 + causal)
@@ -160,12 +161,13 @@ def test_thread_ring_with_documents_matches_exact(n, causal, name, split):
     q, k, v, do = (torch.randn(1, h, total, d, generator=gen).to(dev, dtype) for _ in "qkvo")
     ref = _ref(q, k, v, do, mask, d**-0.5)
     pair = _doc_pair(name, (dev, dtype, d, d))
-    schedule = CAUSAL_ZIGZAG if causal else NON_CAUSAL_BLOCKS
+    split = split if causal or split != "contiguous" else "zigzag"  # the same contiguous shards
+    schedule = block_schedule(causal, split)
     q_lens = (total // n,) * n
     call = BlockCall(schedule, pair, BSHD, d**-0.5, doc_plan(docs, schedule, q_lens, split))
 
     def positions(r):
-        if split == "documents":
+        if split in ("documents", "contiguous"):
             cut = {"causal": causal, "cu_seqlens": docs.bounds, "layout": split, "device": dev}
             return shard_positions(total, r, n, **cut)
         if causal and n > 1:

@@ -53,7 +53,7 @@ __all__ = [
 AUTO_MARGIN = 0.05
 # the layouts `auto` chooses among; the contiguous layout is asked for by name until its
 # measured GPU times say where auto should take it (its model prices kernels, not transfers)
-AUTO_LAYOUTS = (ROW, DOCUMENTS)
+AUTO_LAYOUTS = (ROW, DOCUMENTS, CONTIGUOUS)
 
 Costs = tuple[tuple[str, LayoutCost], ...]  # (kernel, its constants), in auto's tie order
 
