@@ -17,7 +17,7 @@ from .comm import COUNTERS
 from .diagonal import Piece
 from .kernels import row_delta
 from .ring import Ring
-from .schedules.blocks import BlockStep, part_slice
+from .schedules.blocks import BlockStep, Part, sub_slice
 
 __all__ = ["block_backward"]
 
@@ -60,10 +60,10 @@ class _Backward:
     def travelling(self) -> list[torch.Tensor]:
         return [self.q.contiguous(), self.dout, self.lse.contiguous(), self.delta]
 
-    def part(self, held, held_part: str, wanted: str, length: int) -> list[torch.Tensor]:
+    def part(self, held, held_part: Part, wanted: Part, length: int) -> list[torch.Tensor]:
         if held_part == wanted:
             return held
-        sl = part_slice(wanted, length)
+        sl = sub_slice(held_part, wanted, length)
         q, do, lse, delta = held
         seq = self.call.layout.seq_slice
         return [seq(q, sl).contiguous(), seq(do, sl).contiguous()] + [

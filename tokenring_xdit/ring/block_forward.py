@@ -18,7 +18,7 @@ from .diagonal import Piece, Pieces
 from .kernels import empty_partial
 from .merge import PartialMerge
 from .ring import Ring
-from .schedules.blocks import BlockStep
+from .schedules.blocks import BlockStep, Part
 
 __all__ = ["BlockCall", "block_forward"]
 
@@ -58,7 +58,7 @@ class _Forward:
     def travelling(self) -> list[torch.Tensor]:
         return [self.q.contiguous()]
 
-    def part(self, held, held_part: str, wanted: str, length: int) -> list[torch.Tensor]:
+    def part(self, held, held_part: Part, wanted: Part, length: int) -> list[torch.Tensor]:
         return [self.call.seq(held[0], held_part, wanted, length).contiguous()]
 
     def travel_buffers(self, length: int) -> list[torch.Tensor]:

@@ -32,7 +32,7 @@ from .head_start import head_start
 from .kernels import KernelPair
 from .layout import Layout
 from .ring import Ring
-from .schedules.blocks import BlockStep, part_len, part_slice, sub_slice
+from .schedules.blocks import BlockStep, Part, part_len, part_slice, sub_slice
 
 __all__ = ["BlockCall", "Payload", "run_blocks"]
 
@@ -74,6 +74,11 @@ class BlockCall:
         return (self.schedule.name, self.pair, self.layout.name, self.scale,
                 self.head_start_us, self.hold_back, self.packing)  # fmt: skip
 
+    def steps(self, rank: int, n: int) -> tuple[BlockStep, ...]:
+        """This rank's rows: the schedule's, or the packed plan's (which may trim what travels,
+        `schedules.blocks.Rows`)."""
+        return self.schedule.block_steps(rank, n) if self.docs is None else self.docs.steps[rank]
+
     def mask(self, rank: int, st: BlockStep):
         """The kernel's mask argument at this step: the causal flag, or the block's segments
         (an empty tuple: nothing to attend, the step is skipped)."""
@@ -89,7 +94,7 @@ class BlockCall:
     def receives_return(self, rank: int, st: BlockStep) -> bool:
         return self.docs is None or self.docs.transfers(rank)[st.step][2]
 
-    def seq(self, x: torch.Tensor, held: str, wanted: str, length: int) -> torch.Tensor:
+    def seq(self, x: torch.Tensor, held: Part, wanted: Part, length: int) -> torch.Tensor:
         """The `wanted` part of x, which holds the `held` part of a sequence of `length`."""
         return self.layout.seq_slice(x, sub_slice(held, wanted, length))
 
@@ -109,7 +114,7 @@ class Payload(Protocol):
     def travelling(self) -> Tensors:
         """What our own query block sends out at step 0 (held[0] is the query itself)."""
 
-    def part(self, held: Tensors, held_part: str, wanted: str, length: int) -> Tensors:
+    def part(self, held: Tensors, held_part: Part, wanted: Part, length: int) -> Tensors:
         """The `wanted` part of a held bundle (which holds `held_part` of `length` queries)."""
 
     def travel_buffers(self, length: int) -> Tensors:
@@ -146,7 +151,7 @@ def run_blocks(
     q_lane, ret_lane = ring.lanes()
     held = payload.travelling()
     prev = None  # the previous step's partial: it goes home at this step
-    for st in call.schedule.block_steps(rank, ring.size):
+    for st in call.steps(rank, ring.size):
         q_lane.step = ret_lane.step = st.step  # named in transfer errors
         next_held = ret = None
         if st.q_send_to is not None:

@@ -31,6 +31,7 @@ document a full rectangle or a causal diagonal, several documents per block; `do
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 
@@ -45,7 +46,7 @@ from .doc_layout import (
     check_total,
     pieces_meet,
 )
-from .schedules.blocks import ALL, FRONT, BlockStep
+from .schedules.blocks import ALL, FRONT, BlockStep, Rows
 
 __all__ = ["Documents", "Segment", "DocPlan", "doc_plan", "block_segments"]
 
@@ -260,4 +261,39 @@ def doc_plan(docs: Documents, schedule, q_lens: tuple[int, ...], split: str = RO
             k_ranges = _part_ranges(ranges[r], st.kv_part)
             row.append(block_segments(docs, q_ranges, k_ranges, st.causal))
         segments.append(tuple(row))
+    if split == CONTIGUOUS and schedule.causal:
+        steps = _trimmed(steps, segments, n)
     return DocPlan(docs, n, tuple(segments), steps, split)
+
+
+def _trimmed(steps, segments, n: int) -> tuple[tuple[BlockStep, ...], ...]:
+    """The contiguous layout's rows with every travelling query cut to the prefix its later
+    holders attend with (`Rows`): an earlier shard meets only the documents that reach back
+    into it, the first ones of the query's shard. The step-0 owner holds all of its query; a
+    partial covers the rows its holder held."""
+    used = [[0] * n for _ in range(n)]  # [owner][step]: rows the holder's kernel reads
+    for r in range(n):
+        for t, st in enumerate(steps[r][:n]):
+            if segments[r][t]:
+                used[st.q_owner][t] = max(sg.q1 for sg in segments[r][t])
+    held = [[max(u[t:]) for t in range(n)] for u in used]  # rows needed from step t on
+
+    def rows(owner: int, t: int):
+        return ALL if t == 0 else Rows(held[owner][t])
+
+    out = []
+    for r in range(n):
+        row = []
+        for st in steps[r]:
+            t, change = st.step, {}
+            if st.kernel:
+                change["q_part"] = rows(st.q_owner, t)
+            if st.q_send_to is not None:
+                change["q_send_part"] = rows(st.q_owner, t + 1)
+                change["q_recv_part"] = rows(st.q_recv_owner, t + 1)
+            if st.ret_send_to is not None:
+                change["ret_send_part"] = rows((r + t - 1) % n, t - 1)
+                change["ret_recv_part"] = rows(r, t - 1)
+            row.append(dataclasses.replace(st, **change))
+        out.append(tuple(row))
+    return tuple(out)

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from .doc_layout import Segment, piece_lengths, segment_runs
-from .schedules.blocks import ALL, BACK, FRONT
+from .schedules.blocks import BACK, FRONT, part_len
 
 __all__ = [
     "Work", "LayoutCost", "block_work", "plan_work", "piece_work", "load", "load_kernels", "fit",
@@ -87,8 +87,7 @@ def block_work(segs: Sequence[Segment], q_rows: int, tile: int) -> Work:
 
 
 def _q_rows(st, q_lens: Sequence[int]) -> int:
-    n = q_lens[st.q_owner]
-    return n if st.q_part == ALL else n // 2
+    return part_len(st.q_part, q_lens[st.q_owner])
 
 
 def plan_work(plan, q_lens: Sequence[int], rank: int, tile: int) -> Work:

@@ -22,43 +22,61 @@ ALL, FRONT, BACK = "all", "front", "back"
 
 
 @dataclass(frozen=True)
+class Rows:
+    """A part that is the first `n` positions of a local sequence: what a packed plan trims a
+    travelling query to when later holders need only its first documents' rows
+    (doc_blocks.py, the contiguous layout). Taken out of ALL or of a longer Rows."""
+
+    n: int
+
+
+Part = str | Rows
+
+
+@dataclass(frozen=True)
 class BlockStep:
     """What rank `rank` does at `step`; parts are ALL / FRONT / BACK of a local sequence."""
 
     step: int
     kernel: bool  # False on the return-only row after the last kernel step
     q_owner: int | None  # owner of the held Q the kernel runs on
-    q_part: str  # part of the owner's sequence that is held (and that the kernel runs on)
+    q_part: Part  # part of the owner's sequence that is held (and that the kernel runs on)
     kv_part: str  # part of the local K/V the kernel runs on
     causal: bool  # the diagonal block: our own Q against our own K/V, causally masked
     q_send_to: int | None = None  # Q lane: forward a part of the held Q for the next step
-    q_send_part: str = ALL
+    q_send_part: Part = ALL
     q_recv_from: int | None = None
     q_recv_owner: int | None = None  # whose Q arrives (its length sizes the receive buffer)
-    q_recv_part: str = ALL
+    q_recv_part: Part = ALL
     ret_send_to: int | None = None  # return lane: the previous step's partial goes home
-    ret_send_part: str = ALL  # part of its owner's sequence that partial covers
+    ret_send_part: Part = ALL  # part of its owner's sequence that partial covers
     ret_recv_from: int | None = None  # who computed the partial of our own Q that arrives now
-    ret_recv_part: str = ALL  # part of OUR sequence that arriving partial covers
+    ret_recv_part: Part = ALL  # part of OUR sequence that arriving partial covers
 
 
-def part_slice(part: str, length: int) -> slice:
+def part_slice(part: Part, length: int) -> slice:
     """The positions of `part` in a local sequence of `length` (even when split in halves)."""
     if part == ALL:
         return slice(0, length)
+    if isinstance(part, Rows):
+        return slice(0, min(part.n, length))
     half = length // 2
     return slice(0, half) if part == FRONT else slice(half, length)
 
 
-def part_len(part: str, length: int) -> int:
+def part_len(part: Part, length: int) -> int:
     s = part_slice(part, length)
     return s.stop - s.start
 
 
-def sub_slice(held: str, wanted: str, length: int) -> slice:
+def sub_slice(held: Part, wanted: Part, length: int) -> slice:
     """Positions of `wanted` inside a tensor that holds `held` of a sequence of `length`."""
     if held == wanted:
         return slice(0, part_len(held, length))
+    if isinstance(wanted, Rows) and (held == ALL or isinstance(held, Rows)):
+        if part_len(wanted, length) > part_len(held, length):
+            raise ValueError(f"cannot take {wanted!r} out of a held {held!r} part")
+        return slice(0, part_len(wanted, length))  # a prefix of a prefix
     if held != ALL:
         raise ValueError(f"cannot take {wanted!r} out of a held {held!r} part")
     return part_slice(wanted, length)
