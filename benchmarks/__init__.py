@@ -96,6 +96,11 @@ SWEEPS: dict[str, tuple[str, str]] = {
         "python",
         "plots packed_varlen --train-graph results: ms per call per step, eager and graphed",
     ),
+    "plot_packed_ring": (
+        "python",
+        "plots packed_varlen --real-ring results: ms per packed layout/kernel, the dense ring, "
+        "the per-document ideal",
+    ),
     "plot_train_sweep": ("python", "plots train_sweep results: ms per call per method and shape"),
     "plot_multi_node": (
         "python",

@@ -36,7 +36,8 @@ document boundary and adds the documents of the WHOLE sequence as `cu_seq_lens_q
 `cu_seq_lens_k` (transformers' FlashAttentionKwargs names, which the model hands to every
 attention call); the attention function passes them on as the ring's `cu_seqlens`, so each
 document attends only to itself (docs/training.md: the recipe). Its `layout` (default "auto")
-may cut every document into 2N pieces instead (balanced ranks; ring/doc_layout.py).
+may cut the row in N contiguous shards (documents whole where a shard holds them;
+ring/schedules/contiguous.py) or every document into 2N pieces (ring/doc_layout.py) instead.
 """
 
 from __future__ import annotations
@@ -228,9 +229,10 @@ def shard_batch(
     and the result also holds `cu_seq_lens_q` / `cu_seq_lens_k` (int32, CPU, the WHOLE
     sequence's documents), which the model passes to the attention function. Pad a packed
     sequence with one more document (labels -100) to reach the multiple. `layout`: how a packed
-    row is cut (`tokenring_xdit.shard`'s): "zigzag" (the row's split), "documents" (every
-    document in 2N pieces: balanced whatever the lengths) or "auto" (the smaller predicted
-    time of the slowest rank); input ids, position ids and labels all follow it, and the
+    row is cut (`tokenring_xdit.shard`'s): "zigzag" (the row's split), "contiguous" (N
+    contiguous shards: documents whole where a shard holds them), "documents" (every document
+    in 2N pieces: balanced whatever the lengths) or "auto" (the smallest predicted time of the
+    slowest rank); input ids, position ids and labels all follow it, and the
     attention calls follow the layout `shard` declares for these documents.
     """
     shift = causal if shift_labels is None else shift_labels
