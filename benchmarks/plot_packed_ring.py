@@ -36,8 +36,11 @@ def main() -> None:
     for ax, (stem, meta, row) in zip(axes.flat, panels, strict=False):
         names = list(row["methods"])
         ms = [row["methods"][n]["ms"] for n in names]
-        colors = ["tab:gray" if n == "dense_causal" else
-                  "tab:green" if n.startswith("contiguous") else "tab:blue" for n in names]  # fmt: skip
+        colors = [
+            "tab:gray" if n == "dense_causal" else "tab:green" if n.startswith("contiguous")
+            else "tab:blue"
+            for n in names
+        ]  # fmt: skip
         bars = ax.bar(range(len(names)), ms, color=colors)
         ideal = row["ideal_ring"]
         ax.axhline(ideal, color="black", linestyle="--", label=f"per-document ideal {ideal:.2f} ms")
