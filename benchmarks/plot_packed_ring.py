@@ -53,7 +53,7 @@ def main() -> None:
         ax.set_title(f"{stem}: {row['tokens']} tokens, {row['documents']} docs, ring "
                      f"{row['ring']} ({meta.get('order', 'packed')})", fontsize=9)  # fmt: skip
         ax.legend(fontsize=8)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     meta = panels[0][1] if panels else {}
     fig.suptitle(f"{meta.get('device')}, heads {meta.get('heads')}, {meta.get('dtype')}; "
