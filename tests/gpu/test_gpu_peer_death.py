@@ -58,8 +58,10 @@ def _case(name: str):
 @pytest.mark.parametrize("name", [_case(s.name) for s in GPU_MATRIX])
 def test_survivor_raises_one_named_error_and_exits(results, name):
     r = results[name]
+    native = "".join(f"\nnative stacks of {k} (py-spy):\n{v[-4000:]}"
+                     for k, v in (r.get("native_stacks") or {}).items())  # fmt: skip
     summary = (f"{name}: {r['problems']}\nsurvivors: {r['survivors']}\nfault: "
                f"{r['fault_event']}\ntimeline: {r['timeline']}\ntorchrun: {r.get('torchrun')}\n"
-               f"{r['stderr_tail']}")  # fmt: skip
+               f"{r['stderr_tail']}{native}")  # fmt: skip
     assert r["fault_event"] is not None, summary  # the fault happened (the scenario ran)
     assert r["problems"] == [], summary
