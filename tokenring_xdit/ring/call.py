@@ -164,11 +164,11 @@ class CallOptions:
         that contradicts the declaration is refused on every rank.
 
     Packed documents: non-causal shards are the contiguous shards in rank order, causal ones
-    zigzag shards (unless in the documents layout); K/V must be the query's tokens; batch size
-    1; blocks whose tiles share no document are skipped (ring/documents.py). Under
-    torch.compile every option travels as an argument of one operator (`OpArg` in each
-    field; compiled.py): the kernel by name only, `kernel_key` not at all (it names a
-    callable kernel, which a graph cannot carry).
+    zigzag shards (unless in the documents or the contiguous layout); K/V must be the query's
+    tokens; batch size 1; blocks whose tiles share no document are skipped (ring/documents.py).
+    Under torch.compile every option travels as an argument of one operator (`OpArg` in each
+    field; compiled.py): the kernel by name only, `kernel_key` not at all (it names a callable
+    kernel, which a graph cannot carry).
     """
 
     group: dist.ProcessGroup | None = _opt(None, "str", _group_name, _group)

@@ -11,10 +11,11 @@ call per run of segments) or `cudnn` (cuDNN once per segment).
 Neither wins everywhere: measured on 4 x H200, cuDNN per segment runs the zigzag's few segments
 per rank in ~0.6x flash_varlen's time and the documents layout's 63-252 segments 1.5-3x slower
 (docs/benchmarks/packed_ring_h200/). So every (layout, kernel) pair's slowest rank is priced with
-that kernel's constants (layout_cost.py) and `auto` takes the fastest pair; the documents layout
-only where it beats the row's best pair by AUTO_MARGIN (the model ranks from a few measured
-rows; a near tie keeps the zigzag, which skips blocks and transfers). The contiguous layout is
-reported but not among AUTO_LAYOUTS: it is taken by name (see AUTO_LAYOUTS).
+that kernel's constants (layout_cost.py) and `auto` takes the fastest pair; another layout
+(AUTO_LAYOUTS) only where it beats the row's best pair by AUTO_MARGIN (the model ranks from a
+few measured rows; a near tie keeps the zigzag). The model prices kernels, not transfers: on
+rows of many documents the contiguous layout, which moves the least, won by more than the
+model says (4 x H200, docs/performance.md "Tenth session").
 
 The layout is picked when `shard(..., layout="auto")` cuts the row (`pick_layout`, from the
 documents and the ring's size: shard does not know the call's dtype, so it assumes every kernel
@@ -46,13 +47,12 @@ __all__ = [
     "AUTO_LAYOUTS",
 ]  # fmt: skip
 
-# documents win `auto` only where their best (layout, kernel) pair's slowest rank is predicted
+# another layout wins `auto` only where its best (layout, kernel) pair's slowest rank is predicted
 # this much faster than the row's: the model ranks pairs from a few measured rows
 # (layout_cost.py), so a near tie keeps the row's zigzag (fewer transfers: it skips the blocks
 # of documents inside a chunk)
 AUTO_MARGIN = 0.05
-# the layouts `auto` chooses among; the contiguous layout is asked for by name until its
-# measured GPU times say where auto should take it (its model prices kernels, not transfers)
+# the layouts `auto` chooses among (the row's zigzag first: the one a near tie keeps)
 AUTO_LAYOUTS = (ROW, DOCUMENTS, CONTIGUOUS)
 
 Costs = tuple[tuple[str, LayoutCost], ...]  # (kernel, its constants), in auto's tie order
@@ -313,7 +313,7 @@ def document_work(
     chosen = layouts[auto if layout == "auto" else layout]
     if chosen is None:
         check_total(total, n)
-        raise ValueError(f"the {layout} layout needs a causal row over more than one rank")
+        raise ValueError(f"the {layout} layout cannot cut {total} tokens over {n} ranks")
     dense_ms = dense_ring_ms(total, n, causal, cost)
     choices = [
         {"layout": split, "kernel": k, "predicted_ms": ms, "vs_dense": ms / dense_ms,

@@ -1,4 +1,4 @@
-"""An order to pack documents in, so the row's zigzag balances the ring's ranks.
+"""An order to pack documents in, so the row's zigzag (or contiguous shards) balances the ranks.
 
 Attention never crosses a document, so the order of the documents in a packed row changes no
 result, only where each document lands in the row's zigzag split and so each rank's work. The

@@ -204,15 +204,10 @@ def _check_zigzag(headers: list[Header]) -> None:
 
 
 def _check_split(headers: list[Header], spec: CallSpec) -> None:
-    """The documents layout holds T/N tokens on every rank, T a multiple of 2N; contiguous
-    shards hold T/N each (the split is agreed by now, so every rank takes the same branch)."""
+    """The documents layout holds T/N tokens on every rank, T a multiple of 2N (the split is
+    agreed by now, so every rank takes the same branch; contiguous shards of unequal lengths
+    have no proof: `_header`)."""
     lens, n = [h.q_len for h in headers], len(headers)
-    if spec.split == CONTIGUOUS and len(set(lens)) > 1:
-        raise ValueError(
-            f"TokenRing: the contiguous layout needs T/N tokens on every rank: local lengths "
-            f"{lens}. Cut the row with tokenring_xdit.shard(x, group, causal=True, "
-            "cu_seqlens=cu, layout='contiguous') after padding it to a multiple of N"
-        )
     if spec.split != DOCUMENTS:
         return
     if len(set(lens)) > 1 or sum(lens) % (2 * n):

@@ -33,6 +33,9 @@ j = r+s (mod N). K/V never move.
     return lane: partial of step s-1 -> its owner r+s-1 ;  partial of our Q <- r-s+1
                  (s >= 2, only for blocks that attended; one extra row s = N returns the last)
   Totals per pass, at most: N kernels, N-1 Q transfers, N-1 returns, no self-sends.
+  The packed plan (doc_blocks.doc_plan) also trims what travels: a query goes on with only the
+  prefix of its rows that its later holders attend (`blocks.Rows`: the rows of the document
+  that crosses into its shard), and each partial comes home at the size its holder held.
 """
 
 from __future__ import annotations
