@@ -25,7 +25,7 @@ from pathlib import Path
 
 from tokenring_xdit.ring.documents import Documents, doc_plan
 from tokenring_xdit.ring.layout_cost import DATA, KERNELS, TERMS, fit, plan_work
-from tokenring_xdit.ring.schedules import CAUSAL_ZIGZAG
+from tokenring_xdit.ring.schedules import block_schedule
 
 ROOT = Path(__file__).resolve().parent.parent
 REPLAYS = "docs/benchmarks/packed_ring_h200/packed_varlen_layouts.json"
@@ -36,7 +36,7 @@ PAIRS = {"flash_varlen": "flash_varlen", "cudnn": "cudnn+segments"}
 
 def _rank_work(cu: tuple[int, ...], n: int, layout: str, tile: int) -> list:
     q_lens = (cu[-1] // n,) * n
-    plan = doc_plan(Documents(cu), CAUSAL_ZIGZAG, q_lens, layout)
+    plan = doc_plan(Documents(cu), block_schedule(True, layout), q_lens, layout)
     return [plan_work(plan, q_lens, r, tile) for r in range(n)]
 
 

@@ -188,14 +188,15 @@ def _replays(cu, q, k, v, do, rings, args) -> dict:
 
 def _replays_of(layout, cu, q, k, v, do, rings, args) -> dict:
     """The work report and the replayed ranks of one layout ("zigzag": keys work_N and
-    replay_N_<pair> as before; "documents" / "auto": work_N_<layout>, replay_N_<layout>_<pair>,
+    replay_N_<pair> as before; "documents" / "contiguous" / "auto": work_N_<layout>,
+    replay_N_<layout>_<pair>,
     where auto runs the layout `shard(..., layout="auto")` picks)."""
     from tokenring_xdit.ring.backward import block_backward
     from tokenring_xdit.ring.block_forward import BlockCall, block_forward
     from tokenring_xdit.ring.documents import Documents, doc_plan, document_work
     from tokenring_xdit.ring.kernels import doc_pair, gqa_pair, select_pair
     from tokenring_xdit.ring.layout import BSHD
-    from tokenring_xdit.ring.schedules import CAUSAL_ZIGZAG
+    from tokenring_xdit.ring.schedules import block_schedule
 
     dev, dtype, total = q.device, q.dtype, cu[-1]
     pa = (dev, dtype, D, D)
@@ -221,10 +222,11 @@ def _replays_of(layout, cu, q, k, v, do, rings, args) -> dict:
         }
         print(f"  work N={n} {layout}: {res[f'work_{n}{tag}']}", flush=True)
         q_lens = (total // n,) * n
-        plan = doc_plan(Documents(tuple(cu)), CAUSAL_ZIGZAG, q_lens, report["layout"])
+        schedule = block_schedule(True, report["layout"])
+        plan = doc_plan(Documents(tuple(cu)), schedule, q_lens, report["layout"])
         for kernel in ("flash_varlen", "cudnn"):
             pair = gqa_pair(doc_pair(kernel, *pa, lambda nm: select_pair(nm, *pa, False)), *pa)
-            call = BlockCall(CAUSAL_ZIGZAG, pair, BSHD, D**-0.5, plan)
+            call = BlockCall(schedule, pair, BSHD, D**-0.5, plan)
             per_rank = []
             for r in range(n):
                 sl = slice(r * q_lens[r], (r + 1) * q_lens[r])  # any T tokens: timing only

@@ -32,7 +32,7 @@ from typing import NamedTuple
 import torch
 
 from tokenring_xdit.ring.doc_blocks import Documents, doc_plan
-from tokenring_xdit.ring.schedules import CAUSAL_ZIGZAG
+from tokenring_xdit.ring.schedules import block_schedule
 from tokenring_xdit.ring.schedules.blocks import part_slice
 from tokenring_xdit.ring.sharding import shard_positions
 
@@ -67,7 +67,7 @@ def blocks(bounds: tuple[int, ...], n: int, layout: str):
     """([Block] of the causal call in `layout` over n ranks, every rank's global positions)."""
     total = bounds[-1]
     pos = [shard_positions(total, r, n, cu_seqlens=list(bounds), layout=layout) for r in range(n)]
-    plan = doc_plan(Documents(bounds), CAUSAL_ZIGZAG, (total // n,) * n, layout)
+    plan = doc_plan(Documents(bounds), block_schedule(True, layout), (total // n,) * n, layout)
     out = []
     for r in range(n):
         for st in plan.steps[r]:
