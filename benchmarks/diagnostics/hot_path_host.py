@@ -16,12 +16,13 @@ PYTHONPATH=<old checkout> and <new checkout>, alternating.
 
 `--path packed` times whole packed training calls (issue 42): `token_ring_attn_func(q, k, v,
 causal=True, cu_seqlens=cu)` forward + backward over 4 gloo ranks, the documents of
-benchmarks/packed_varlen.py's default 32768-token row (seed 0, 7 documents) scaled to
---packed-tokens, zigzag shards, GQA 4/1 heads of 16 (tiny, so the kernels cost little); with
-`--kernel segments` (default) through the per-segment wrapper that cuDNN per segment runs on a
-GPU (CPU flash per segment: a diagnostic record registered here, the same segments, loops,
-merges and transfers), `--kernel masked` through what auto runs on CPU. Validation "signature"
-(what NCCL rings use) unless --validate says otherwise. Reports what `--path eager` does.
+benchmarks/packed_varlen.py's default 32768-token row (seed 0, 7 documents) scaled to --packed-
+tokens, zigzag shards (--layout: another of shard's), GQA 4/1 heads of 16 (tiny, so the kernels
+cost little); with `--kernel segments` (default) through the per-segment wrapper that cuDNN per
+segment runs on a GPU (CPU flash per segment: a diagnostic record registered here, the same
+segments, loops, merges and transfers), `--kernel masked` through what auto runs on CPU.
+Validation "signature" (what NCCL rings use) unless --validate says otherwise. Reports what
+`--path eager` does.
 `--device cuda` (4 GPUs, NCCL): the benchmark's own shape (32768 tokens, GQA 32/8 x 128, bf16)
 through cuDNN per segment (`--kernel segments`) or any kernel name (`auto`); every call starts
 with the GPU idle and the ranks together, so its time is the host's time to issue it; the
@@ -152,7 +153,15 @@ def _segments_record() -> str:
 
 
 def _packed_worker(
-    rank: int, n: int, report, top: int, repeats: int, total: int, kernel: str, device: str
+    rank: int,
+    n: int,
+    report,
+    top: int,
+    repeats: int,
+    total: int,
+    kernel: str,
+    device: str,
+    layout: str = "zigzag",
 ) -> dict:
     import tokenring_xdit
     from tokenring_xdit import token_ring_attn_func
@@ -167,9 +176,7 @@ def _packed_worker(
     full = [
         torch.randn(1, total, x, d, generator=gen, device=dev).to(dtype) for x in (h, hk, hk, h)
     ]
-    q, k, v, do = (
-        tokenring_xdit.shard(x, causal=True, cu_seqlens=cu, layout="zigzag") for x in full
-    )
+    q, k, v, do = (tokenring_xdit.shard(x, causal=True, cu_seqlens=cu, layout=layout) for x in full)
     q, k, v = (x.requires_grad_() for x in (q, k, v))
 
     def one_call():
@@ -181,7 +188,7 @@ def _packed_worker(
         one_call()
     sync = torch.cuda.synchronize if cuda else None
     row = _timed_and_profiled(one_call, n, top, repeats, f"packed fwd+bwd ({kernel})", sync)
-    row.update(cu_seqlens=cu, heads=[h, hk, d], dtype=str(dtype), device=device)
+    row.update(cu_seqlens=cu, heads=[h, hk, d], dtype=str(dtype), device=device, layout=layout)
     return row
 
 
@@ -275,6 +282,10 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="packed")
     parser.add_argument("--validate", default="signature", help="packed: the check mode")
+    parser.add_argument(
+        "--layout", default="zigzag", help="packed: the row's layout (shard's: zigzag, "
+        "contiguous, documents, auto)",
+    )  # fmt: skip
     args = parser.parse_args()
     from tokenring_xdit.tools.launch import launch
 
@@ -286,7 +297,7 @@ def main() -> None:
     elif args.path == "packed":
         env["TOKENRING_XDIT_VALIDATE"] = args.validate
         tokens = args.packed_tokens or (32768 if args.device == "cuda" else 256)
-        work = (args.top, args.repeats, tokens, args.kernel, args.device)
+        work = (args.top, args.repeats, tokens, args.kernel, args.device, args.layout)
         row = launch(_packed_worker, args.ranks, work, device=args.device, env=env, timeout=600)[0]
         repeats = args.repeats
         row.update(label=args.label, validate=args.validate)
