@@ -16,11 +16,11 @@ PYTHONPATH=<old checkout> and <new checkout>, alternating.
 
 `--path packed` times whole packed training calls (issue 42): `token_ring_attn_func(q, k, v,
 causal=True, cu_seqlens=cu)` forward + backward over 4 gloo ranks, the documents of
-benchmarks/packed_varlen.py's default 32768-token row (seed 0, 7 documents) scaled to --packed-
-tokens, zigzag shards (--layout: another of shard's), GQA 4/1 heads of 16 (tiny, so the kernels
-cost little); with `--kernel segments` (default) through the per-segment wrapper that cuDNN per
-segment runs on a GPU (CPU flash per segment: a diagnostic record registered here, the same
-segments, loops, merges and transfers), `--kernel masked` through what auto runs on CPU.
+benchmarks/packed_varlen.py's default 32768-token row (seed 0, 7 documents) scaled to
+--packed-tokens, zigzag shards (--layout: another of shard's), GQA 4/1 heads of 16 (tiny, so the
+kernels cost little); with `--kernel segments` (default) through the per-segment wrapper that
+cuDNN per segment runs on a GPU (CPU flash per segment: a diagnostic record registered here, the
+same segments, loops, merges and transfers), `--kernel masked` through what auto runs on CPU.
 Validation "signature" (what NCCL rings use) unless --validate says otherwise. Reports what
 `--path eager` does.
 `--device cuda` (4 GPUs, NCCL): the benchmark's own shape (32768 tokens, GQA 32/8 x 128, bf16)
