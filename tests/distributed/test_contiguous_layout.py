@@ -17,11 +17,11 @@ one error on every rank. One launch per ring size (gloo, CPU).
 from __future__ import annotations
 
 import functools
-import random
 
 import pytest
 
 from tests.distributed.test_doc_layout import TOL, _case, _try
+from tests.distributed.test_doc_layout import _draw as _doc_draw
 from tests.harness import run_ranks, values
 
 SEED = 20261127
@@ -29,25 +29,8 @@ CASES_PER_SIZE = 12  # x 3 ring sizes
 
 
 def _draw(n: int, i: int) -> dict:
-    rng = random.Random(f"{SEED}/{n}/{i}")
-    total = n * rng.choice([3, 4, 5, 7])
-    count = rng.randint(1, min(10, total))
-    if i % 6 == 0:
-        count = 1  # one document spanning every rank
-    cuts = sorted(rng.sample(range(1, total), count - 1))
-    if i % 4 == 1 and total - 1 not in cuts:
-        cuts.append(total - 1)  # a length-1 document last
-    return {
-        "total": total,
-        "cu": [0, *cuts, total],
-        "causal": i % 6 != 5,
-        "hk": rng.choice([4, 2, 1]),
-        "d": rng.choice([8, 16]),
-        "layout": rng.choice(["bshd", "bhsd"]),
-        "explicit": i % 3 == 1,  # doc_layout="contiguous" + positions as the causal proof
-        "seed": rng.randrange(2**31),
-        "split": "contiguous",
-    }
+    """test_doc_layout's drawer over rows of N x (2, 3, 5 or 7) tokens, in contiguous shards."""
+    return _doc_draw(n, i, seed=SEED, unit=1, split="contiguous")
 
 
 def _errors(rank: int, n: int) -> dict:

@@ -28,9 +28,10 @@ CASES_PER_SIZE = 16  # x 3 ring sizes
 TOL = 2e-5
 
 
-def _draw(n: int, i: int) -> dict:
-    rng = random.Random(f"{SEED}/{n}/{i}")
-    total = 2 * n * rng.choice([2, 3, 5, 7])
+def _draw(n: int, i: int, seed=SEED, unit: int = 2, split: str = "documents") -> dict:
+    """Case i of ring size N: a row of `unit` x N x (2, 3, 5 or 7) tokens cut in `split`."""
+    rng = random.Random(f"{seed}/{n}/{i}")
+    total = unit * n * rng.choice([2, 3, 5, 7])
     count = rng.randint(1, min(12, total))
     if i % 8 == 0:
         count = 1  # one document spanning every rank
@@ -44,8 +45,9 @@ def _draw(n: int, i: int) -> dict:
         "hk": rng.choice([4, 2, 1]),
         "d": rng.choice([8, 16]),
         "layout": rng.choice(["bshd", "bhsd"]),
-        "explicit": i % 5 == 3,  # doc_layout="documents" (+ positions as the causal proof)
+        "explicit": i % 5 == 3,  # doc_layout=split (+ positions as the causal proof)
         "seed": rng.randrange(2**31),
+        "split": split,
     }
 
 

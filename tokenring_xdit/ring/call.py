@@ -30,7 +30,7 @@ from ..config import RingConfig, current
 from .agree import CallSpec, Problem, agree, digest, needs_grad
 from .block_forward import BlockCall
 from .comm import RingPosition
-from .doc_layout import CONTIGUOUS, ROW
+from .doc_layout import ROW, normal_split
 from .documents import Documents, PackedRow, doc_plan
 from .forward import RingCall
 from .head_start import ring_pause_us
@@ -262,8 +262,7 @@ def prepare(
     if options.packed or options.doc_layout is not None:
         total = q.shape[layout.seq_dim] * pos.size
         split, why = call_layout(options.group, docs, options.doc_layout, total)
-        if split == CONTIGUOUS and not (options.causal and pos.size > 1):
-            split = ROW  # the row's split is contiguous shards already
+        split = normal_split(split, options.causal, pos.size)
     if why and not problem:
         problem, text = Problem.DOC_LAYOUT, why
     grad = needs_grad(q, k, v) if grad is None else grad

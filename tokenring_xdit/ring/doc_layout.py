@@ -39,8 +39,9 @@ from typing import NamedTuple
 from .schedules.blocks import ALL, FRONT
 
 __all__ = [
-    "ROW", "DOCUMENTS", "CONTIGUOUS", "LAYOUTS", "Segment", "check_total", "piece_lengths",
-    "local_pieces", "local_positions", "block_pieces", "pieces_meet", "piece_pairs", "segment_runs",
+    "ROW", "DOCUMENTS", "CONTIGUOUS", "LAYOUTS", "normal_split", "Segment", "check_total",
+    "piece_lengths", "local_pieces", "local_positions", "block_pieces", "pieces_meet",
+    "piece_pairs", "segment_runs",
 ]  # fmt: skip
 
 # ROW: the row's own split (the zigzag; contiguous shards when not causal). CONTIGUOUS: a
@@ -48,6 +49,12 @@ __all__ = [
 # (schedules/contiguous.py; the same cut as ROW when not causal, which it then becomes).
 ROW, DOCUMENTS, CONTIGUOUS = "zigzag", "documents", "contiguous"
 LAYOUTS = (ROW, DOCUMENTS, CONTIGUOUS)
+
+
+def normal_split(split: str, causal: bool, world_size: int) -> str:
+    """The layout a row cut in `split` runs as: contiguous shards of a row that is not causal,
+    or over one rank, are the row's own split."""
+    return ROW if split == CONTIGUOUS and not (causal and world_size > 1) else split
 
 
 class Segment(NamedTuple):

@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from .doc_blocks import DocPlan, Documents, block_segments, doc_plan
-from .doc_layout import CONTIGUOUS, DOCUMENTS, LAYOUTS, ROW, Segment, check_total
+from .doc_layout import CONTIGUOUS, DOCUMENTS, LAYOUTS, ROW, Segment, check_total, normal_split
 from .layout_cost import KERNELS, LayoutCost, Work, load_kernels, piece_work, plan_work
 
 __all__ = [
@@ -289,8 +289,7 @@ def document_work(
     n, total = world_size, docs.total
     if layout not in (*LAYOUTS, "auto"):
         raise ValueError(f"layout must be one of {[*LAYOUTS, 'auto']}, got {layout!r}")
-    if layout == CONTIGUOUS and not (causal and n > 1):
-        layout = ROW  # the row's split is contiguous shards when not causal
+    layout = normal_split(layout, causal, n)  # ("auto" stays)
     if total % n or (layout != CONTIGUOUS and total % (2 * n if causal else n)):
         raise ValueError(f"{total} tokens do not split evenly over {n} ranks; pad the sequence")
     q_lens = (total // n,) * n
@@ -302,18 +301,15 @@ def document_work(
             layouts[split] = _report(plan, q_lens, costs)
     predicted = {k: (v["kernels"] if v else {}) for k, v in layouts.items()}
     fresh = {k: (v["kernels_new_packing"] if v else {}) for k, v in layouts.items()}
-    if layouts[ROW] is None:  # as `pick`: auto needs a row the zigzag cuts
-        if layout == "auto":
-            raise ValueError(f"{total} tokens do not split evenly over {n} ranks; pad the row")
+    if layouts[ROW] is None:  # only contiguous shards cut it; auto needs the zigzag (`pick`)
         auto, auto_kernel = ROW, KERNELS[0]
     elif n > 1:
-        auto, auto_kernel = _pick({k: v for k, v in fresh.items() if k in AUTO_LAYOUTS})
+        auto, auto_kernel = _pick(fresh)  # (it reads AUTO_LAYOUTS' entries only)
     else:
         auto, auto_kernel = ROW, _best(fresh[ROW])[0]
     chosen = layouts[auto if layout == "auto" else layout]
     if chosen is None:
         check_total(total, n)
-        raise ValueError(f"the {layout} layout cannot cut {total} tokens over {n} ranks")
     dense_ms = dense_ring_ms(total, n, causal, cost)
     choices = [
         {"layout": split, "kernel": k, "predicted_ms": ms, "vs_dense": ms / dense_ms,

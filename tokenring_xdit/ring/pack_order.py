@@ -22,7 +22,7 @@ import random
 from collections.abc import Sequence
 from itertools import accumulate
 
-from .doc_layout import CONTIGUOUS, ROW
+from .doc_layout import CONTIGUOUS, ROW, normal_split
 from .documents import Documents, doc_plan
 from .layout_cost import LayoutCost, load, plan_work
 from .schedules import block_schedule
@@ -47,13 +47,14 @@ def row_ms(
     order, are cut by `split` (the row's split, or "contiguous" shards of a causal row) over
     `world_size` ranks (`cost`, else `kernel`'s constants)."""
     cost = cost or load(kernel=kernel)
-    return _row_ms(tuple(lengths), world_size, causal, cost, _checked_split(split, causal))
+    split = _checked_split(split, causal, world_size)
+    return _row_ms(tuple(lengths), world_size, causal, cost, split)
 
 
-def _checked_split(split: str, causal: bool) -> str:
+def _checked_split(split: str, causal: bool, world_size: int) -> str:
     if split not in (ROW, CONTIGUOUS):
         raise ValueError(f"split must be {ROW!r} or {CONTIGUOUS!r}, got {split!r}")
-    return split if causal else ROW  # not causal: the row's split is contiguous already
+    return normal_split(split, causal, world_size)
 
 
 def _row_ms(
@@ -85,7 +86,7 @@ def balanced_order(
     causal zigzag, by world_size otherwise: pad with one more document first)."""
     lengths = [int(x) for x in lengths]
     n, total = world_size, sum(lengths)
-    split = _checked_split(split, causal)
+    split = _checked_split(split, causal, n)
     if n < 1 or min(lengths, default=0) < 0:
         raise ValueError("world_size must be >= 1 and document lengths >= 0")
     if total % (2 * n if causal and split == ROW else n):

@@ -30,7 +30,15 @@ from collections import OrderedDict
 import torch
 import torch.distributed as dist
 
-from .doc_layout import CONTIGUOUS, DOCUMENTS, LAYOUTS, ROW, check_total, local_positions
+from .doc_layout import (
+    CONTIGUOUS,
+    DOCUMENTS,
+    LAYOUTS,
+    ROW,
+    check_total,
+    local_positions,
+    normal_split,
+)
 from .documents import Documents, pick_layout
 
 __all__ = [
@@ -108,8 +116,7 @@ def _split(layout: str, cu_seqlens, total: int, world_size: int, causal: bool) -
     time). CONTIGUOUS of a row that is not causal (or over one rank) is the row's split."""
     if layout not in (*LAYOUTS, "auto"):
         raise ValueError(f"layout must be one of {['auto', *LAYOUTS]}, got {layout!r}")
-    if layout == CONTIGUOUS and (not causal or world_size == 1):
-        layout = ROW  # the same contiguous shards
+    layout = normal_split(layout, causal, world_size)  # ("auto" stays)
     if cu_seqlens is None:
         if layout in (DOCUMENTS, CONTIGUOUS):
             raise ValueError(

@@ -75,6 +75,10 @@ def agree(spec: CallSpec, pos: RingPosition, *, comm: CommSettings | None = None
     return hit
 
 
+# a packed layout's own word for a causal call whose shards it cannot prove
+_LAYOUT_PROOF = {DOCUMENTS: Problem.DOC_LAYOUT_PROOF, CONTIGUOUS: Problem.CONTIGUOUS_PROOF}
+
+
 def _header(spec: CallSpec, pos: RingPosition, device_type: str) -> Header:
     """This rank's header: its own problem with the call (found before any exchange), the
     proof of a causal call's zigzag shards, its claims of packed documents."""
@@ -85,14 +89,13 @@ def _header(spec: CallSpec, pos: RingPosition, device_type: str) -> Header:
         proof = proof_of(
             pos.group, spec.positions, pos.rank, pos.size, s, spec.documents, spec.split
         )
-        by_docs = {DOCUMENTS: Problem.DOC_LAYOUT_PROOF, CONTIGUOUS: Problem.CONTIGUOUS_PROOF}
         if s % 2 and spec.split == ROW:
             problem = Problem.NOT_ZIGZAG  # a zigzag shard is two equal halves
         elif proof[0] == BAD_POSITIONS:
-            problem = by_docs.get(spec.split, Problem.BAD_POSITIONS)
+            problem = _LAYOUT_PROOF.get(spec.split, Problem.BAD_POSITIONS)
             proof = (NO_PROOF, 0)
         elif proof[0] == NO_PROOF:
-            problem = by_docs.get(spec.split, Problem.NO_PROOF)
+            problem = _LAYOUT_PROOF.get(spec.split, Problem.NO_PROOF)
     claims = 0
     if not problem and spec.doc_positions is not None:
         claims = claim_count(

@@ -1,8 +1,9 @@
 """Causal TokenRing on contiguous shards of a packed row, as pure functions of (rank, world_size).
 
 Note: rank r holds the r-th of N contiguous equal shards of the row (packed documents only: the
-call's DocPlan says which blocks attend). Q moves to r-1, so at step s rank r holds Q of
-j = r+s (mod N). K/V never move.
+call's DocPlan says which blocks attend). The table is the zigzag's (schedules/zigzag.py) with
+every part whole: Q moves to r-1, so at step s rank r holds Q of j = r+s (mod N). K/V never
+move.
 
   Q_j against K/V_r:
     j == r (step 0): the causal diagonal, every local document causally masked
@@ -40,37 +41,21 @@ j = r+s (mod N). K/V never move.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
+from . import zigzag
 from .blocks import ALL, BlockSchedule, BlockStep
+
+# every part whole: a contiguous shard has no halves to pick
+_WHOLE = dict(q_part=ALL, kv_part=ALL, q_send_part=ALL, q_recv_part=ALL, ret_send_part=ALL,
+              ret_recv_part=ALL)  # fmt: skip
 
 
 @functools.cache
 def _block_steps(rank: int, world_size: int) -> tuple[BlockStep, ...]:
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is not in a ring of {world_size}")
-    n, r = world_size, rank
-    plan = []
-    for s in range(n + (1 if n > 1 else 0)):
-        kernel = s < n
-        more_q = s + 1 < n
-        returns = s >= 2
-        plan.append(
-            BlockStep(
-                step=s,
-                kernel=kernel,
-                q_owner=(r + s) % n if kernel else None,
-                q_part=ALL,
-                kv_part=ALL,
-                causal=s == 0,
-                q_send_to=(r - 1) % n if more_q else None,
-                q_recv_from=(r + 1) % n if more_q else None,
-                q_recv_owner=(r + s + 1) % n if more_q else None,
-                ret_send_to=(r + s - 1) % n if returns else None,
-                ret_recv_from=(r - s + 1) % n if returns else None,
-            )
-        )
-    return tuple(plan)
+    """The zigzag's who-sends-what (Q to r-1, partials home one step late), every part whole."""
+    return tuple(dataclasses.replace(st, **_WHOLE) for st in zigzag.block_steps(rank, world_size))
 
 
 CAUSAL_CONTIGUOUS = BlockSchedule("contiguous", True, _block_steps)
