@@ -162,6 +162,7 @@ def _packed_worker(
     kernel: str,
     device: str,
     layout: str = "zigzag",
+    time_posts: bool = False,
 ) -> dict:
     import tokenring_xdit
     from tokenring_xdit import token_ring_attn_func
@@ -186,10 +187,49 @@ def _packed_worker(
 
     for _ in range(min(20, repeats)):
         one_call()
+    posts = _time_posts() if time_posts else None
     sync = torch.cuda.synchronize if cuda else None
     row = _timed_and_profiled(one_call, n, top, repeats, f"packed fwd+bwd ({kernel})", sync)
     row.update(cu_seqlens=cu, heads=[h, hk, d], dtype=str(dtype), device=device, layout=layout)
+    if posts is not None:
+        row["posts"] = _posts_report(
+            posts[: len(posts) * repeats // (repeats + 1 + min(PROFILED, repeats))]
+        )
     return row
+
+
+def _time_posts() -> list:
+    """Time every lane post from now on (host time of TorchLane.post, whichever thread posts):
+    (lane, tensors sent and received, bytes sent, seconds) each."""
+    from tokenring_xdit.ring.comm import lanes
+
+    posts: list = []
+    post = lanes.TorchLane.post
+
+    def timed(self, sends, recvs, what):
+        t0 = time.perf_counter()
+        works = post(self, sends, recvs, what)
+        dt = time.perf_counter() - t0
+        posts.append((self.name, len(sends) + len(recvs), sum(t.nbytes for t, _ in sends), dt))
+        return works
+
+    lanes.TorchLane.post = timed
+    return posts
+
+
+def _posts_report(posts: list) -> dict:
+    """Median host time of a post by (lane, tensors, MiB sent), and the posts' total."""
+    groups: dict = {}
+    for lane, tensors, nbytes, dt in posts:
+        groups.setdefault(f"{lane} x{tensors} {nbytes / 2**20:.0f}MiB", []).append(dt)
+    return {
+        "total_us": sum(p[3] for p in posts) * 1e6,
+        "posts": len(posts),
+        "by_kind": {
+            k: {"n": len(v), "median_us": statistics.median(v) * 1e6}
+            for k, v in sorted(groups.items())
+        },  # fmt: skip
+    }
 
 
 def _timed_and_profiled(one_call, n: int, top: int, repeats: int, version: str, sync=None) -> dict:
@@ -283,6 +323,9 @@ def main() -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="packed")
     parser.add_argument("--validate", default="signature", help="packed: the check mode")
     parser.add_argument(
+        "--time-posts", action="store_true", help="packed: time each lane post (host time)"
+    )
+    parser.add_argument(
         "--layout", default="zigzag", help="packed: the row's layout (shard's: zigzag, "
         "contiguous, documents, auto)",
     )  # fmt: skip
@@ -297,7 +340,8 @@ def main() -> None:
     elif args.path == "packed":
         env["TOKENRING_XDIT_VALIDATE"] = args.validate
         tokens = args.packed_tokens or (32768 if args.device == "cuda" else 256)
-        work = (args.top, args.repeats, tokens, args.kernel, args.device, args.layout)
+        work = (args.top, args.repeats, tokens, args.kernel, args.device, args.layout,
+                args.time_posts)  # fmt: skip
         row = launch(_packed_worker, args.ranks, work, device=args.device, env=env, timeout=600)[0]
         repeats = args.repeats
         row.update(label=args.label, validate=args.validate)

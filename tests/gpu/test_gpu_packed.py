@@ -61,16 +61,25 @@ def test_auto_picks_flash_varlen(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_auto_picks_the_cost_models_kernel_for_the_row(dtype):
+    """doc_pair("auto") on a GPU runs the kernel the cost model prices fastest for the row (a
+    new packing: cuDNN pays a plan per new segment shape), on rows where it prices each one."""
     from tokenring_xdit.ring.documents import Documents, PackedRow
     from tokenring_xdit.ring.kernels import doc_pair, select_pair
+    from tokenring_xdit.ring.layout_cost import KERNELS
 
     dev = torch.device("cuda")
     args = (dev, dtype, 128, 128)
-    docs = Documents((0, 7429, 11096, 17817, 25621, 29578, 30421, 32768))  # the measured row
-    for split, want in (("zigzag", "cudnn+segments"), ("documents", "flash_varlen")):
-        row = PackedRow(docs, 4, True, split)
+    record = {"flash_varlen": "flash_varlen", "cudnn": "cudnn+segments"}
+    measured = (0, 7429, 11096, 17817, 25621, 29578, 30421, 32768)  # issue 42's 32k row
+    rows = [(measured, "zigzag"), (measured, "documents"), ((0, 40000, 65536), "zigzag")]
+    picked = set()
+    for bounds, split in rows:
+        row = PackedRow(Documents(bounds), 4, True, split)
+        want = record[row.kernel(KERNELS)]
         pair = doc_pair("auto", *args, lambda n: select_pair(n, *args, False), row)
-        assert pair.name == want, (split, pair.name)
+        assert pair.name == want, (bounds, split, pair.name)
+        picked.add(want)
+    assert picked == set(record.values())  # the rows exercise both outcomes
 
 
 def _doc_pair(name, args):
