@@ -2,9 +2,10 @@
 
 Each rank is a spawned process (gloo on CPU; NCCL with GPU `rank` when device="cuda") that meets
 the others through a file in a temporary directory. A rank's return value, its progress reports and
-its exception (with traceback) come back through one queue. The first failure, a rank that dies
-without a word (segfault, OOM kill) or the deadline ends the run: every process is killed and
-`LaunchError` says which rank did what.
+its exception (with traceback) come back through one queue; a return value travels as plain
+pickle bytes (tensors by value), so the rank may exit before the launcher reads it. The first
+failure, a rank that dies without a word (segfault, OOM kill) or the deadline ends the run: every
+process is killed and `LaunchError` says which rank did what.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import signal
 import tempfile
@@ -126,7 +128,10 @@ def _worker(fn, rank, nproc, device, init_file, args, events, pg_timeout_s):
         events.put(("error", rank, _failure(rank, exc)))
         return
     try:
-        events.put(("result", rank, fn(rank, nproc, report, *args)))
+        # By value: through the queue torch would share a tensor's storage by a file descriptor
+        # its process serves, and a rank that exits before the launcher unpickles it leaves the
+        # launcher a FileNotFoundError (seen with two test workers on 2 loaded cores)
+        events.put(("result", rank, pickle.dumps(fn(rank, nproc, report, *args))))
     except BaseException as exc:  # report everything; the launcher decides
         events.put(("error", rank, _failure(rank, exc)))
     finally:
@@ -299,7 +304,7 @@ def _collect(procs, events, timeout, on_progress, grace):
             if on_progress is not None:
                 on_progress(rank, payload)
         elif kind == "result":
-            results[rank] = payload
+            results[rank] = pickle.loads(payload)
         else:
             failures[rank] = payload
             failed_at = failed_at or now
