@@ -1,5 +1,6 @@
-"""Where does the host time of a lane's post go? (issue 42: ring 4's packed training call spends
-~2.7 ms of host time a call in 12 posts, ~220 us each, with the GPU idle; hot_path_host.py.)
+"""Where does the host time of a lane's post go? (issue 42: under cProfile, hot_path_host.py put
+~2.7 ms of ring 4's packed training call in its 12 lane posts; timed without the profiler,
+`--time-posts`, a post of that call costs 82-231 us.)
 
 Every rank posts what a ring step posts (k tensors to r+1 and k from r-1 on the Q lane, the same
 the other way on the return lane), waits, and repeats; the host time of each post is timed, and
