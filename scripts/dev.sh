@@ -18,7 +18,7 @@ VENV="${DEV_VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 # The suite's multi-rank tests wait on deadlines and peers as much as they compute: two workers
-# take it from ~17.6 to 12-15 minutes on 2 cores (three runs; every test passed either way).
+# take it from ~17.6 to 12-15 minutes on 2 cores (four runs; every test passed either way).
 TEST_WORKERS="${TEST_WORKERS:-2}"
 STAMP="$VENV/.tokenring-xdit-install-stamp"
 
