@@ -210,9 +210,9 @@ def _check_split(headers: list[Header], spec: CallSpec) -> None:
     """The documents layout holds T/N tokens on every rank, T a multiple of 2N (the split is
     agreed by now, so every rank takes the same branch; contiguous shards of unequal lengths
     have no proof: `_header`)."""
-    lens, n = [h.q_len for h in headers], len(headers)
     if spec.split != DOCUMENTS:
         return
+    lens, n = [h.q_len for h in headers], len(headers)
     if len(set(lens)) > 1 or sum(lens) % (2 * n):
         raise ValueError(
             f"TokenRing: the documents layout needs T/N tokens on every rank with T a multiple "
