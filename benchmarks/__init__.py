@@ -86,7 +86,7 @@ SWEEPS: dict[str, tuple[str, str]] = {
     "fit_layout_cost": (
         "python",
         "refits the packed-layout cost model `auto` picks with "
-        "(tokenring_xdit/ring/data/packed_layout_cost.json) from packed_varlen's one-GPU "
+        "(tokenring_xdit/ring/packed/data/cost_model.json) from packed_varlen's one-GPU "
         "replays (no GPU)",
     ),
     "plot_sweep": ("python", "plots ring_sweep results: time per call and efficiency vs tokens"),

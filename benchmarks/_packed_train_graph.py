@@ -5,7 +5,7 @@ A training step packs a NEW batch: every step draws fresh document lengths from 
 distribution (--doc-lens, seed --seed + step) and runs --layers calls of one shape on that
 packing, forward (L calls) then backward (L calls), through `token_ring_attn_func(q, k, v,
 causal=True, cu_seqlens=cu, kernel=K, cuda_graph=...)`. With graphs on, each half of a packing
-runs eagerly once, is captured once and replays for the other layers (ring/train.py), so the
+runs eagerly once, is captured once and replays for the other layers (ring/training/run.py), so the
 step's time carries the capture honestly. Each (layout, kernel) entry times the same packings
 with cuda_graph=False (`eager_ms`) and True (`graph_ms`): the slowest rank's step / L, ms per
 call (forward + backward), per step and their mean; the two modes alternate which runs a
@@ -41,7 +41,7 @@ from _packed_ring import (
 
 
 def _stats() -> dict:
-    from tokenring_xdit.ring.graphs import RING_GRAPHS
+    from tokenring_xdit.ring.graph_cache import RING_GRAPHS
 
     s = RING_GRAPHS.stats
     return dict(captures=s.captures, replays=s.replays, eager=s.eager, dropped=s.dropped,
@@ -111,13 +111,13 @@ def _method(args, documents, total, layout, kernel, device, dtype, heads) -> dic
 
 
 def _layout_used(layout: str, cu, n: int) -> str:
-    from tokenring_xdit.ring.documents import document_work
+    from tokenring_xdit.ring.packed.pick import document_work
 
     return document_work(cu, n, causal=True, layout=layout)["layout"]
 
 
 def _refused() -> list[str]:
-    from tokenring_xdit.ring.graphs import RING_GRAPHS
+    from tokenring_xdit.ring.graph_cache import RING_GRAPHS
 
     return sorted(set(RING_GRAPHS.stats.refused))[:5]
 
@@ -209,7 +209,7 @@ def main_train_graph(args, documents, device, dtype, heads, layouts) -> None:
             row["methods"][name] = _method(args, documents, total, layout, kernel, device,
                                            dtype, heads)  # fmt: skip
             if cuda:
-                from tokenring_xdit.ring.graphs import clear_graphs
+                from tokenring_xdit.ring.graph_cache import clear_graphs
 
                 clear_graphs()  # this shape's graphs (their buffers) go before the next
                 torch.cuda.empty_cache()

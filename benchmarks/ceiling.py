@@ -46,7 +46,7 @@ PASSES = ("fwd", "fwd+bwd")
 def documents_of(spec: str, total: int, seed: int = 0):
     """Documents of `total` tokens from --docs: `exp:MEAN` (exponential lengths, seeded),
     `fixed:LEN`, or `cu:0,b1,...,total` (cu_seqlens)."""
-    from tokenring_xdit.ring.documents import Documents
+    from tokenring_xdit.ring.packed.pick import Documents
 
     kind, _, arg = spec.partition(":")
     if kind == "cu":
@@ -87,7 +87,7 @@ class _Rank:
 
     def __init__(self, blocks, kernel, how: tuple[bool, bool, bool], shape, dtype, device):
         from tokenring_xdit.ring.kernels import row_delta
-        from tokenring_xdit.ring.layout import BSHD
+        from tokenring_xdit.ring.tensor_layout import BSHD
 
         batch, t, heads, kv_heads, d = shape
         self.train, self.inference, self.single = how
@@ -126,7 +126,7 @@ class _Rank:
 
 def _kernel_for(shape, dtype, device, kernel: str, train: bool, inference: bool, packed: bool):
     from tokenring_xdit.ring.kernels import resolve_kernel
-    from tokenring_xdit.ring.layout import BSHD
+    from tokenring_xdit.ring.tensor_layout import BSHD
 
     batch, t, heads, kv_heads, d = shape
     q = torch.empty(batch, t, heads, d, dtype=dtype, device=device)

@@ -1,4 +1,4 @@
-"""Refit the packed-layout cost model (tokenring_xdit/ring/layout_cost.py) from one-GPU replays.
+"""Refit the packed-layout cost model (tokenring_xdit/ring/packed/cost.py) from one-GPU replays.
 
     python benchmarks/fit_layout_cost.py                  # the committed H200 replays -> the
                                                           # packaged table
@@ -23,8 +23,8 @@ import json
 import statistics
 from pathlib import Path
 
-from tokenring_xdit.ring.documents import Documents, doc_plan
-from tokenring_xdit.ring.layout_cost import DATA, KERNELS, TERMS, fit, plan_work
+from tokenring_xdit.ring.packed.pick import Documents, doc_plan
+from tokenring_xdit.ring.packed.cost import DATA, KERNELS, TERMS, fit, plan_work
 from tokenring_xdit.ring.schedules import block_schedule
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,7 +97,7 @@ def kernel_table(report: dict, kernel: str, source: str, tile: int = TILE) -> di
 
 
 def table(report: dict, source: str, tile: int = TILE) -> dict:
-    """The cost table (as data/packed_layout_cost.json holds it) fitted on `report`."""
+    """The cost table (as data/cost_model.json holds it) fitted on `report`."""
     return {
         "source": source,
         "meta": report.get("meta", {}),

@@ -93,7 +93,7 @@ def _gqa_yunchang_kernels() -> None:
     import yunchang.kernels as yk
 
     from tokenring_xdit.ring.kernels.wrappers import expand_kv, fold_kv_grad
-    from tokenring_xdit.ring.layout import BSHD
+    from tokenring_xdit.ring.tensor_layout import BSHD
 
     fwd, bwd = yk.flash_attn_forward, yk.flash_attn_backward
 
@@ -116,8 +116,8 @@ def _gqa_yunchang_kernels() -> None:
 
 # token_ring variants: method -> the RingConfig flag it switches on
 VARIANTS = {
-    "token_ring_hold_back": "train_hold_back",  # ring/diagonal.py
-    "token_ring_graph": "train_cuda_graph",  # ring/train.py
+    "token_ring_hold_back": "train_hold_back",  # ring/training/hold_back.py
+    "token_ring_graph": "train_cuda_graph",  # ring/training/run.py
 }
 
 
@@ -128,7 +128,7 @@ def _with_config(token_ring, cfg, q, k, v, c):
 def methods(n: int, device: str, names: list[str]) -> dict:
     """name -> fn(q, k, v, causal), (b, s_local, h, d) differentiable."""
     from tokenring_xdit.ring import token_ring_attn_func
-    from tokenring_xdit.ring.sharding import declare_zigzag
+    from tokenring_xdit.ring.split.sharding import declare_zigzag
 
     def token_ring(q, k, v, c, **options):
         if c:  # zigzag shards cut by this script: declare them, as tokenring_xdit.shard does
@@ -180,7 +180,7 @@ def _check(name: str, fn, shard, problem, causal: bool) -> dict:
 
 def _graph_stats() -> list[dict]:
     """Every rank's ring graph cache counts (a refused capture leaves its call eager)."""
-    from tokenring_xdit.ring.graphs import RING_GRAPHS
+    from tokenring_xdit.ring.graph_cache import RING_GRAPHS
 
     stats = RING_GRAPHS.stats
     mine = dict(captures=stats.captures, replays=stats.replays, eager=stats.eager,
@@ -226,7 +226,7 @@ def main() -> None:
 
     import tokenring_xdit
     from tokenring_xdit.ring.comm import setup_token_ring_group
-    from tokenring_xdit.ring.graphs import clear_graphs
+    from tokenring_xdit.ring.graph_cache import clear_graphs
 
     tokenring_xdit.install()
     device = args.device

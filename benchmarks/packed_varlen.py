@@ -36,7 +36,7 @@ layout vs fp64 per-document attention at --check-tokens (max abs error). --devic
 on gloo at a tiny size (e.g. --tokens 256 --heads 4 --kv-heads 2 --head-dim 16
 --doc-lens 16,96). --kernel names the packed calls' kernels (a comma list, each run beside the
 others: e.g. auto,flash_varlen,cudnn; default auto, the (layout, kernel) cost model's pick);
---order balanced packs the drawn documents in `tokenring_xdit.ring.pack_order.balanced_order`
+--order balanced packs the drawn documents in `tokenring_xdit.ring.packed.pack_order.balanced_order`
 for the ring's size (the row's zigzag evened by the packing order alone); balanced-contiguous
 in the order that evens the contiguous layout's shards.
 --profile N adds to every packed entry a `profile`, one dict per rank, of N more calls under
@@ -85,7 +85,7 @@ def _ordered(cu: list[int], args) -> list[int]:
         return cu
     import torch.distributed as dist
 
-    from tokenring_xdit.ring.pack_order import balanced_order
+    from tokenring_xdit.ring.packed.pack_order import balanced_order
 
     lengths = [b - a for a, b in zip(cu, cu[1:], strict=False)]
     # judged by the kernel the run names, if exactly one priced kernel; else auto's (cuDNN)
@@ -191,11 +191,11 @@ def _replays_of(layout, cu, q, k, v, do, rings, args) -> dict:
     replay_N_<pair> as before; "documents" / "contiguous" / "auto": work_N_<layout>,
     replay_N_<layout>_<pair>,
     where auto runs the layout `shard(..., layout="auto")` picks)."""
-    from tokenring_xdit.ring.backward import block_backward
-    from tokenring_xdit.ring.block_forward import BlockCall, block_forward
-    from tokenring_xdit.ring.documents import Documents, doc_plan, document_work
+    from tokenring_xdit.ring.training.backward import block_backward
+    from tokenring_xdit.ring.training.forward import BlockCall, block_forward
+    from tokenring_xdit.ring.packed.pick import Documents, doc_plan, document_work
     from tokenring_xdit.ring.kernels import doc_pair, gqa_pair, select_pair
-    from tokenring_xdit.ring.layout import BSHD
+    from tokenring_xdit.ring.tensor_layout import BSHD
     from tokenring_xdit.ring.schedules import block_schedule
 
     dev, dtype, total = q.device, q.dtype, cu[-1]
@@ -271,7 +271,7 @@ def main() -> None:
         "--order",
         choices=("packed", "balanced", "balanced-contiguous"),
         default="packed",
-        help="balanced: pack the drawn documents in tokenring_xdit.ring.pack_order's "
+        help="balanced: pack the drawn documents in tokenring_xdit.ring.packed.pack_order's "
         "balanced_order for the ring's size (the row's zigzag evened by the packing order); "
         "balanced-contiguous: the order that evens the contiguous layout's shards",
     )

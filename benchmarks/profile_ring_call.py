@@ -149,7 +149,7 @@ def _profile_shape(
     from tokenring_xdit.config import current
     from tokenring_xdit.ring import token_ring_attn
     from tokenring_xdit.ring.kernels import KERNELS
-    from tokenring_xdit.ring.layout import get_layout
+    from tokenring_xdit.ring.tensor_layout import get_layout
 
     gen = torch.Generator(device="cuda").manual_seed(rank)
     q, k, v = (

@@ -106,8 +106,8 @@ def lost_percent(row: dict) -> dict[str, float]:
 def _profile(rank, n, shape, seq, hold_back, args, cuda, graph=0):
     from tokenring_xdit.config import current
     from tokenring_xdit.ring import token_ring_attn_func
-    from tokenring_xdit.ring.call import CallOptions, prepare
-    from tokenring_xdit.ring.sharding import declare_zigzag
+    from tokenring_xdit.ring.seam.prepare import CallOptions, prepare
+    from tokenring_xdit.ring.split.sharding import declare_zigzag
 
     name, h, hk, d, causal = shape
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)

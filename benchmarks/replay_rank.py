@@ -3,7 +3,7 @@
     python benchmarks/replay_rank.py --out replay_rank.json
     python benchmarks/replay_rank.py --rings 2,4,8 --tokens 8192,16384,32768 --heads 32
 
-The replay runs TokenRing's own training loops (`ring/block_forward.py`, `ring/backward.py`)
+The replay runs TokenRing's own training loops (`ring/training/forward.py`, `ring/training/backward.py`)
 for rank --rank of a ring of N with the real schedules (`ring/schedules/`: causal zigzag and the
 non-causal table), the real kernel pair and every per-step op the rank runs (merges, the O
 stand-in, dK/dV/dQ sums), but on a ring object whose lanes are local: a post fills each
@@ -13,7 +13,7 @@ kernels on a fast fabric) is not in it.
 
 Per (N, tokens per rank T, causal), batch 1, head size 128, bf16 by default:
 - replay_ms: forward + backward of the rank (median of --iters); with --hold-back also
-  replay_hold_back_ms, the same with the own block split by heads (ring/diagonal.py): its cost
+  replay_hold_back_ms, the same with the own block split by heads (ring/training/hold_back.py): its cost
   without the transfers it hides (they are free here);
 - kernels_ms: the same block kernels alone (the schedule's shapes and order, forward then
   backward, nothing else): the split's pure kernel time;
@@ -85,8 +85,8 @@ class LocalRing:
 
 
 def _replay_fn(call, rank, n, q, k, v, do):
-    from tokenring_xdit.ring.backward import block_backward
-    from tokenring_xdit.ring.block_forward import block_forward
+    from tokenring_xdit.ring.training.backward import block_backward
+    from tokenring_xdit.ring.training.forward import block_forward
 
     ring = LocalRing(rank, n)
     q_lens = (q.shape[1],) * n
@@ -156,11 +156,11 @@ def main() -> None:
     parser.add_argument("--out", default="replay_rank.json")
     args = parser.parse_args()
 
-    from tokenring_xdit.ring.block_forward import BlockCall
+    from tokenring_xdit.ring.training.forward import BlockCall
     from tokenring_xdit.ring.kernels import select_pair
-    from tokenring_xdit.ring.layout import BSHD
+    from tokenring_xdit.ring.tensor_layout import BSHD
     from tokenring_xdit.ring.schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
-    from tokenring_xdit.ring.standin import out_standin_bhsd
+    from tokenring_xdit.ring.kernels.standin import out_standin_bhsd
 
     dtype, h, d = getattr(torch, args.dtype), args.heads, 128
     pair = select_pair(args.kernel, torch.device("cuda"), dtype, d, d, False)

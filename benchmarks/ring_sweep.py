@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from tokenring_xdit.ring.kernels import torch_cudnn
-from tokenring_xdit.ring.layout import BHSD
+from tokenring_xdit.ring.tensor_layout import BHSD
 
 SHAPES = [("flux", 24, 128, s) for s in (4608, 8192, 16896, 32768, 65536)] + [
     ("pixart", 16, 72, s) for s in (4096, 16384, 65536)

@@ -81,7 +81,7 @@ def _impls(n: int, u: int = 1, device: str = "cuda"):
     from yunchang import ring_flash_attn_func, zigzag_ring_flash_attn_func
 
     from tokenring_xdit.ring import token_ring_attn_func
-    from tokenring_xdit.ring.sharding import declare_zigzag
+    from tokenring_xdit.ring.split.sharding import declare_zigzag
 
     def token_ring(q, k, v, c):
         if c:  # this script cuts zigzag shards itself: declare them, as tokenring_xdit.shard does
@@ -123,7 +123,7 @@ def _usp_impls(n: int, u: int, device: str):
     from yunchang.globals import PROCESS_GROUP
     from yunchang.kernels import AttnType
 
-    from tokenring_xdit.ring.sharding import declare_zigzag
+    from tokenring_xdit.ring.split.sharding import declare_zigzag
 
     # yunchang's groups are process-wide and each layer keeps those current when it is built:
     # the ulysses-n layer first, then the hybrid groups for every other one
@@ -215,7 +215,7 @@ def _yunchang_kernel(device: str = "cuda") -> None:
     import yunchang.kernels as yk
 
     from tokenring_xdit.ring.kernels import PAIRS
-    from tokenring_xdit.ring.layout import BSHD
+    from tokenring_xdit.ring.tensor_layout import BSHD
 
     pair = PAIRS["cudnn" if device == "cuda" else "cpu_flash"]
     YUNCHANG_KERNEL = (

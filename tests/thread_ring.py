@@ -87,10 +87,10 @@ def ring_case(
     lens: causal: each rank's half length (zigzag: rank r holds chunks r and 2N-1-r of a
     sequence cut at those lengths); non-causal: each rank's local length (contiguous shards).
     Returns the max errors: out (abs), dq/dk/dv (abs / max |ref|). hold_back: the own block
-    held back in part (ring/diagonal.py); h_kv: K/V heads (GQA; default h).
+    held back in part (ring/training/hold_back.py); h_kv: K/V heads (GQA; default h).
     """
-    from tokenring_xdit.ring.backward import block_backward
-    from tokenring_xdit.ring.block_forward import BlockCall, block_forward
+    from tokenring_xdit.ring.training.backward import block_backward
+    from tokenring_xdit.ring.training.forward import BlockCall, block_forward
     from tokenring_xdit.ring.schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
 
     gen = torch.Generator(device="cpu").manual_seed(seed)

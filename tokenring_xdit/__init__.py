@@ -22,8 +22,8 @@ _LAZY = {
     "token_ring_attn_func": "tokenring_xdit.ring.api",
     "token_ring_attn_qkvpacked_func": "tokenring_xdit.ring.api",
     "setup_token_ring_group": "tokenring_xdit.ring.comm",
-    "shard": "tokenring_xdit.ring.sharding",
-    "unshard": "tokenring_xdit.ring.sharding",
+    "shard": "tokenring_xdit.ring.split.sharding",
+    "unshard": "tokenring_xdit.ring.split.sharding",
     "RingConfig": "tokenring_xdit.config",
     "install": "tokenring_xdit.patches",
     "uninstall": "tokenring_xdit.patches",
@@ -34,8 +34,8 @@ _LAZY = {
     "enable_cpu_mode": "tokenring_xdit.patches.cpu_mode",
     "disable_cpu_mode": "tokenring_xdit.patches.cpu_mode",
     "register_transformers": ("tokenring_xdit.integrations.transformers", "register"),
-    "zigzag_positions": "tokenring_xdit.ring.sharding",
-    "shard_positions": "tokenring_xdit.ring.sharding",
+    "zigzag_positions": "tokenring_xdit.ring.split.sharding",
+    "shard_positions": "tokenring_xdit.ring.split.sharding",
 }
 
 __all__ = [*_LAZY, "__version__"]

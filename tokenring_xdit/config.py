@@ -249,7 +249,7 @@ class RingConfig:
         False,
         "`1`: training (and causal) calls run each rank's own block (step 0) on half of its "
         "K/V heads after posting the last return, so that transfer travels behind it in the "
-        "forward and the backward; same results (ring/diagonal.py; not with packed documents "
+        "forward and the backward; same results (ring/training/hold_back.py; not with packed documents "
         "or one K/V head)",
         _flag,
     )
@@ -259,7 +259,7 @@ class RingConfig:
         False,
         "`1`: training (and causal) calls replay their forward and their backward as one CUDA "
         "graph each per input signature (after one eager call and a capture), instead of "
-        "launching every step's kernels and transfers; same results (ring/train.py; not with "
+        "launching every step's kernels and transfers; same results (ring/training/run.py; not with "
         "packed documents or the IPC transport; a call's `cuda_graph=` overrides it). Ring 4 on "
         "H200 at 4k tokens per GPU: causal GQA 9.07 -> 6.05 ms, from 8k per GPU ~1 % slower",
         _flag,

@@ -30,8 +30,8 @@ def _worker(rank: int, n: int, report) -> dict:
 
     from tokenring_xdit.ring.agree import CallSpec, agree, digest
     from tokenring_xdit.ring.comm import RingPosition, setup_token_ring_group
-    from tokenring_xdit.ring.layout import BHSD
-    from tokenring_xdit.ring.sharding import declare_zigzag, zigzag_positions
+    from tokenring_xdit.ring.tensor_layout import BHSD
+    from tokenring_xdit.ring.split.sharding import declare_zigzag, zigzag_positions
 
     setup_token_ring_group(dist.group.WORLD)
     pos = RingPosition.of(None)

@@ -65,8 +65,8 @@ def main() -> None:
     parser.add_argument("--out", default="diag_cudnn_backward.json")
     args = parser.parse_args()
     from tokenring_xdit.ring.kernels import PAIRS, row_delta
-    from tokenring_xdit.ring.layout import BHSD
-    from tokenring_xdit.ring.standin import out_standin_bhsd
+    from tokenring_xdit.ring.tensor_layout import BHSD
+    from tokenring_xdit.ring.kernels.standin import out_standin_bhsd
 
     res: dict = {}
     for dtype in (torch.bfloat16, torch.float16):

@@ -17,9 +17,10 @@ import os
 import torch
 import torch.distributed as dist
 
-from tokenring_xdit.ring import fused_merge, setup_token_ring_group, token_ring_attn
+from tokenring_xdit.ring import setup_token_ring_group, token_ring_attn
+from tokenring_xdit.ring.merge import fused as fused_merge
 from tokenring_xdit.ring.kernels import math
-from tokenring_xdit.ring.layout import get_layout
+from tokenring_xdit.ring.tensor_layout import get_layout
 
 
 def _case(rank, n, layout, dtype, graph):

@@ -20,9 +20,10 @@ import torch
 import torch.distributed as dist
 
 from tokenring_xdit.config import ENV
-from tokenring_xdit.ring import fused_merge, graphs, merge, setup_token_ring_group, token_ring_attn
+from tokenring_xdit.ring import graph_cache as graphs, setup_token_ring_group, token_ring_attn
+from tokenring_xdit.ring.merge import fused as fused_merge, partials as merge
 from tokenring_xdit.ring.kernels import math
-from tokenring_xdit.ring.layout import get_layout
+from tokenring_xdit.ring.tensor_layout import get_layout
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 
 from tests.reference import exact_attention, exact_grads, max_err  # noqa: E402
 from tokenring_xdit.ring.kernels import REGISTRY, gqa_pair, row_delta  # noqa: E402
-from tokenring_xdit.ring.layout import BSHD  # noqa: E402
+from tokenring_xdit.ring.tensor_layout import BSHD
 
 D = 128
 

@@ -60,9 +60,9 @@ def _worker(rank: int, n: int, report) -> dict:
     from tokenring_xdit.config import current
     from tokenring_xdit.ring import agree as checks
     from tokenring_xdit.ring.comm import RingPosition, setup_token_ring_group
-    from tokenring_xdit.ring.forward import RingCall
+    from tokenring_xdit.ring.inference.loop import RingCall
     from tokenring_xdit.ring.kernels import KERNELS
-    from tokenring_xdit.ring.layout import BHSD
+    from tokenring_xdit.ring.tensor_layout import BHSD
     from tokenring_xdit.ring.schedules import NON_CAUSAL
 
     setup_token_ring_group(dist.group.WORLD)

@@ -1,4 +1,4 @@
-"""How fast is one merge of two attention partials? The Triton merge (ring/fused_merge.py) vs the
+"""How fast is one merge of two attention partials? The Triton merge (ring/merge/fused.py) vs the
 torch-op merge vs plain copies scaled to as many bytes (the memory-bandwidth reference), one GPU.
 
   python benchmarks/diagnostics/merge_bandwidth.py --out $OUT/merge_bandwidth.json \
@@ -19,9 +19,9 @@ import json
 
 import torch
 
-from tokenring_xdit.ring import fused_merge
-from tokenring_xdit.ring.layout import BHSD
-from tokenring_xdit.ring.merge import PartialMerge
+from tokenring_xdit.ring.merge import fused as fused_merge
+from tokenring_xdit.ring.tensor_layout import BHSD
+from tokenring_xdit.ring.merge.partials import PartialMerge
 
 # (name, batch, heads, merged queries, head size): ring 2, half of a rank's queries
 SHAPES = [

@@ -31,10 +31,10 @@ from typing import NamedTuple
 
 import torch
 
-from tokenring_xdit.ring.doc_blocks import Documents, doc_plan
+from tokenring_xdit.ring.packed.documents import Documents, doc_plan
 from tokenring_xdit.ring.schedules import block_schedule
 from tokenring_xdit.ring.schedules.blocks import part_slice
-from tokenring_xdit.ring.sharding import shard_positions
+from tokenring_xdit.ring.split.sharding import shard_positions
 
 API_DOCS = (0, 1, 2900, 2901, 3333, 4100, 4101, 6144)  # tests/gpu/test_gpu_packed.py's row
 BF16, F32, F64 = torch.bfloat16, torch.float32, torch.float64

@@ -168,7 +168,7 @@ def main() -> None:
         torch.cuda.empty_cache()
     after_empty = torch.cuda.memory_reserved() if cuda else 0
     everyone: list = [None] * dist.get_world_size()
-    from tokenring_xdit.ring.graphs import RING_GRAPHS
+    from tokenring_xdit.ring.graph_cache import RING_GRAPHS
 
     mine = dict(rank=rank, samples=samples, finite=finite, graph_stats=str(RING_GRAPHS.stats),
                 gpu_reserved_after_empty_cache=after_empty)  # fmt: skip

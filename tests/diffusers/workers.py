@@ -385,7 +385,7 @@ def single(rank: int, world_size: int) -> dict:
     # the block kernel: diffusers' own forward op (CPU flash through the shim) vs exact math
     from tokenring_xdit.hosts import diffusers as host
     from tokenring_xdit.ring.kernels import math as exact
-    from tokenring_xdit.ring.layout import BSHD
+    from tokenring_xdit.ring.tensor_layout import BSHD
 
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 7, 3, 16, generator=gen) for _ in range(3))
@@ -428,7 +428,7 @@ def ring_degree_one(device: str, dtype: torch.dtype, backends: list[str]) -> dic
 
     from tokenring_xdit.hosts import diffusers as host
     from tokenring_xdit.ring.kernels import math as exact
-    from tokenring_xdit.ring.layout import BSHD
+    from tokenring_xdit.ring.tensor_layout import BSHD
 
     cp = ContextParallelConfig(ring_degree=2)
     cp.ring_degree = 1  # diffusers' config refuses one rank; TokenRing takes a ring of one

@@ -104,7 +104,7 @@ def _scenario(rank, n, name):
         kwargs["causal"] = True
     elif name == "causal_torch_chunk":
         # torch.chunk(10 tokens, 2N=4) = 3, 3, 3, 1: rank 0 holds chunks 0+3 (4), rank 1 1+2 (6)
-        from tokenring_xdit.ring.sharding import declare_zigzag
+        from tokenring_xdit.ring.split.sharding import declare_zigzag
 
         s = 4 if rank == 0 else 6
         q, k, v = _qkv(torch, s=s, kv=s)

@@ -1,4 +1,4 @@
-"""Drift guard: eager and compiled TokenRing calls are prepared the same way (ring/call.py).
+"""Drift guard: eager and compiled TokenRing calls are prepared the same way (ring/seam/prepare.py).
 
 For every call option (documents by cu_seqlens and by position ids, in the documents and the
 contiguous layouts declared by shard() or asked for by doc_layout, timeout, kernel name,
@@ -80,7 +80,7 @@ REFUSED = [
 
 def _recorder():
     """Wrap call.agree: every prepared call's header and agreed ring, in call order."""
-    from tokenring_xdit.ring import call as call_mod
+    from tokenring_xdit.ring.seam import prepare as call_mod
     from tokenring_xdit.ring.agree.header import call_header
     from tokenring_xdit.ring.agree.problems import Problem
 
@@ -101,7 +101,7 @@ LAYOUT_FORMS = ("documents", "contiguous")  # shards cut in a packed row's layou
 
 
 def _inputs(torch, rank, n, seed, kv_heads, causal, form):
-    from tokenring_xdit.ring.sharding import shard
+    from tokenring_xdit.ring.split.sharding import shard
 
     gen = torch.Generator().manual_seed(seed)
     full = [torch.randn(1, S * n, h, D, generator=gen) for h in (H, kv_heads, kv_heads, H)]
@@ -159,7 +159,7 @@ def _drift(rank, n):
     import torch._dynamo
     from torch._dynamo.utils import counters
 
-    from tokenring_xdit.ring.sharding import shard
+    from tokenring_xdit.ring.split.sharding import shard
 
     torch._dynamo.config.cache_size_limit = 256
     results = {"default_compile": _default_compile(torch, rank, n)}  # first: a fresh process

@@ -91,7 +91,7 @@ def _core(rank, n):
     from torch._dynamo.testing import CompileCounterWithBackend
     from torch._dynamo.utils import counters
 
-    from tokenring_xdit.ring.sharding import shard
+    from tokenring_xdit.ring.split.sharding import shard
 
     torch._dynamo.config.cache_size_limit = 64
     results, s = {}, 8  # local length (a zigzag shard: two halves of 4)

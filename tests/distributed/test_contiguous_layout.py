@@ -38,7 +38,7 @@ def _errors(rank: int, n: int) -> dict:
 
     from tokenring_xdit import shard
     from tokenring_xdit.ring.api import token_ring_attn
-    from tokenring_xdit.ring.sharding import shard_positions
+    from tokenring_xdit.ring.split.sharding import shard_positions
 
     s = 4 * n
     cu = [0, 3, s]
@@ -68,7 +68,7 @@ def _errors(rank: int, n: int) -> dict:
 def _rank(rank: int, n: int) -> dict:
     import torch
 
-    from tokenring_xdit.ring.documents import document_work
+    from tokenring_xdit.ring.packed.pick import document_work
 
     torch.set_num_threads(1)
     results = []

@@ -57,7 +57,7 @@ def _case(rank: int, n: int, c: dict) -> dict:
     from tokenring_xdit import shard
     from tokenring_xdit.ring.api import token_ring_attn
     from tokenring_xdit.ring.comm import COUNTERS
-    from tokenring_xdit.ring.sharding import shard_positions
+    from tokenring_xdit.ring.split.sharding import shard_positions
 
     gen = torch.Generator().manual_seed(c["seed"])
     s, h, hk, d, cu, causal = c["total"], 4, c["hk"], c["d"], c["cu"], c["causal"]
@@ -159,13 +159,13 @@ def _draw_auto(n: int, i: int) -> dict:
 
 
 def _pairs_only():
-    from tokenring_xdit.ring.layout_cost import LayoutCost
+    from tokenring_xdit.ring.packed.cost import LayoutCost
 
     return LayoutCost(tile=1, tile_ms=1e-6, segment_ms=0.0, call_ms=0.0, row_ms=0.0)
 
 
 def _auto_case(rank: int, n: int, c: dict) -> dict:
-    from tokenring_xdit.ring.documents import Documents, pick_layout
+    from tokenring_xdit.ring.packed.pick import Documents, pick_layout
 
     docs = Documents.of(c["cu"])
     picked = pick_layout(docs, n, c["causal"])  # what shard(layout="auto") cuts
@@ -184,10 +184,10 @@ def _kernel_picks(n: int, c: dict, picked: str) -> dict:
     (masked, whatever the documents)."""
     import torch
 
-    from tokenring_xdit.ring.documents import Documents, PackedRow, pick
+    from tokenring_xdit.ring.packed.pick import Documents, PackedRow, pick
     from tokenring_xdit.ring.kernels import resolve_kernel
     from tokenring_xdit.ring.kernels.registry import auto_doc_kernel
-    from tokenring_xdit.ring.layout import BSHD
+    from tokenring_xdit.ring.tensor_layout import BSHD
 
     cuda, pairs = [], []
     for scale in (1, 64, 1024):
@@ -206,7 +206,7 @@ def _kernel_picks(n: int, c: dict, picked: str) -> dict:
 def _rank(rank: int, n: int) -> dict:
     import torch
 
-    from tokenring_xdit.ring.documents import document_work
+    from tokenring_xdit.ring.packed.pick import document_work
 
     torch.set_num_threads(1)
     results, autos = [], []
@@ -251,7 +251,7 @@ def test_auto_is_agreed_and_exact_either_way(n):
     """Every rank picks alone from the documents; all pick alike (the packaged table's choice
     is also document_work's here), the shards of the choice give exact attention whichever
     layout it is, and across the cases both layouts ran."""
-    from tokenring_xdit.ring.documents import document_work
+    from tokenring_xdit.ring.packed.pick import document_work
 
     ranks = _launch(n)
     used = set()

@@ -41,9 +41,9 @@ def test_packed_call_host_work(tmp_path):
     assert _calls(row, "kernels/sdpa.py", "_cpu_backward") == 5
     # made once per agreed layout, never per call
     for module, fn in (
-        ("doc_blocks.py", "_check"),  # cu_seqlens' checks
-        ("doc_blocks.py", "q_needed"),  # the plan's transfer flags
-        ("doc_blocks.py", "doc_plan"),
+        ("packed/documents.py", "_check"),  # cu_seqlens' checks
+        ("packed/documents.py", "q_needed"),  # the plan's transfer flags
+        ("packed/documents.py", "doc_plan"),
         ("kernels/wrappers.py", "_rewrapped"),  # the per-segment record
         ("kernels/wrappers.py", "_cut"),  # the segments' cuts
         ("agree/header.py", "_docs_digest"),

@@ -133,7 +133,7 @@ def test_balanced_packing_order_runs_exact(tmp_path):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     from packed_varlen import _documents
 
-    from tokenring_xdit.ring.pack_order import balanced_order
+    from tokenring_xdit.ring.packed.pack_order import balanced_order
 
     out = tmp_path / "ring.json"
     done = torchrun_script(

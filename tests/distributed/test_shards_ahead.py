@@ -20,7 +20,7 @@ def _worker(rank, n):
 
     from tokenring_xdit import shard
     from tokenring_xdit.ring import token_ring_attn_func
-    from tokenring_xdit.ring.sharding import DECLARED_LENGTHS
+    from tokenring_xdit.ring.split.sharding import DECLARED_LENGTHS
 
     world = dist.group.WORLD
     torch.manual_seed(0)  # the same full sequences on every rank

@@ -165,7 +165,7 @@ def _expected_traffic(case, n, rank):
     q_lens = case["q_lens"][:n]
     chunks = case["final_chunks"] or cfg.final_chunks
     chunks = min(chunks, min(q_lens))
-    from tokenring_xdit.ring.forward import held_back
+    from tokenring_xdit.ring.inference.loop import held_back
 
     # a held-back part of the own block is one more kernel (never a message)
     split = int(held_back(q_lens[rank], cfg.defer_own) > 0)

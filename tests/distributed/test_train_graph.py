@@ -1,4 +1,4 @@
-"""The training CUDA-graph switch (RingConfig.train_cuda_graph, ring/train.py) on real gloo
+"""The training CUDA-graph switch (RingConfig.train_cuda_graph, ring/training/run.py) on real gloo
 ranks. On the CPU nothing is captured (graphs_wanted: CUDA only), so the switch must change
 nothing: out, lse, dq, dk, dv bitwise equal with it off, on (config=) and on (environment),
 causal zigzag and non-causal, MHA and GQA, fp32 and bf16, each also vs exact fp64; the ring
@@ -38,7 +38,7 @@ def _run(torch, case, rank, n, cfg, seed):
     """(out, lse, dq, dk, dv) of this rank's shard, and their max |err| vs exact fp64."""
     from tests.reference import exact_grads
     from tokenring_xdit.ring import token_ring_attn_func
-    from tokenring_xdit.ring.sharding import shard_positions
+    from tokenring_xdit.ring.split.sharding import shard_positions
 
     _, causal, h, h_kv, dtype = case
     dtype = getattr(torch, dtype)
@@ -67,8 +67,8 @@ def _run(torch, case, rank, n, cfg, seed):
 def _settings(torch, rank, n, cfg) -> tuple:
     """(graphs of the prepared call, the agreed header's graphs field) of a causal training call."""
     from tokenring_xdit.ring.agree.header import RING_SETTINGS
-    from tokenring_xdit.ring.call import CallOptions, prepare
-    from tokenring_xdit.ring.sharding import shard_positions
+    from tokenring_xdit.ring.seam.prepare import CallOptions, prepare
+    from tokenring_xdit.ring.split.sharding import shard_positions
 
     q, k, v = (torch.randn(1, 8, 2, 16, requires_grad=True) for _ in "qkv")
     pos = shard_positions(8 * n, rank, n, causal=True)
@@ -84,7 +84,7 @@ def _worker(rank: int, n: int) -> dict:
 
     from tokenring_xdit.config import RingConfig
     from tokenring_xdit.ring.comm import setup_token_ring_group
-    from tokenring_xdit.ring.graphs import RING_GRAPHS
+    from tokenring_xdit.ring.graph_cache import RING_GRAPHS
 
     setup_token_ring_group(dist.group.WORLD)
     off, on = RingConfig(train_cuda_graph=False), RingConfig(train_cuda_graph=True)
@@ -143,7 +143,7 @@ def _differs(rank: int, n: int, how: str):
     from tokenring_xdit.config import RingConfig
     from tokenring_xdit.ring import token_ring_attn_func
     from tokenring_xdit.ring.comm import setup_token_ring_group
-    from tokenring_xdit.ring.sharding import shard_positions
+    from tokenring_xdit.ring.split.sharding import shard_positions
 
     setup_token_ring_group(dist.group.WORLD)
     q, k, v = (torch.randn(1, 8, 2, 16, requires_grad=True) for _ in "qkv")

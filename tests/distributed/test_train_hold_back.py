@@ -1,4 +1,4 @@
-"""The own block held back in part (TOKENRING_XDIT_TRAIN_HOLD_BACK=1, ring/diagonal.py) on real
+"""The own block held back in part (TOKENRING_XDIT_TRAIN_HOLD_BACK=1, ring/training/hold_back.py) on real
 gloo ranks, through the public API: test_training's case matrix (causal zigzag and non-causal,
 uneven shards, bshd/bhsd, fp32/bf16, the qkv-packed call) and test_packed_documents' random
 packed documents, each vs exact fp64, with the option switched on in every rank's environment.
@@ -29,7 +29,7 @@ def _rank(rank: int, n: int) -> dict:
     import torch.distributed as dist
 
     from tokenring_xdit.ring.comm import setup_token_ring_group
-    from tokenring_xdit.ring.documents import document_work
+    from tokenring_xdit.ring.packed.pick import document_work
 
     os.environ["TOKENRING_XDIT_TRAIN_HOLD_BACK"] = "1"  # config.current() re-reads it
     setup_token_ring_group(dist.group.WORLD)

@@ -65,7 +65,7 @@ def _worker(rank, world_size):
     from yunchang.globals import PROCESS_GROUP
 
     from tokenring_xdit.ring import token_ring_attn_func
-    from tokenring_xdit.ring.sharding import declare_zigzag
+    from tokenring_xdit.ring.split.sharding import declare_zigzag
 
     ring_pg = ts._ring_mesh(world_size, U, "cpu").get_group()
     same_ring = dist.get_process_group_ranks(ring_pg) == dist.get_process_group_ranks(

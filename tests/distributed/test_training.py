@@ -118,7 +118,7 @@ def _run_case(case, rank, n, torch):
     ql, kl, vl = (local(x, p).requires_grad_() for x, p in ((q, q_pos), (k, kv_pos), (v, kv_pos)))
     kwargs = dict(causal=case["causal"], layout=case["layout"], kernel=case["kernel"])
     if case["causal"] and case["packed"]:  # the proof a sharding helper leaves
-        from tokenring_xdit.ring.sharding import declare_zigzag
+        from tokenring_xdit.ring.split.sharding import declare_zigzag
 
         declare_zigzag(None, len(q_pos[rank]) * n)
     elif case["causal"]:  # the proof a caller with global positions gives

@@ -56,7 +56,7 @@ def _block(causal, dtype):
 
 
 def _input(rank, n, dtype, causal):
-    from tokenring_xdit.ring.sharding import shard
+    from tokenring_xdit.ring.split.sharding import shard
 
     full = torch.randn(1, S * n, H * D, generator=torch.Generator().manual_seed(7))
     return shard(full, causal=causal).to("cuda", dtype)

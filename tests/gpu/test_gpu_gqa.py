@@ -51,7 +51,7 @@ def _inputs(dtype, d, s=512):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_gqa_block_kernels_match_exact_attention(name, dtype):
     from tokenring_xdit.ring.kernels import KERNELS, gqa_kernel
-    from tokenring_xdit.ring.layout import BHSD
+    from tokenring_xdit.ring.tensor_layout import BHSD
 
     d = 128
     q, k, v, do = _inputs(dtype, d)
@@ -77,7 +77,7 @@ PAIR_CASES = [("torch_flash", False), ("math", False), ("cudnn", True)] + [
 @pytest.mark.parametrize("d", [64, 128])
 def test_gqa_backward_pairs_sum_to_exact_gradients(name, with_out, dtype, d):
     from tokenring_xdit.ring.kernels import PAIRS, gqa_pair, row_delta
-    from tokenring_xdit.ring.layout import BHSD
+    from tokenring_xdit.ring.tensor_layout import BHSD
 
     pair = gqa_pair(PAIRS[name], torch.device("cuda"), dtype, d, d)
     q, k, v, do = _inputs(dtype, d)

@@ -54,7 +54,7 @@ def test_a_failed_capture_leaves_random_numbers_working() -> None:
     ran the generator's epilogue) and the next torch.randn raised "Offset increment outside graph
     capture encountered unexpectedly" (a diffusers scheduler step, on 2 x H200). The cache puts
     the generator back."""
-    from tokenring_xdit.ring.graphs import GraphCache
+    from tokenring_xdit.ring.graph_cache import GraphCache
 
     cache = GraphCache()
 

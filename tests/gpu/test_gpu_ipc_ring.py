@@ -231,7 +231,7 @@ def _graphed(rank, n):
     import torch.distributed as dist
 
     from tokenring_xdit.ring import token_ring_attn
-    from tokenring_xdit.ring.graphs import RING_GRAPHS
+    from tokenring_xdit.ring.graph_cache import RING_GRAPHS
 
     gen = torch.Generator().manual_seed(5 + rank)
     errs = []

@@ -40,7 +40,7 @@ def _calls(torch, full, cu):
     import tokenring_xdit
     from tokenring_xdit import token_ring_attn_func
     from tokenring_xdit.ring import token_ring_attn
-    from tokenring_xdit.ring.graphs import RING_GRAPHS, clear_graphs
+    from tokenring_xdit.ring.graph_cache import RING_GRAPHS, clear_graphs
 
     n, r = dist.get_world_size(), dist.get_rank()
     plain = [x.chunk(n, dim=1)[r] for x in full[:3]]

@@ -63,9 +63,9 @@ def test_auto_picks_flash_varlen(dtype):
 def test_auto_picks_the_cost_models_kernel_for_the_row(dtype):
     """doc_pair("auto") on a GPU runs the kernel the cost model prices fastest for the row (a
     new packing: cuDNN pays a plan per new segment shape), on rows where it prices each one."""
-    from tokenring_xdit.ring.documents import Documents, PackedRow
+    from tokenring_xdit.ring.packed.pick import Documents, PackedRow
     from tokenring_xdit.ring.kernels import doc_pair, select_pair
-    from tokenring_xdit.ring.layout_cost import KERNELS
+    from tokenring_xdit.ring.packed.cost import KERNELS
 
     dev = torch.device("cuda")
     args = (dev, dtype, 128, 128)
@@ -108,9 +108,9 @@ def test_cudnn_per_segment_is_offered_by_name():
 @pytest.mark.parametrize("kv_heads", [8, 2])
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
 def test_document_pairs_match_exact(name, kv_heads, layout):
-    from tokenring_xdit.ring.documents import Segment
+    from tokenring_xdit.ring.packed.pick import Segment
     from tokenring_xdit.ring.kernels import gqa_pair, row_delta, segments_mask
-    from tokenring_xdit.ring.layout import get_layout
+    from tokenring_xdit.ring.tensor_layout import get_layout
 
     lay, dev, dtype, d = get_layout(layout), torch.device("cuda"), torch.bfloat16, 128
     args = (dev, dtype, d, d)
@@ -151,12 +151,12 @@ def test_thread_ring_with_documents_matches_exact(n, causal, name, split):
     document in 2N pieces: a query piece meets two key pieces in one block, merged) or
     contiguous shards (causal: schedules/contiguous.py; not causal: the row's split)."""
     from tests.thread_ring import run_ring
-    from tokenring_xdit.ring.backward import block_backward
-    from tokenring_xdit.ring.block_forward import BlockCall, block_forward
-    from tokenring_xdit.ring.documents import Documents, doc_plan
-    from tokenring_xdit.ring.layout import BSHD
+    from tokenring_xdit.ring.training.backward import block_backward
+    from tokenring_xdit.ring.training.forward import BlockCall, block_forward
+    from tokenring_xdit.ring.packed.pick import Documents, doc_plan
+    from tokenring_xdit.ring.tensor_layout import BSHD
     from tokenring_xdit.ring.schedules import block_schedule
-    from tokenring_xdit.ring.sharding import shard_positions, zigzag_positions
+    from tokenring_xdit.ring.split.sharding import shard_positions, zigzag_positions
 
     rng = random.Random(n * 2 + causal)
     dev, dtype, d, h, total = torch.device("cuda"), torch.bfloat16, 128, 4, 2 * n * 192
@@ -238,7 +238,7 @@ def _blockwise(q, k, v, do, cu, n, layout, kernels=None):
     (forward, backward) pair of kernels.sdpa's signature (the CPU check of this function)."""
     from benchmarks.diagnostics.packed_partials_rounding import blocks
     from tokenring_xdit.ring.kernels.sdpa import flash_backward, flash_forward
-    from tokenring_xdit.ring.layout import BHSD
+    from tokenring_xdit.ring.tensor_layout import BHSD
 
     flash_forward, flash_backward = kernels or (flash_forward, flash_backward)
     (_, h, total, d), hk = q.shape, k.shape[1]
@@ -296,7 +296,7 @@ def _api_worker(rank, n):
     from benchmarks.diagnostics.packed_partials_rounding import blocks, max_partials
     from tokenring_xdit import shard, token_ring_attn_func
     from tokenring_xdit.ring import setup_token_ring_group
-    from tokenring_xdit.ring.sharding import shard_positions
+    from tokenring_xdit.ring.split.sharding import shard_positions
 
     setup_token_ring_group(dist.group.WORLD)
     cu, total, h, hk, d = API_DOCS, API_DOCS[-1], 8, 2, 128

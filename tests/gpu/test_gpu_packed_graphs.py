@@ -1,4 +1,4 @@
-"""Packed training through the ring's CUDA graphs (ring/train.py, issue 42; marker `gpu`):
+"""Packed training through the ring's CUDA graphs (ring/training/run.py, issue 42; marker `gpu`):
 
 python -m pytest -m gpu tests/gpu/test_gpu_packed_graphs.py -q -s -rA
 
@@ -63,7 +63,7 @@ def _graph_worker(rank, n):
 
     from tokenring_xdit import shard
     from tokenring_xdit.ring import setup_token_ring_group
-    from tokenring_xdit.ring.graphs import RING_GRAPHS, clear_graphs
+    from tokenring_xdit.ring.graph_cache import RING_GRAPHS, clear_graphs
 
     torch.cuda.set_device(rank)
     setup_token_ring_group(dist.group.WORLD)
@@ -114,7 +114,7 @@ def test_packed_training_replays_equal_eager_and_old_packings_are_dropped(n):
     - the ring keeps the graphs of its last PACKINGS_KEPT = 2 packings: the third packing's
       first call drops the first packing's 2 graphs, so the cache holds 2, 4, 4 graphs.
     """
-    from tokenring_xdit.ring.graphs import PACKINGS_KEPT
+    from tokenring_xdit.ring.graph_cache import PACKINGS_KEPT
 
     if torch.cuda.device_count() < n:
         pytest.skip(f"needs {n} GPUs")

@@ -25,7 +25,7 @@ BF16_TOL = 2e-2
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
 def test_cuda_kernels_match_math(name, d, layout):
     from tokenring_xdit.ring.kernels import KERNELS, math
-    from tokenring_xdit.ring.layout import get_layout
+    from tokenring_xdit.ring.tensor_layout import get_layout
 
     lay = get_layout(layout)
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -59,7 +59,7 @@ def _ring_worker(rank, world_size):
     from tokenring_xdit.config import current
     from tokenring_xdit.ring import COUNTERS, setup_token_ring_group, token_ring_attn
     from tokenring_xdit.ring.kernels import math
-    from tokenring_xdit.ring.layout import get_layout
+    from tokenring_xdit.ring.tensor_layout import get_layout
 
     setup_token_ring_group(dist.group.WORLD)
     errs = {}
@@ -117,7 +117,7 @@ def _graph_worker(rank, world_size):
     import torch.distributed as dist
 
     from tokenring_xdit.ring import setup_token_ring_group, token_ring_attn
-    from tokenring_xdit.ring.graphs import RING_GRAPHS
+    from tokenring_xdit.ring.graph_cache import RING_GRAPHS
 
     setup_token_ring_group(dist.group.WORLD)
     gen = torch.Generator(device="cuda").manual_seed(rank)
@@ -154,9 +154,9 @@ def test_fused_merge_equals_torch_merge(layout, d, dtype, seq):
     """In place (out aliases a, lse_out aliases lse_a), as in the ring's merges. d=72 splits
     tile rows across warps, where the barrier-less kernel raced on lse (timing-dependent: the
     ring tests on 4 GPUs caught it, this one did not)."""
-    from tokenring_xdit.ring import fused_merge
-    from tokenring_xdit.ring.layout import get_layout
-    from tokenring_xdit.ring.merge import PartialMerge
+    from tokenring_xdit.ring.merge import fused as fused_merge
+    from tokenring_xdit.ring.tensor_layout import get_layout
+    from tokenring_xdit.ring.merge.partials import PartialMerge
 
     assert fused_merge.available()
     lay = get_layout(layout)

@@ -1,4 +1,4 @@
-"""Training calls replayed as CUDA graphs (RingConfig.train_cuda_graph, ring/train.py) equal the
+"""Training calls replayed as CUDA graphs (RingConfig.train_cuda_graph, ring/training/run.py) equal the
 eager calls (marker `gpu`):
 
 python -m pytest -m gpu tests/gpu/test_gpu_train_graph.py -q -s -rA
@@ -77,8 +77,8 @@ def _rel(want: torch.Tensor, got: torch.Tensor) -> float:
 
 
 def _case(case, rank, n, off, on) -> dict:
-    from tokenring_xdit.ring.graphs import RING_GRAPHS
-    from tokenring_xdit.ring.sharding import shard_positions
+    from tokenring_xdit.ring.graph_cache import RING_GRAPHS
+    from tokenring_xdit.ring.split.sharding import shard_positions
 
     name, causal, h, h_kv = case
     stats = RING_GRAPHS.stats
@@ -159,6 +159,6 @@ def test_each_half_is_captured_once_and_replayed(transport, n):
         for name, got in res.items():
             counts = (got["captures"], got["replays"], got["refused"])
             print(f"{transport} N={n} rank {rank} {name}: captures, replays, refused {counts}")
-            # over IPC training stays eager (ring/train.py: wrong gradients measured there)
+            # over IPC training stays eager (ring/training/run.py: wrong gradients measured there)
             want = (0, 0, []) if transport == "ipc" else (2, 2 * (calls - 1), [])
             assert counts == want, (transport, n, rank, name, counts)

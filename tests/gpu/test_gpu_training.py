@@ -45,7 +45,7 @@ def _exact_grads(q, k, v, do, causal):
 
 def _split_grads(pair, q, k, v, do, o, lse, delta, split, with_out):
     """dq/dk/dv (fp64) summed over the three blocks of a causal split at `split`."""
-    from tokenring_xdit.ring.layout import BHSD
+    from tokenring_xdit.ring.tensor_layout import BHSD
 
     b, h, s, d = q.shape
     dq = torch.zeros(b, h, s, d, device="cuda", dtype=torch.float64)
@@ -65,7 +65,7 @@ def _split_grads(pair, q, k, v, do, o, lse, delta, split, with_out):
 
 def _causal_case(dtype, d, seed, b=2, h=4, s=512):
     from tokenring_xdit.ring.kernels import row_delta
-    from tokenring_xdit.ring.layout import BHSD
+    from tokenring_xdit.ring.tensor_layout import BHSD
 
     gen = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v, do = (
@@ -119,7 +119,7 @@ def test_cudnn_standin_after_other_o_strides_on_the_same_shapes(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 def test_triton_delta_and_standin_equal_the_torch_ops(dtype):
-    from tokenring_xdit.ring import standin
+    from tokenring_xdit.ring.kernels import standin
 
     assert standin._triton_ok()
     gen = torch.Generator(device="cuda").manual_seed(5)
@@ -166,7 +166,7 @@ RING_CASES = [
 def test_thread_ring_on_one_gpu_matches_exact(n, causal, lens, name, layout):
     from tests.thread_ring import ring_case
     from tokenring_xdit.ring.kernels import PAIRS
-    from tokenring_xdit.ring.layout import get_layout
+    from tokenring_xdit.ring.tensor_layout import get_layout
 
     errs = ring_case(
         n, causal, lens, 2, 4, 128, torch.bfloat16, "cuda", PAIRS[name], get_layout(layout)
@@ -180,11 +180,11 @@ def test_thread_ring_on_one_gpu_matches_exact(n, causal, lens, name, layout):
 @pytest.mark.parametrize("name", ["cudnn", "torch_flash"])
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
 def test_thread_ring_held_back_on_one_gpu_matches_the_unsplit_loop(n, causal, lens, name, layout):
-    """train_hold_back (ring/diagonal.py): the own block on head slices (strided views the
+    """train_hold_back (ring/training/hold_back.py): the own block on head slices (strided views the
     kernels get, cuDNN's O/dO stride contract included) as exact as the unsplit loop."""
     from tests.thread_ring import ring_case
     from tokenring_xdit.ring.kernels import PAIRS
-    from tokenring_xdit.ring.layout import get_layout
+    from tokenring_xdit.ring.tensor_layout import get_layout
 
     args = (n, causal, lens, 2, 4, 128, torch.bfloat16, "cuda", PAIRS[name], get_layout(layout))
     base, held = ring_case(*args), ring_case(*args, hold_back=True)

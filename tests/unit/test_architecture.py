@@ -266,7 +266,7 @@ def test_public_names_are_lazy_and_the_old_paths_still_work():
     from tokenring_xdit.hosts.selection import set_xdit_ring_impl
     from tokenring_xdit.integrations.transformers import register
     from tokenring_xdit.patches import xfuser_cpu
-    from tokenring_xdit.ring.sharding import shard_positions, zigzag_positions
+    from tokenring_xdit.ring.split.sharding import shard_positions, zigzag_positions
 
     assert tokenring_xdit.set_ring_impl is set_xdit_ring_impl
     assert tokenring_xdit.register_transformers is register

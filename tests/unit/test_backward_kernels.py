@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tokenring_xdit.ring.kernels import PAIRS, row_delta, select_pair
-from tokenring_xdit.ring.layout import BHSD, BSHD
+from tokenring_xdit.ring.tensor_layout import BHSD, BSHD
 
 
 def _exact(q, k, v, causal):
@@ -79,7 +79,7 @@ def test_select_pair_honours_or_rejects_deterministic():
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 2e-6)])
 def test_standin_has_the_row_sum_and_strides_asked_for(dtype, tol):
-    from tokenring_xdit.ring.standin import out_standin_bhsd
+    from tokenring_xdit.ring.kernels.standin import out_standin_bhsd
 
     gen = torch.Generator().manual_seed(7)
     do, o = (torch.randn(2, 3, 5, 16, generator=gen, dtype=dtype) for _ in range(2))

@@ -60,7 +60,7 @@ def test_hot_path_host_eager_runs_and_counts_calls(tmp_path):
     assert len(row["top_own_time"]) == 5
     calls = row["calls_per_call"]
     # one ring call per timed call: the forward loop once, the input check's exchange once
-    assert calls["tokenring_xdit/ring/forward.py:" + _line("forward.py", "ring_forward")] == 1
+    assert calls["tokenring_xdit/ring/inference/loop.py:" + _line("inference/loop.py", "ring_forward")] == 1
     assert row["python_calls_per_call"] > 100
     assert not any(str(ROOT) in k for k in calls)  # no machine paths
 

@@ -1,4 +1,4 @@
-"""One definition of a call's options (ring/call.py): the public keyword arguments and the
+"""One definition of a call's options (ring/seam/prepare.py): the public keyword arguments and the
 compiled operator's schema are both derived from it or checked against it."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import inspect
 import torch
 
 from tokenring_xdit.config import RingConfig
-from tokenring_xdit.ring import call, compiled  # noqa: F401  (registers tokenring::attn)
+from tokenring_xdit.ring.seam import compiled_op as compiled  # noqa: F401  (registers tokenring::attn)
+from tokenring_xdit.ring.seam import prepare as call
 from tokenring_xdit.ring.api import token_ring_attn
 
 

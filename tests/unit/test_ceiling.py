@@ -24,12 +24,12 @@ from benchmarks.ceiling import (  # noqa: E402
     rank_blocks,
 )
 from benchmarks.replay_rank import LocalRing  # noqa: E402
-from tokenring_xdit.ring.backward import block_backward  # noqa: E402
-from tokenring_xdit.ring.block_forward import BlockCall, block_forward  # noqa: E402
-from tokenring_xdit.ring.documents import doc_plan  # noqa: E402
-from tokenring_xdit.ring.forward import RingCall, local_forward, ring_forward  # noqa: E402
+from tokenring_xdit.ring.training.backward import block_backward
+from tokenring_xdit.ring.training.forward import BlockCall, block_forward
+from tokenring_xdit.ring.packed.pick import doc_plan
+from tokenring_xdit.ring.inference.loop import RingCall, local_forward, ring_forward
 from tokenring_xdit.ring.kernels import MASKED, MATH  # noqa: E402
-from tokenring_xdit.ring.layout import BSHD  # noqa: E402
+from tokenring_xdit.ring.tensor_layout import BSHD
 from tokenring_xdit.ring.schedules import CAUSAL_ZIGZAG, NON_CAUSAL, NON_CAUSAL_BLOCKS  # noqa: E402
 
 H, D = 2, 8

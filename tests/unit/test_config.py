@@ -154,7 +154,7 @@ def test_expandable_segments_with_nccl_graph_registration_turn_ring_graphs_off(e
     """Graphed NCCL transfers hang under expandable segments unless NCCL_GRAPH_REGISTER=0
     (measured: a graphed ring replay never finished; with the variable 10^4 calls ran): then
     every call's agreed graphs setting is off, whatever was asked, with one warning."""
-    from tokenring_xdit.ring import call
+    from tokenring_xdit.ring.seam import prepare as call
 
     cfg = RingConfig.from_env(env)
     assert cfg.graph_register_hazard is hazard

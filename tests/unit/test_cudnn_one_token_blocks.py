@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tokenring_xdit.ring.kernels import REGISTRY, sdpa
-from tokenring_xdit.ring.layout import BHSD, BSHD
+from tokenring_xdit.ring.tensor_layout import BHSD, BSHD
 
 
 @pytest.fixture

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from tokenring_xdit.ring import documents
-from tokenring_xdit.ring.doc_layout import CONTIGUOUS, DOCUMENTS, ROW
-from tokenring_xdit.ring.documents import Documents, PackedRow
+from tokenring_xdit.ring.packed import pick as documents
+from tokenring_xdit.ring.packed.doc_split import CONTIGUOUS, DOCUMENTS, ROW
+from tokenring_xdit.ring.packed.pick import Documents, PackedRow
 from tokenring_xdit.ring.kernels import MASKED, doc_pair, resolve_kernel, select_pair
 from tokenring_xdit.ring.kernels.registry import auto_doc_kernel
-from tokenring_xdit.ring.layout import BSHD
-from tokenring_xdit.ring.layout_cost import load_kernels
+from tokenring_xdit.ring.tensor_layout import BSHD
+from tokenring_xdit.ring.packed.cost import load_kernels
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "packed_ring_h200"
 ROWS = {r["tokens"]: tuple(r["cu_seqlens"])

@@ -9,14 +9,14 @@ import random
 import pytest
 import torch
 
-from tokenring_xdit.ring.doc_layout import (
+from tokenring_xdit.ring.packed.doc_split import (
     DOCUMENTS,
     local_pieces,
     local_positions,
     piece_lengths,
     piece_pairs,
 )
-from tokenring_xdit.ring.documents import (
+from tokenring_xdit.ring.packed.pick import (
     AUTO_MARGIN,
     Documents,
     Segment,
@@ -25,7 +25,7 @@ from tokenring_xdit.ring.documents import (
     pick_layout,
 )
 from tokenring_xdit.ring.kernels import MASKED, PAIRS, segment_runs, segments_pair
-from tokenring_xdit.ring.layout import BHSD, BSHD
+from tokenring_xdit.ring.tensor_layout import BHSD, BSHD
 from tokenring_xdit.ring.schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
 
 
@@ -220,9 +220,9 @@ def test_thread_ring_per_segment_kernel_matches_exact(n, causal):
     kernel called once per segment, whose second partial of a query piece is merged (the GPU
     fallback's path; the CPU's own kernel is `masked`): fp64 out, dq, dk, dv equal exact ones."""
     from tests.thread_ring import run_ring
-    from tokenring_xdit.ring.backward import block_backward
-    from tokenring_xdit.ring.block_forward import BlockCall, block_forward
-    from tokenring_xdit.ring.sharding import shard_positions
+    from tokenring_xdit.ring.training.backward import block_backward
+    from tokenring_xdit.ring.training.forward import BlockCall, block_forward
+    from tokenring_xdit.ring.split.sharding import shard_positions
 
     total, h, d = 2 * n * 7, 2, 8
     docs = Documents((0, 1, 9, 10, 23, total))  # lengths 1, 8, 1, 13, ...: none divides by 2N

@@ -9,16 +9,16 @@ import random
 import pytest
 import torch
 
-from tokenring_xdit.ring.doc_claims import (
+from tokenring_xdit.ring.packed.claims import (
     documents_from_claims,
     documents_from_position_ids,
     local_claims,
 )
-from tokenring_xdit.ring.documents import Documents, Segment, doc_plan, document_work
+from tokenring_xdit.ring.packed.pick import Documents, Segment, doc_plan, document_work
 from tokenring_xdit.ring.kernels import MASKED, PAIRS, segment_runs, segments_mask, segments_pair
-from tokenring_xdit.ring.layout import BHSD, BSHD
+from tokenring_xdit.ring.tensor_layout import BHSD, BSHD
 from tokenring_xdit.ring.schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
-from tokenring_xdit.ring.sharding import shard_positions, zigzag_positions
+from tokenring_xdit.ring.split.sharding import shard_positions, zigzag_positions
 
 
 def _random_docs(rng: random.Random, total: int) -> Documents:
@@ -30,7 +30,7 @@ def _random_docs(rng: random.Random, total: int) -> Documents:
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("causal", [True, False])
 def test_plan_covers_each_document_pair_exactly_once(n, causal, split):
-    """In the row's split and in the documents layout (ring/doc_layout.py) alike."""
+    """In the row's split and in the documents layout (ring/packed/doc_split.py) alike."""
     rng = random.Random(n * 10 + causal)
     for _ in range(20):
         total = 2 * n * rng.randint(1, 6)

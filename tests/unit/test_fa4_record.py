@@ -12,7 +12,7 @@ import torch
 from tokenring_xdit.ring.kernels import REGISTRY, registry, resolve_kernel, select_pair
 from tokenring_xdit.ring.kernels.fa4 import has_fa4
 from tokenring_xdit.ring.kernels.flashattn import has_flash_attn
-from tokenring_xdit.ring.layout import BSHD
+from tokenring_xdit.ring.tensor_layout import BSHD
 
 
 def test_fa4_is_registered_but_never_auto():

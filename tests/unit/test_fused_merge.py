@@ -1,4 +1,4 @@
-"""The Triton merge (ring/fused_merge.py) on the CPU, through Triton's interpreter.
+"""The Triton merge (ring/merge/fused.py) on the CPU, through Triton's interpreter.
 
 The GPU test (tests/gpu/test_gpu_token_ring.py) checks it against the torch merge on real
 hardware; here the same kernel source runs under TRITON_INTERPRET=1 in a child process (the
@@ -16,12 +16,12 @@ import textwrap
 
 import torch
 
-from tokenring_xdit.ring.fused_merge import vector_width
+from tokenring_xdit.ring.merge.fused import vector_width
 
 _CHILD = textwrap.dedent(
     """
     import torch
-    from tokenring_xdit.ring import fused_merge
+    from tokenring_xdit.ring.merge import fused as fused_merge
 
     gen = torch.Generator().manual_seed(0)
     worst = {}

@@ -12,7 +12,7 @@ from tokenring_xdit.planner.choose import choose_ring, ring_times
 from tokenring_xdit.planner.schedules import Block
 from tokenring_xdit.ring import kernels
 from tokenring_xdit.ring.kernels import KERNELS, PAIRS
-from tokenring_xdit.ring.layout import BHSD, BSHD
+from tokenring_xdit.ring.tensor_layout import BHSD, BSHD
 
 TOL = 2e-5
 

@@ -10,8 +10,12 @@ import functools
 
 import torch
 
-from tokenring_xdit.ring.head_start import _CYCLES_PER_US, HEAD_START_MIN_FLOP, head_start_cycles
-from tokenring_xdit.ring.layout import get_layout
+from tokenring_xdit.ring.head_start import (
+    _CYCLES_PER_US,
+    HEAD_START_MIN_FLOP,
+    head_start_cycles,
+)
+from tokenring_xdit.ring.tensor_layout import get_layout
 
 
 def _rule(us: float, layout: str = "bhsd"):

@@ -75,7 +75,7 @@ def _metas(transport: str, device: str, gpus: list[int]) -> list:
     ],
 )
 def test_the_agreed_transport(transport, device, gpus, backend, want):
-    from tokenring_xdit.ring.agree.call import _resolve_transport
+    from tokenring_xdit.ring.agree.agreement import _resolve_transport
 
     assert _resolve_transport(_metas(transport, device, gpus), backend) == want
 

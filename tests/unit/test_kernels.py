@@ -10,7 +10,7 @@ import torch
 
 from tokenring_xdit.ring.kernels import KERNELS, cpu_flash, select_kernel
 from tokenring_xdit.ring.kernels import math as math_kernel
-from tokenring_xdit.ring.layout import BHSD, BSHD, Layout
+from tokenring_xdit.ring.tensor_layout import BHSD, BSHD, Layout
 
 LAYOUTS = [BSHD, BHSD]
 # (out atol, out rtol, lse atol). bf16 out is rounded to bf16 by both kernels, so two correct
@@ -120,7 +120,7 @@ def test_unknown_kernel_lists_the_names():
 _EMPTY_SEQ_SCRIPT = """
 import sys, torch
 from tokenring_xdit.ring.kernels import cpu_flash, math
-from tokenring_xdit.ring.layout import BHSD
+from tokenring_xdit.ring.tensor_layout import BHSD
 s_q, s_k = int(sys.argv[1]), int(sys.argv[2])
 gen = torch.Generator().manual_seed(0)
 q = torch.randn(1, 2, s_q, 64, generator=gen)

@@ -1,4 +1,4 @@
-"""The packed cost model `auto` picks with (ring/layout_cost.py, ring/documents.py) against the
+"""The packed cost model `auto` picks with (ring/packed/cost.py, ring/packed/pick.py) against the
 committed H200 measurements: the packaged table is what benchmarks/fit_layout_cost.py derives
 from the committed one-GPU replays (one set of constants per kernel), it reproduces every
 replayed rank, and on every committed real ring (2 and 4 x H200) it ranks the (layout, kernel)
@@ -17,16 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from tokenring_xdit.ring import documents
-from tokenring_xdit.ring.doc_layout import CONTIGUOUS, DOCUMENTS, LAYOUTS, ROW, piece_pairs
-from tokenring_xdit.ring.documents import (
+from tokenring_xdit.ring.packed import pick as documents
+from tokenring_xdit.ring.packed.doc_split import CONTIGUOUS, DOCUMENTS, LAYOUTS, ROW, piece_pairs
+from tokenring_xdit.ring.packed.pick import (
     AUTO_MARGIN,
     Documents,
     doc_plan,
     document_work,
     pick_layout,
 )
-from tokenring_xdit.ring.layout_cost import (
+from tokenring_xdit.ring.packed.cost import (
     DATA,
     KERNELS,
     LAYERS_PER_PACKING,

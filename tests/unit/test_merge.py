@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from tokenring_xdit.ring.kernels import math as math_kernel
-from tokenring_xdit.ring.layout import BHSD, BSHD, Layout
-from tokenring_xdit.ring.merge import PartialMerge
+from tokenring_xdit.ring.tensor_layout import BHSD, BSHD, Layout
+from tokenring_xdit.ring.merge.partials import PartialMerge
 
 LAYOUTS = [BSHD, BHSD]
 

@@ -1,5 +1,5 @@
 """balanced_order: a packing order of the documents that evens the row's zigzag (or contiguous
-shards) by the cost model (ring/pack_order.py). A permutation, the same for the same lengths
+shards) by the cost model (ring/packed/pack_order.py). A permutation, the same for the same lengths
 (every rank, every run), never predicted slower than the given order, and on the committed H200
 rows predicted faster by 7-22%. (Exactness needs no test of its own: a reordered row is just
 another packed row; tests/distributed/test_packed_varlen_ring.py runs one through the ring
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tokenring_xdit.ring.pack_order import balanced_order, row_ms
+from tokenring_xdit.ring.packed.pack_order import balanced_order, row_ms
 
 ROOT = Path(__file__).resolve().parents[2]
 RING4 = ROOT / "docs" / "benchmarks" / "packed_ring_h200" / "packed_ring_4gpu.json"

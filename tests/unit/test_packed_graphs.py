@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tokenring_xdit.ring import graphs
-from tokenring_xdit.ring.graphs import PACKINGS_KEPT, GraphCache, PackingWindow, _Graph
+from tokenring_xdit.ring import graph_cache as graphs
+from tokenring_xdit.ring.graph_cache import PACKINGS_KEPT, GraphCache, PackingWindow, _Graph
 
 
 def test_a_window_keeps_the_last_packings_of_each_ring():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tokenring_xdit.ring.sharding import zigzag_positions
+from tokenring_xdit.ring.split.sharding import zigzag_positions
 
 
 @pytest.mark.parametrize("causal", [False, True])

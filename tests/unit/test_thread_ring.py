@@ -8,7 +8,7 @@ import torch
 
 from tests.thread_ring import ring_case
 from tokenring_xdit.ring.kernels import PAIRS, gqa_pair
-from tokenring_xdit.ring.layout import BHSD, BSHD
+from tokenring_xdit.ring.tensor_layout import BHSD, BSHD
 
 BF16_TOL = {"out": 2e-2, "dq": 6e-2, "dk": 6e-2, "dv": 6e-2}  # tests/distributed/test_training
 
@@ -28,7 +28,7 @@ def test_thread_ring_matches_exact(n, causal, name):
 @pytest.mark.parametrize("name", ["cpu_flash", "math"])
 def test_thread_ring_held_back_own_block_matches_exact(n, causal, name):
     """RingConfig.train_hold_back: the own block's first heads at step 0, the rest behind the
-    last return (ring/diagonal.py); out/dq/dk/dv as exact as without. MHA (2 heads), GQA
+    last return (ring/training/hold_back.py); out/dq/dk/dv as exact as without. MHA (2 heads), GQA
     (6 query heads on 3 K/V heads: 2 run first, 1 last) and MQA (1 K/V head: no split)."""
     lens = [3, 5, 4, 6][:n] if causal else [5, 7, 3, 6][:n]
     layout = BSHD if n % 2 else BHSD

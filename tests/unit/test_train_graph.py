@@ -1,4 +1,4 @@
-"""Training calls as CUDA graphs (RingConfig.train_cuda_graph, ring/train.py) without a GPU:
+"""Training calls as CUDA graphs (RingConfig.train_cuda_graph, ring/training/run.py) without a GPU:
 the switch's parsing and which calls it reaches (the per-call override, inference untouched),
 and the graph keys of a call's two halves: hashable, equal for equal calls (records rebuilt per
 call included), different wherever a captured graph would differ (a packed call's agreed
@@ -12,17 +12,17 @@ import pytest
 import torch
 
 from tokenring_xdit.config import CALL, ENV, RingConfig, scope_of
-from tokenring_xdit.ring.block_loop import BlockCall
-from tokenring_xdit.ring.call import _graphs
+from tokenring_xdit.ring.training.block_loop import BlockCall
+from tokenring_xdit.ring.seam.prepare import _graphs
 from tokenring_xdit.ring.comm import RingPosition
-from tokenring_xdit.ring.doc_layout import DOCUMENTS, ROW
-from tokenring_xdit.ring.documents import Documents, doc_plan
+from tokenring_xdit.ring.packed.doc_split import DOCUMENTS, ROW
+from tokenring_xdit.ring.packed.pick import Documents, doc_plan
 from tokenring_xdit.ring.kernels import PAIRS
 from tokenring_xdit.ring.kernels.wrappers import expanded
-from tokenring_xdit.ring.layout import BHSD, BSHD
-from tokenring_xdit.ring.ring import Ring
+from tokenring_xdit.ring.tensor_layout import BHSD, BSHD
+from tokenring_xdit.ring.agreed_ring import Ring
 from tokenring_xdit.ring.schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
-from tokenring_xdit.ring.train import BACKWARD, FORWARD, train_graph_key
+from tokenring_xdit.ring.training.run import BACKWARD, FORWARD, train_graph_key
 
 VAR = "TOKENRING_XDIT_TRAIN_CUDA_GRAPH"
 

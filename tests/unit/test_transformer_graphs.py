@@ -81,7 +81,7 @@ def test_reset_all_graphs_reaches_every_graphed_module() -> None:
 def test_a_refused_capture_names_the_op_that_broke_it():
     """torch's capture_end raises its own "previous error during capture" on top of the error of
     the op that broke the capture; the refusal reason reports the first one, with its frame."""
-    from tokenring_xdit.ring.graphs import _first_error
+    from tokenring_xdit.ring.graph_cache import _first_error
 
     def host_sync():
         raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nhint")

@@ -24,10 +24,10 @@ from collections.abc import Callable, Hashable
 import torch
 
 from ..ring.api import attend
-from ..ring.call import CallOptions
-from ..ring.compiled import count_host_calls_with
+from ..ring.seam.prepare import CallOptions
+from ..ring.seam.compiled_op import count_host_calls_with
 from ..ring.kernels import BlockKernel, runs_once
-from ..ring.layout import BSHD
+from ..ring.tensor_layout import BSHD
 from .calls import count_call
 from .selection import Refusal, raise_refused
 
@@ -35,7 +35,7 @@ __all__ = ["context_parallel_attention", "block_kernel", "HOST"]
 
 HOST = "diffusers"
 
-count_host_calls_with(count_call)  # compiled calls count where they run (ring/compiled.py)
+count_host_calls_with(count_call)  # compiled calls count where they run (ring/seam/compiled_op.py)
 
 # Forward ops of diffusers' CP-capable backends that cannot return an lse -> backend name.
 _NO_LSE_OPS = {"_native_attention_forward_op": "native", "_npu_attention_forward_op": "_native_npu"}
@@ -141,7 +141,7 @@ _COMPILED_KERNELS = {
 
 
 def _compiled_kernel(forward_op, device_type: str) -> str:
-    """Under torch.compile the ring's block kernel is a name (ring/compiled.py: a callable
+    """Under torch.compile the ring's block kernel is a name (ring/seam/compiled_op.py: a callable
     cannot be a graph constant): the TokenRing kernel of the backend's family, else (and on CPU)
     "auto", the fastest TokenRing kernel with an lse for the device. Same attention, exact."""
     if device_type != "cuda":

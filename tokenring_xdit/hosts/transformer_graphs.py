@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .. import config
-from ..ring.graphs import GraphCache, GraphStats, release_all_graphs
+from ..ring.graph_cache import GraphCache, GraphStats, release_all_graphs
 
 GRAPH_TRANSFORMER_ENV = config.ENV["cuda_graph_transformer"][0]
 MAX_GRAPHS = 8  # per module; more keys than this means arguments change per call: stay eager

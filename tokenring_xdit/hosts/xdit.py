@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..ring.api import attend, reject_unsupported, token_ring_attn_func
-from ..ring.call import CallOptions
+from ..ring.seam.prepare import CallOptions
 from ..ring.kernels import BlockKernel, KeyedKernel, lse_bhs
 from .selection import Refusal, raise_refused
 from .yunchang import kernel_for
@@ -32,7 +32,7 @@ _COMPILED_KERNELS = {
 
 
 def _compiled_kernel(backend, device_type: str) -> str:
-    """Under torch.compile the block kernel is a name (ring/compiled.py): the TokenRing kernel
+    """Under torch.compile the block kernel is a name (ring/seam/compiled_op.py): the TokenRing kernel
     of xDiT's backend family, else (and on CPU) "auto" (the fastest one with an lse)."""
     if device_type != "cuda":
         return "auto"

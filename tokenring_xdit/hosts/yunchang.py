@@ -14,9 +14,9 @@ import torch
 from yunchang.kernels import AttnType, select_flash_attn_impl
 
 from ..ring.api import reject_unsupported, token_ring_attn_func
-from ..ring.compiled import count_host_calls_with
+from ..ring.seam.compiled_op import count_host_calls_with
 from ..ring.kernels import BlockKernel, KeyedKernel, has_flash_attn, lse_bhs
-from ..ring.layout import BHSD, Layout
+from ..ring.tensor_layout import BHSD, Layout
 from .calls import count_call
 
 __all__ = [
@@ -27,7 +27,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("tokenring_xdit")
-count_host_calls_with(count_call)  # calls count where they run (ring/api.attend, ring/compiled.py)
+count_host_calls_with(count_call)  # calls count where they run (ring/api.attend, ring/seam/compiled_op.py)
 
 _OWN_KERNELS = {
     AttnType.TORCH_FLASH: "torch_flash",

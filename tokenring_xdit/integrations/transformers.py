@@ -37,7 +37,7 @@ document boundary and adds the documents of the WHOLE sequence as `cu_seq_lens_q
 attention call); the attention function passes them on as the ring's `cu_seqlens`, so each
 document attends only to itself (docs/training.md: the recipe). Its `layout` (default "auto")
 may cut the row in N contiguous shards (documents whole where a shard holds them;
-ring/schedules/contiguous.py) or every document into 2N pieces (ring/doc_layout.py) instead.
+ring/schedules/contiguous.py) or every document into 2N pieces (ring/packed/doc_split.py) instead.
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ import torch
 import torch.distributed as dist
 
 from ..ring.api import token_ring_attn_func
-from ..ring.doc_claims import documents_from_position_ids
-from ..ring.documents import Documents
-from ..ring.sharding import shard
+from ..ring.packed.claims import documents_from_position_ids
+from ..ring.packed.pick import Documents
+from ..ring.split.sharding import shard
 
 __all__ = ["NAME", "register", "unregister", "shard_batch", "ring_loss", "sync_gradients"]
 

@@ -56,7 +56,7 @@ def zigzag_extract_local(value, rank, world_size, rd, ud, dim=1, *args, **kwargs
     import yunchang.comm.extract_local as extract_local
     from yunchang.globals import PROCESS_GROUP
 
-    from ..ring.sharding import declare_zigzag
+    from ..ring.split.sharding import declare_zigzag
 
     total = value.shape[dim]
     if total % (2 * rd * ud):

@@ -74,7 +74,7 @@ class BlockRun:
 
 def uses_block_steps(causal: bool, train: bool, packed: bool) -> bool:
     """Whether the ring runs the call through the block loop (ring/call.prepare: causal, grad
-    or documents) rather than the inference forward (ring/forward.py)."""
+    or documents) rather than the inference forward (ring/inference/loop.py)."""
     return causal or train or packed
 
 
@@ -109,7 +109,7 @@ def rank_blocks(
     schedule = CAUSAL_ZIGZAG if causal else NON_CAUSAL_BLOCKS
     plan = None
     if docs is not None:
-        from ..ring.documents import doc_plan  # torch: only for packed documents
+        from ..ring.packed.pick import doc_plan
 
         plan = doc_plan(docs, schedule, (t,) * n)
     calls = []

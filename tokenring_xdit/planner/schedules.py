@@ -185,7 +185,7 @@ def token_ring(
     final_pieces: int = 1,
     options: RingOptions = DEFAULTS,
 ) -> SimResult:
-    """TokenRing's inference loop (ring/forward.py) run on the ring's own table
+    """TokenRing's inference loop (ring/inference/loop.py) run on the ring's own table
     (ring/schedules/token_ring.py: `steps`, `final_return`, `held_back`): K/V stay, Q moves one
     hop per step, partials go straight home one step late.
 

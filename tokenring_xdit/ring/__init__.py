@@ -12,8 +12,8 @@ _LAZY = {
     "token_ring_attn_qkvpacked_func": "api",
     "setup_token_ring_group": "comm",
     "COUNTERS": "comm",
-    "shard": "sharding",
-    "unshard": "sharding",
+    "shard": "split.sharding",
+    "unshard": "split.sharding",
 }
 __all__ = list(_LAZY)
 

@@ -14,12 +14,12 @@ import torch
 import torch.distributed as dist
 
 from ..config import RingConfig
-from .call import CallOptions, prepare
-from .compiled import compiled_attn, count_host
-from .function import train_attn
-from .infer import infer
+from .seam.prepare import CallOptions, prepare
+from .seam.compiled_op import compiled_attn, count_host
+from .training.function import train_attn
+from .inference.run import infer
 from .kernels import BlockKernel
-from .layout import Layout
+from .tensor_layout import Layout
 
 __all__ = [
     "attend",
@@ -54,7 +54,7 @@ def token_ring_attn(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact attention of the local queries against the K/V of every rank of `group`.
 
-    q, k, v and every keyword: see `tokenring_xdit.ring.call.CallOptions`. Every setting that
+    q, k, v and every keyword: see `tokenring_xdit.ring.seam.prepare.CallOptions`. Every setting that
     decides the call is agreed across the ring first (ring/agree/): bad input is one error on
     every rank, before any transfer. causal=True, inputs that require grad, and packed
     documents run the differentiable block-schedule path (`function.train_attn`). Under

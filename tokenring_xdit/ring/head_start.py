@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the rule below is pure Python: the planner models it without torch
     import torch
 
-    from .layout import Layout
+    from ..tensor_layout import Layout
 
 __all__ = [
     "HEAD_START_MIN_FLOP",

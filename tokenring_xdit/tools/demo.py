@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from ..ring import setup_token_ring_group, token_ring_attn
 from ..ring.kernels import cpu_flash, select_kernel
-from ..ring.layout import BSHD
+from ..ring.tensor_layout import BSHD
 
 __all__ = ["DemoConfig", "METHODS", "run_demo", "tolerance"]
 

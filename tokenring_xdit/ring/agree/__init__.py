@@ -14,7 +14,7 @@ must pass the same ones); position ids that restart are turned into per-rank cla
 (documents.py) that a second all-gather on the same communicator brings to every rank.
 """
 
-from .call import agree
+from .agreement import agree
 from .choice import Choice, ChoiceSource, agree_ring_choice
 from .header import digest
 from .problems import CallSpec, Problem, needs_grad

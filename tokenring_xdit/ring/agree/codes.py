@@ -12,9 +12,9 @@ from enum import IntEnum, IntFlag
 import torch
 
 from ... import config
-from ..doc_layout import LAYOUTS as SPLITS
-from ..layout import LAYOUTS
-from ..sharding import DECLARED, NO_PROOF, POSITIONS
+from ..packed.doc_split import LAYOUTS as SPLITS
+from ..tensor_layout import LAYOUTS
+from ..split.sharding import DECLARED, NO_PROOF, POSITIONS
 
 __all__ = [
     "Choice",

@@ -18,8 +18,8 @@ from operator import attrgetter
 
 import torch
 
-from ..documents import Documents
-from ..layout import storage
+from ..packed.pick import Documents
+from ..tensor_layout import storage
 from .codes import (
     DOCS_BY_POSITIONS,
     DTYPES,

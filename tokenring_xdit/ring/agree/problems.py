@@ -12,9 +12,9 @@ from enum import IntEnum
 
 import torch
 
-from ..doc_layout import ROW
-from ..documents import Documents
-from ..layout import Layout
+from ..packed.doc_split import ROW
+from ..packed.pick import Documents
+from ..tensor_layout import Layout
 
 __all__ = ["Problem", "CallSpec", "needs_grad", "local_problem"]
 
@@ -89,7 +89,7 @@ class Problem(IntEnum):
         (
             "causal=True: `positions` are not this rank's zigzag positions (rank r holds chunks r "
             "and 2N-1-r of 2N equal chunks); cut the shards with tokenring_xdit.shard(x, group, "
-            "causal=True), whose positions are tokenring_xdit.ring.sharding.zigzag_positions(...)"
+            "causal=True), whose positions are tokenring_xdit.ring.split.sharding.zigzag_positions(...)"
         ),
     )
     NO_PROOF = (
@@ -126,7 +126,7 @@ class Problem(IntEnum):
             "causal=True on shards in the documents layout needs proof that they are (other "
             "shards give wrong results silently): cut them with tokenring_xdit.shard(x, group, "
             "causal=True, cu_seqlens=cu, layout='documents'), which declares it for the group, or "
-            "pass positions=tokenring_xdit.ring.sharding.shard_positions(total, rank, N, "
+            "pass positions=tokenring_xdit.ring.split.sharding.shard_positions(total, rank, N, "
             "cu_seqlens=cu, layout='documents'); positions given that differ from those are "
             "refused too"
         ),
@@ -137,7 +137,7 @@ class Problem(IntEnum):
             "causal=True on contiguous shards of a packed row needs proof that they are (other "
             "shards give wrong results silently): cut them with tokenring_xdit.shard(x, group, "
             "causal=True, cu_seqlens=cu, layout='contiguous'), which declares it for the group, "
-            "or pass positions=tokenring_xdit.ring.sharding.shard_positions(total, rank, N, "
+            "or pass positions=tokenring_xdit.ring.split.sharding.shard_positions(total, rank, N, "
             "cu_seqlens=cu, layout='contiguous'); positions given that differ from those are "
             "refused too"
         ),

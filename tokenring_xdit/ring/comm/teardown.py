@@ -4,7 +4,7 @@
 The guard: a CUDA graph that captured NCCL kernels keeps its communicator in use, and torch's
 `destroy_process_group` then waits forever in ncclCommDestroy (pytorch/pytorch#115388; seen on
 2 x H200 with torch 2.11; xDiT's scripts end with `destroy_distributed_env()`). So before a
-group is destroyed, the guard drops every CUDA graph of ours (GRAPH_RELEASERS: ring/graphs.py
+group is destroyed, the guard drops every CUDA graph of ours (GRAPH_RELEASERS: ring/graph_cache.py
 registers its caches) and tears down TokenRing's own ring communicators, newest first. The ring
 puts it in place itself (`ensure_guard`), before it makes a ring's first communicators and
 before its first graph capture, so a checkout on PYTHONPATH without install metadata gets it
@@ -59,7 +59,7 @@ _COMMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # ring -> {seconds: its view with that deadline}; released with the ring
 _VIEWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # Each drops every CUDA graph of one kind of cache and returns how many caches held any
-# (ring/graphs.py registers its own when it is imported: no graph exists before that).
+# (ring/graph_cache.py registers its own when it is imported: no graph exists before that).
 GRAPH_RELEASERS: list[Callable[[], int]] = []
 
 

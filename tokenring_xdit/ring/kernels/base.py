@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..layout import BHSD, BSHD, Layout
-from ..merge import lse_merge
-from ..standin import row_delta_bhsd
+from ..tensor_layout import BHSD, BSHD, Layout
+from ..merge.partials import lse_merge
+from .standin import row_delta_bhsd
 
 __all__ = [
     "BlockKernel", "HALF", "Kernel", "KernelPair", "KeyedKernel", "empty_partial", "empty_block",
@@ -141,7 +141,7 @@ def run_block(kernel: BlockKernel, q, k, v, scale: float, layout: Layout):
 
 class RowsSeen:
     """Which query rows of a packed block a kernel already wrote. In the documents layout
-    (ring/doc_layout.py) a query piece meets two key pieces of its document in one block (the
+    (ring/packed/doc_split.py) a query piece meets two key pieces of its document in one block (the
     local front and back halves are not adjacent), so its second partial is merged, not copied."""
 
     def __init__(self, rows: int):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..layout import Layout
+from ..tensor_layout import Layout
 from .base import Kernel, from_bhsd, row_delta
 
 

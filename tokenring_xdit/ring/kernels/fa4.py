@@ -22,8 +22,8 @@ import sys
 
 import torch
 
-from ..layout import Layout
-from ..standin import out_standin_bhsd
+from ..tensor_layout import Layout
+from .standin import out_standin_bhsd
 from .base import Kernel
 from .flashattn import _flip as _bshd  # (b, s, h, d) views, as flash-attn takes them
 

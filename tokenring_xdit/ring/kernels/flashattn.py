@@ -10,8 +10,8 @@ import os
 
 import torch
 
-from ..layout import BHSD, Layout
-from ..standin import out_standin_bhsd
+from ..tensor_layout import BHSD, Layout
+from .standin import out_standin_bhsd
 from .base import Kernel
 
 

@@ -17,8 +17,8 @@ from collections.abc import Hashable
 
 import torch
 
-from ..documents import Segment
-from ..layout import BHSD, Layout
+from ..packed.pick import Segment
+from ..tensor_layout import BHSD, Layout
 from .base import HALF, BlockKernel, Kernel, row_delta
 from .exact import MASKED, MATH
 from .wrappers import ExpandedBackward, expand_kv

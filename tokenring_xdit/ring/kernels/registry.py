@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..layout_cost import KERNELS as KERNELS_PRICED
+from ..packed.cost import KERNELS as KERNELS_PRICED
 from .base import HALF, BlockKernel, Kernel, KeyedKernel
 from .exact import MASKED, MATH
 from .fa4 import FA4, has_fa4

@@ -13,7 +13,7 @@ from typing import NamedTuple
 import torch
 
 from ..agree.problems import Problem
-from ..layout import Layout
+from ..tensor_layout import Layout
 from .base import Kernel, KeyedKernel
 from .registry import (
     REGISTRY,

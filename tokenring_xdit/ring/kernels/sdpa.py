@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from ..layout import Layout
-from ..standin import out_standin_bhsd
+from ..tensor_layout import Layout
+from .standin import out_standin_bhsd
 from .base import Kernel, from_bhsd, lse_bhs
 
 

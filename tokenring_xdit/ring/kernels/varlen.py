@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from ..doc_layout import Segment, segment_runs
-from ..graphs import keep_alive
-from ..layout import BHSD, Layout
-from ..standin import out_standin_bhsd
+from ..packed.doc_split import Segment, segment_runs
+from ..graph_cache import keep_alive
+from ..tensor_layout import BHSD, Layout
+from .standin import out_standin_bhsd
 from .base import Kernel, RowsSeen, empty_partial, merge_rows
 from .sdpa import flash_backward, flash_forward, no_rng
 

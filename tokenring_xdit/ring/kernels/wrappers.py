@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..layout import BHSD, Layout
+from ..tensor_layout import BHSD, Layout
 from .base import BlockKernel, Kernel, empty_partial, merge_rows
 
 # --- GQA ------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """TokenRing schedules: who sends what to whom at each step, as pure tables.
 
 Each schedule module has a Note diagram and a schedule object. The inference forward loop
-(`ring/forward.py`) takes `token_ring.NON_CAUSAL` (`steps`, `final_return`, and `held_back`,
-the rule for the own block it runs last); the training loop (`ring/block_loop.py`, forward and
+(`ring/inference/loop.py`) takes `token_ring.NON_CAUSAL` (`steps`, `final_return`, and `held_back`,
+the rule for the own block it runs last); the training loop (`ring/training/block_loop.py`, forward and
 backward) takes a block schedule (`blocks.BlockSchedule`): `NON_CAUSAL_BLOCKS`, `CAUSAL_ZIGZAG`,
 or `CAUSAL_CONTIGUOUS` for a causal packed row cut in contiguous shards.
 Pure Python, no torch: the planner (planner/schedules.py) simulates these same tables.

@@ -1,6 +1,6 @@
 """Block steps: a schedule row that also says WHICH part of Q and K/V a step's kernel covers.
 
-The training loop (`ring/block_loop.py`, forward and backward) runs tables of these. A causal
+The training loop (`ring/training/block_loop.py`, forward and backward) runs tables of these. A causal
 zigzag shard is two halves of the sequence (chunks r and 2N-1-r), so a part is the whole local
 sequence (ALL) or one half of it (FRONT = chunk r, BACK = chunk 2N-1-r).
 

@@ -104,7 +104,7 @@ AUTO_DEFER = ((8192, 0.5), (2048, 0.25))
 def held_back(length: int, defer_own: float | None) -> int:
     """How many of a rank's `length` queries run their own block last (0: none; `defer_own`
     None: AUTO_DEFER). Local: the own block never travels, so ranks with other lengths or
-    settings still match. The forward loop (ring/forward.py) and the planner both use it."""
+    settings still match. The forward loop (ring/inference/loop.py) and the planner both use it."""
     if defer_own is None:
         defer_own = next((share for least, share in AUTO_DEFER if length >= least), 0.0)
     if defer_own <= 0 or length < 2:

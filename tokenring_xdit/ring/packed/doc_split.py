@@ -36,7 +36,7 @@ import functools
 from itertools import accumulate
 from typing import NamedTuple
 
-from .schedules.blocks import ALL, FRONT
+from ..schedules.blocks import ALL, FRONT
 
 __all__ = [
     "ROW", "DOCUMENTS", "CONTIGUOUS", "LAYOUTS", "normal_split", "Segment", "check_total",

@@ -26,7 +26,7 @@ as a new shape: document boundaries make nearly every one distinct), and `auto` 
 Each packed kernel has its own constants over the same terms (`KERNELS`): `flash_varlen` (one
 varlen call per run of segments) and `cudnn` (cuDNN once per segment, `segments_pair`: every
 segment its own forward and backward call with host work, so `segment_ms` dominates, while its
-tiles run ~2x faster). The constants are data (data/packed_layout_cost.json), fitted by `fit`
+tiles run ~2x faster). The constants are data (data/cost_model.json), fitted by `fit`
 on the committed one-GPU replays of every rank, per kernel (benchmarks/fit_layout_cost.py
 refits them). The model is for that shape (32 query / 8 K/V heads, head size 128, bf16, H200);
 it ranks (layout, kernel) pairs, it does not promise ms. Every rank uses this one table (never
@@ -43,15 +43,15 @@ from itertools import accumulate
 from pathlib import Path
 from typing import NamedTuple
 
-from .doc_layout import Segment, piece_lengths, segment_runs
-from .schedules.blocks import BACK, FRONT, part_len
+from .doc_split import Segment, piece_lengths, segment_runs
+from ..schedules.blocks import BACK, FRONT, part_len
 
 __all__ = [
     "Work", "LayoutCost", "block_work", "plan_work", "piece_work", "load", "load_kernels", "fit",
     "DATA", "KERNELS", "LAYERS_PER_PACKING",
 ]  # fmt: skip
 
-DATA = Path(__file__).with_name("data") / "packed_layout_cost.json"
+DATA = Path(__file__).with_name("data") / "cost_model.json"
 TERMS = ("tiles", "segments", "calls", "rows")
 # the packed kernels the table prices (registry names), in `auto`'s order on a tie
 KERNELS = ("flash_varlen", "cudnn")

@@ -14,11 +14,11 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from .block_forward import BlockCall
-from .call import PreparedCall
-from .comm.teardown import RELEASE_HOOKS
-from .ring import Ring
-from .train import train_backward, train_forward
+from .forward import BlockCall
+from ..seam.prepare import PreparedCall
+from ..comm.teardown import RELEASE_HOOKS
+from ..agreed_ring import Ring
+from .run import train_backward, train_forward
 
 __all__ = ["TokenRingAttention", "train_attn"]
 

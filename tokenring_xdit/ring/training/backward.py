@@ -13,11 +13,11 @@ from __future__ import annotations
 import torch
 
 from .block_loop import BlockCall, run_blocks
-from .comm import COUNTERS
-from .diagonal import Piece
-from .kernels import row_delta
-from .ring import Ring
-from .schedules.blocks import BlockStep, Part, sub_slice
+from ..comm import COUNTERS
+from .hold_back import Piece
+from ..kernels import row_delta
+from ..agreed_ring import Ring
+from ..schedules.blocks import BlockStep, Part, sub_slice
 
 __all__ = ["block_backward"]
 

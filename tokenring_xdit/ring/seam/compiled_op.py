@@ -38,10 +38,10 @@ from __future__ import annotations
 
 import torch
 
-from .call import CallOptions, op_args, prepare
-from .infer import infer
-from .layout import get_layout
-from .train import train_backward, train_forward
+from .prepare import CallOptions, op_args, prepare
+from ..inference.run import infer
+from ..tensor_layout import get_layout
+from ..training.run import train_backward, train_forward
 
 __all__ = ["compiled_attn", "count_host", "count_host_calls_with"]
 

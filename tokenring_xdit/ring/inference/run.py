@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from .call import PreparedCall
-from .forward import local_forward, ring_forward
-from .graphs import graphs_wanted
+from ..seam.prepare import PreparedCall
+from .loop import local_forward, ring_forward
+from ..graph_cache import graphs_wanted
 
 __all__ = ["infer"]
 

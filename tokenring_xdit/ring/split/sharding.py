@@ -14,10 +14,10 @@ so a causal call must carry proof, checked on every rank before any transfer (ri
 `shard` / `unshard` cut a full sequence into this rank's shard and put shards back together,
 for any process group (no yunchang groups needed): zigzag for causal attention (and the
 declaration above), contiguous otherwise. A packed row (`cu_seqlens=`) may instead be cut in the
-documents layout (ring/doc_layout.py: every document in 2N pieces, balanced whatever the lengths)
+documents layout (ring/packed/doc_split.py: every document in 2N pieces, balanced whatever the lengths)
 or, causal, in contiguous shards (schedules/contiguous.py: documents stay whole where a shard holds
 them); `layout="auto"` picks the layout whose slowest rank has the smallest predicted time
-(`documents.document_work`, ring/layout_cost.py). `shard` declares the layout it cut for (group,
+(`documents.document_work`, ring/packed/cost.py). `shard` declares the layout it cut for (group,
 length, documents), and a packed call on those documents follows that declaration (`call_layout`),
 agreed across the ring like the rest of the call.
 """
@@ -30,7 +30,7 @@ from collections import OrderedDict
 import torch
 import torch.distributed as dist
 
-from .doc_layout import (
+from ..packed.doc_split import (
     CONTIGUOUS,
     DOCUMENTS,
     LAYOUTS,
@@ -39,7 +39,7 @@ from .doc_layout import (
     local_positions,
     normal_split,
 )
-from .documents import Documents, pick_layout
+from ..packed.pick import Documents, pick_layout
 
 __all__ = [
     "shard",
@@ -311,7 +311,7 @@ def shard(
 
     Packed rows: `cu_seqlens` (document offsets in the full row) and `layout`: "zigzag" (the
     row's split above), "documents" (every document cut into 2N pieces, rank r holding pieces
-    r and 2N-1-r of each: ring/doc_layout.py; the length must divide by 2N), "contiguous" (a
+    r and 2N-1-r of each: ring/packed/doc_split.py; the length must divide by 2N), "contiguous" (a
     causal row in N contiguous shards: documents stay whole where a shard holds them,
     schedules/contiguous.py; pack the row in `pack_order.balanced_order(...,
     split="contiguous")` to even the ranks) or "auto" (the one of smallest predicted time,

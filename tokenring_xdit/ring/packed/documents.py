@@ -37,16 +37,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .doc_layout import (
-    CONTIGUOUS,
-    DOCUMENTS,
-    ROW,
-    Segment,
-    block_pieces,
-    check_total,
-    pieces_meet,
-)
-from .schedules.blocks import ALL, FRONT, BlockStep, Rows
+from .doc_split import CONTIGUOUS, DOCUMENTS, ROW, Segment, block_pieces, check_total, pieces_meet
+from ..schedules.blocks import ALL, FRONT, BlockStep, Rows
 
 __all__ = ["Documents", "Segment", "DocPlan", "doc_plan", "block_segments"]
 

@@ -25,14 +25,14 @@ from typing import Protocol
 
 import torch
 
-from .comm import COUNTERS
-from .diagonal import Pieces, pieces
-from .documents import DocPlan
-from .head_start import head_start
-from .kernels import KernelPair
-from .layout import Layout
-from .ring import Ring
-from .schedules.blocks import BlockStep, Part, part_len, part_slice, sub_slice
+from ..comm import COUNTERS
+from .hold_back import Pieces, pieces
+from ..packed.pick import DocPlan
+from ..head_start import head_start
+from ..kernels import KernelPair
+from ..tensor_layout import Layout
+from ..agreed_ring import Ring
+from ..schedules.blocks import BlockStep, Part, part_len, part_slice, sub_slice
 
 __all__ = ["BlockCall", "Payload", "run_blocks"]
 

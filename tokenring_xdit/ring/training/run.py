@@ -33,9 +33,9 @@ from collections.abc import Callable, Hashable
 import torch
 
 from .backward import block_backward
-from .block_forward import BlockCall, block_forward
-from .graphs import graphs_wanted
-from .ring import Ring
+from .forward import BlockCall, block_forward
+from ..graph_cache import graphs_wanted
+from ..agreed_ring import Ring
 
 __all__ = ["train_backward", "train_forward", "train_graph_key"]
 

@@ -15,12 +15,12 @@ import torch.distributed as dist
 from ...config import CommSettings
 from ..comm import RingComms, RingPosition, TokenRingCommError, comms_of
 from ..comm.groups import describe_peer
-from ..doc_claims import claim_count, documents_from_claims, local_claims
-from ..doc_layout import CONTIGUOUS, DOCUMENTS, ROW
-from ..documents import Documents
-from ..layout import wire_swapped
-from ..ring import Ring
-from ..sharding import BAD_POSITIONS, NO_PROOF, proof_of
+from ..packed.claims import claim_count, documents_from_claims, local_claims
+from ..packed.doc_split import CONTIGUOUS, DOCUMENTS, ROW
+from ..packed.pick import Documents
+from ..tensor_layout import wire_swapped
+from ..agreed_ring import Ring
+from ..split.sharding import BAD_POSITIONS, NO_PROOF, proof_of
 from .choice import raise_choice
 from .codes import DEVICE_TYPES, DTYPES, TRANSPORT_CODES, Mode, device_name
 from .exchange import always, cached, exchange, remember

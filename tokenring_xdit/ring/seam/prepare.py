@@ -26,19 +26,19 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 
-from ..config import RingConfig, current
-from .agree import CallSpec, Problem, agree, digest, needs_grad
-from .block_forward import BlockCall
-from .comm import RingPosition
-from .doc_layout import ROW, normal_split
-from .documents import Documents, PackedRow, doc_plan
-from .forward import RingCall
-from .head_start import ring_pause_us
-from .kernels import BlockKernel, KernelChoice, SwappedKernel, resolve_kernel
-from .layout import Layout, get_layout
-from .ring import Ring
-from .schedules import NON_CAUSAL, block_schedule
-from .sharding import call_layout
+from ...config import RingConfig, current
+from ..agree import CallSpec, Problem, agree, digest, needs_grad
+from ..training.forward import BlockCall
+from ..comm import RingPosition
+from ..packed.doc_split import ROW, normal_split
+from ..packed.pick import Documents, PackedRow, doc_plan
+from ..inference.loop import RingCall
+from ..head_start import ring_pause_us
+from ..kernels import BlockKernel, KernelChoice, SwappedKernel, resolve_kernel
+from ..tensor_layout import Layout, get_layout
+from ..agreed_ring import Ring
+from ..schedules import NON_CAUSAL, block_schedule
+from ..split.sharding import call_layout
 
 __all__ = [
     "CallOptions", "OpArg", "PreparedCall", "prepare", "op_args",
@@ -158,14 +158,14 @@ class CallOptions:
         every rank learns the same documents from them in the input check.
     doc_layout: the layout of packed shards: None (what `shard(..., cu_seqlens=)` declared for
         these documents on this group; the row's split if nothing was), "zigzag" (the row's
-        split), "documents" (every document in 2N pieces, ring/doc_layout.py; needs
+        split), "documents" (every document in 2N pieces, ring/packed/doc_split.py; needs
         cu_seqlens) or "contiguous" (a causal row in N contiguous shards,
         schedules/contiguous.py; needs cu_seqlens; not causal it is the row's split). A value
         that contradicts the declaration is refused on every rank.
 
     Packed documents: non-causal shards are the contiguous shards in rank order, causal ones
     zigzag shards (unless in the documents or the contiguous layout); K/V must be the query's
-    tokens; batch size 1; blocks whose tiles share no document are skipped (ring/documents.py).
+    tokens; batch size 1; blocks whose tiles share no document are skipped (ring/packed/pick.py).
     Under torch.compile every option travels as an argument of one operator (`OpArg` in each
     field; compiled.py): the kernel by name only, `kernel_key` not at all (it names a callable
     kernel, which a graph cannot carry).

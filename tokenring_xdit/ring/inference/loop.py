@@ -14,13 +14,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .comm import COUNTERS, Lane
-from .head_start import head_start
-from .kernels import BlockKernel, run_block
-from .layout import Layout
-from .merge import PartialMerge, SplitMerge
-from .ring import Ring
-from .schedules import chunk_bounds, held_back
+from ..comm import COUNTERS, Lane
+from ..head_start import head_start
+from ..kernels import BlockKernel, run_block
+from ..tensor_layout import Layout
+from ..merge.partials import PartialMerge, SplitMerge
+from ..agreed_ring import Ring
+from ..schedules import chunk_bounds, held_back
 
 __all__ = ["RingCall", "ring_forward", "local_forward", "held_back"]
 

@@ -22,10 +22,10 @@ import random
 from collections.abc import Sequence
 from itertools import accumulate
 
-from .doc_layout import CONTIGUOUS, ROW, normal_split
-from .documents import Documents, doc_plan
-from .layout_cost import LayoutCost, load, plan_work
-from .schedules import block_schedule
+from .doc_split import CONTIGUOUS, ROW, normal_split
+from .pick import Documents, doc_plan
+from .cost import LayoutCost, load, plan_work
+from ..schedules import block_schedule
 
 __all__ = ["balanced_order", "row_ms"]
 

@@ -18,9 +18,9 @@ from .comm import RingComms, RingPosition, torch_lanes
 from .comm.ipc import ipc_finished, ipc_lanes
 from .comm.step_marks import capture_marks, replay_marks
 from .comm.watchdog import watch
-from .doc_layout import ROW
-from .documents import Documents
-from .graphs import run_graphed
+from .packed.doc_split import ROW
+from .packed.pick import Documents
+from .graph_cache import run_graphed
 
 __all__ = ["Ring", "TRANSPORTS"]
 

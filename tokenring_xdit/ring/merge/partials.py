@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from . import fused_merge
-from .layout import Layout
+from . import fused as fused_merge
+from ..tensor_layout import Layout
 
 
 class PartialMerge:

@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 import torch
 
 from .block_loop import BlockCall, run_blocks
-from .comm import COUNTERS
-from .diagonal import Piece, Pieces
-from .kernels import empty_partial
-from .merge import PartialMerge
-from .ring import Ring
-from .schedules.blocks import BlockStep, Part
+from ..comm import COUNTERS
+from .hold_back import Piece, Pieces
+from ..kernels import empty_partial
+from ..merge.partials import PartialMerge
+from ..agreed_ring import Ring
+from ..schedules.blocks import BlockStep, Part
 
 __all__ = ["BlockCall", "block_forward"]
 

@@ -37,9 +37,9 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-from .doc_blocks import DocPlan, Documents, block_segments, doc_plan
-from .doc_layout import CONTIGUOUS, DOCUMENTS, LAYOUTS, ROW, Segment, check_total, normal_split
-from .layout_cost import KERNELS, LayoutCost, Work, load_kernels, piece_work, plan_work
+from .documents import DocPlan, Documents, block_segments, doc_plan
+from .doc_split import CONTIGUOUS, DOCUMENTS, LAYOUTS, ROW, Segment, check_total, normal_split
+from .cost import KERNELS, LayoutCost, Work, load_kernels, piece_work, plan_work
 
 __all__ = [
     "Documents", "Segment", "DocPlan", "doc_plan", "block_segments", "PackedRow",
@@ -89,7 +89,7 @@ def _costs(cost, kernels: Sequence[str] | None = None) -> Costs:
 
 
 def _schedule(causal: bool, split: str = ROW):
-    from .schedules import block_schedule
+    from ..schedules import block_schedule
 
     return block_schedule(causal, split)
 

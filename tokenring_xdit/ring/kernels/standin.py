@@ -17,7 +17,7 @@ import functools
 
 import torch
 
-from .fused_merge import builds
+from ..merge.fused import builds
 
 __all__ = ["row_delta_bhsd", "out_standin_bhsd"]
 
