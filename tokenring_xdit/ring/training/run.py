@@ -19,8 +19,7 @@ step and half a packing runs eagerly once, is captured once and replays for the 
 The ring keeps the graphs of its last `graphs.PACKINGS_KEPT` packings and drops older ones when
 a new packing comes (on every rank at the same call: the keys are agreed).
 
-Not graphed (eager as before): a ring of one (a single kernel), the IPC transport (`_run`),
-a call met inside someone else's capture or on a non-CUDA device (`graphs_wanted`), a call
+Not graphed (eager as before): a ring of one (a single kernel), a call met inside someone else's capture or on a non-CUDA device (`graphs_wanted`), a call
 autograd records through (a backward with create_graph=True). `ring.finished` follows every
 call, replayed or not (a replay's deadline error names its step only with
 TOKENRING_XDIT_REPLAY_STEP_MARKS=1).
@@ -61,14 +60,7 @@ def _run(
     graphs: bool,
 ) -> tuple[torch.Tensor, ...]:  # fmt: skip
     key = None
-    # not over IPC: graphed causal MHA calls there gave wrong gradients on one H200 (69-120x
-    # the largest gradient, out/lse bitwise right; cause not found), so those stay eager
-    if (
-        graphs
-        and ring.size > 1
-        and ring.transport != "ipc"
-        and graphs_wanted(True, inputs[0].device)
-    ):
+    if graphs and ring.size > 1 and graphs_wanted(True, inputs[0].device):
         # (autograd recording through the call, a backward with create_graph, stays eager)
         if not (torch.is_grad_enabled() and any(x.requires_grad for x in inputs)):
             key = train_graph_key(ring, call, half, inputs)
