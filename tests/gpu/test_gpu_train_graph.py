@@ -17,7 +17,7 @@ saved tensor that was a graph's static buffer (overwritten by a later replay) wo
   round make any stale or aliased result differ by O(1);
 - the ring graph cache: per case 2 captures (forward, backward) and 2 x (3 rounds x 2 layers
   - 1) replays, no refusal; over IPC none (training stays eager there: on one H200 the graphed
-  causal MHA case gave gradients 69-120x the largest one off, seventh session; cause not found).
+  causal MHA case gave gradients 69-120x the largest one off; cause not found).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 At ring 4 an eager training call launches dozens of kernels and NCCL batches per step, and a
 per-rank profile put 7-12 points of the ideal into the launch gaps between them
-(docs/performance.md, "Ring 4 on 4 x H200, fifth session"). With `RingConfig.train_cuda_graph`
+(docs/performance.md, training). With `RingConfig.train_cuda_graph`
 (TOKENRING_XDIT_TRAIN_CUDA_GRAPH=1, agreed across the ring in the call's header) each half runs
 through the ring's graph cache (`Ring.graphed`, graphs.py) under its own key: the forward
 run(q, k, v) -> (out, lse), the backward run(dout, q, k, v, out, lse) -> (dq, dk, dv). A key's
