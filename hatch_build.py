@@ -1,7 +1,7 @@
 """Wheel build hook: ship a snapshot of the committed ring sweeps with the planner.
 
-`tokenring-xdit plan --validate` scores the cost model against docs/benchmarks/inference-ring-call-h200-2026-11-22/
-sweep_*.json. A
+`tokenring-xdit plan --validate` scores the cost model against the sweep_*.json of
+docs/benchmarks/inference-ring-call-h200-2026-11-22/. A
 checkout has them; an installed copy would not, so every wheel (not an editable install, which
 runs from the checkout) gets them under tokenring_xdit/planner/data/sweeps/ (about 70 kB).
 """

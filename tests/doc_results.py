@@ -47,7 +47,9 @@ def sweep_table(rel: str) -> list[str]:
     method; the fastest in bold."""
     rows = load(rel)
     cols = [c for c in SWEEP_METHODS if c in rows[0]]
-    head = ["shape", "ideal (1 GPU / N)", "TokenRing", "efficiency"] + [SWEEP_METHODS[c] for c in cols]
+    head = ["shape", "ideal (1 GPU / N)", "TokenRing", "efficiency"] + [
+        SWEEP_METHODS[c] for c in cols
+    ]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         times = {c: r[c] for c in ["token_ring_ms", *cols]}
@@ -88,13 +90,14 @@ def transport_table() -> list[str]:
     return out
 
 
+OLD, NEW = "end-to-end-h200-2026-11-22/", "inference-ring2-ring4-h200-2026-11-26/"
 E2E = [  # (label, file, image size)
-    ("PixArt-alpha 1024 px, 2 GPUs", "end-to-end-h200-2026-11-22/e2e_pixart_2xH200.json", 1024),
-    ("PixArt-alpha 2048 px, 2 GPUs", "inference-ring2-ring4-h200-2026-11-26/e2e_pixart2048_final_a.json", 2048),
-    ("Flux.1-dev 2048 px, 2 GPUs", "inference-ring2-ring4-h200-2026-11-26/e2e_flux2048.json", 2048),
-    ("Flux.1-dev 2048 px, ring 4", "end-to-end-h200-2026-11-22/e2e_flux_4xH200_ring4.json", 2048),
-    ("Flux.1-dev 2048 px, ulysses 2 x ring 2", "end-to-end-h200-2026-11-22/e2e_flux_4xH200_u2r2.json", 2048),
-]  # fmt: skip
+    ("PixArt-alpha 1024 px, 2 GPUs", OLD + "e2e_pixart_2xH200.json", 1024),
+    ("PixArt-alpha 2048 px, 2 GPUs", NEW + "e2e_pixart2048_final_a.json", 2048),
+    ("Flux.1-dev 2048 px, 2 GPUs", NEW + "e2e_flux2048.json", 2048),
+    ("Flux.1-dev 2048 px, ring 4", OLD + "e2e_flux_4xH200_ring4.json", 2048),
+    ("Flux.1-dev 2048 px, ulysses 2 x ring 2", OLD + "e2e_flux_4xH200_u2r2.json", 2048),
+]
 E2E_COLS = ("one_gpu_s", "xdit_default_s", "xdit_default_graph_s", "xdit_token_ring_s",
             "xdit_token_ring_graph_s")  # fmt: skip
 
@@ -138,7 +141,8 @@ def train_table() -> list[str]:
                 cells = [str(heads), str(seq), "causal" if causal else "full", ms(ref),
                          ms(two[(*k, "token_ring")]), ratio(ref / 2 / two[(*k, "token_ring")]),
                          ms(two[(*k, "ulysses")]), ms(four[(*k, "token_ring")]),
-                         ms(four[(*k, "ulysses")]), ms(other), ms(u2r2[(*k, "token_ring")])]  # fmt: skip
+                         ms(four[(*k, "ulysses")]), ms(other),
+                         ms(u2r2[(*k, "token_ring")])]  # fmt: skip
                 out.append("| " + " | ".join(cells) + " |")
     return out
 
@@ -165,12 +169,16 @@ def new_packing_table() -> list[str]:
     """Packed training with a new packing per step (16 layers, flash_varlen, eager): ms a call
     in each of 3 steps, the contiguous layout against the zigzag."""
     base = "packed-new-packing-h200-2026-11-27/"
-    out = ["| ring | tokens | contiguous | zigzag | mean contiguous / zigzag |", "|---|---|---|---|---|"]
+    out = [
+        "| ring | tokens | contiguous | zigzag | mean contiguous / zigzag |",
+        "|---|---|---|---|---|",
+    ]
     for rel in ("train_bc.json", "ring2_new_packing.json"):
         for r in load(base + rel):
             c, z = r["methods"]["contiguous"], r["methods"]["zigzag"]
             cells = [str(r["ring"]), str(r["tokens"]), _steps(c["eager_ms_per_call"]),
-                     _steps(z["eager_ms_per_call"]), ratio(c["eager_ms"] / z["eager_ms"])]  # fmt: skip
+                     _steps(z["eager_ms_per_call"]),
+                     ratio(c["eager_ms"] / z["eager_ms"])]  # fmt: skip
             out.append("| " + " | ".join(cells) + " |")
     return out
 
@@ -219,7 +227,9 @@ def pieces_table() -> list[str]:
         for r in load("last-return-pieces-h200-2026-11-22/" + rel):
             t = [r[f"chunks_{n}_ms"] for n in (1, 2, 4, 8, 16)]
             best = min(t)
-            cells = [str(r["ring"]), _shape(r)] + [f"**{ms(x)}**" if x == best else ms(x) for x in t]
+            cells = [str(r["ring"]), _shape(r)] + [
+                f"**{ms(x)}**" if x == best else ms(x) for x in t
+            ]
             out.append("| " + " | ".join(cells) + " |")
     return out
 
@@ -252,7 +262,8 @@ def readme_rows() -> list[tuple[str, str, str]]:
                      f"xDiT ring {r['xdit_default_graph_s']:.2f} s"))  # fmt: skip
     two = _train("training-ring2-ring4-h200-2026-11-26/train_ring2.json")
     k = (32, 32768, True)
-    rows.append(("Training, ring 2, causal, 32 heads, 32k tokens", f"{ms(two[(*k, 'token_ring')])} ms",
+    rows.append(("Training, ring 2, causal, 32 heads, 32k tokens",
+                 f"{ms(two[(*k, 'token_ring')])} ms",
                  f"ulysses {ms(two[(*k, 'ulysses')])} ms"))  # fmt: skip
     g = {(r["shape"], r["seq"], r["impl"]): r["ms"]
          for r in load("training-ring4-h200-2026-11/train_graph_ring4.json")}  # fmt: skip
@@ -264,12 +275,17 @@ def readme_rows() -> list[tuple[str, str, str]]:
         c, z = r["methods"]["contiguous"]["eager_ms"], r["methods"]["zigzag"]["eager_ms"]
         rows.append((f"Packed training, ring {ring}, 32k tokens, new packing per step",
                      f"{ms(c)} ms", f"zigzag layout {ms(z)} ms"))  # fmt: skip
-    net = {(r["shape"], r["seq"], r["impl"]): r["ms"]
-           for r in load("across-nodes-standin-2xh200-2026-11-26/train_socket_default.json")}
-    other = min(v for (s, n, m), v in net.items() if (s, n) == ("mha-32", 65536) and m != "token_ring")
+    net = {
+        (r["shape"], r["seq"], r["impl"]): r["ms"]
+        for r in load("across-nodes-standin-2xh200-2026-11-26/train_socket_default.json")
+    }
+    other = min(
+        v for (s, n, m), v in net.items() if (s, n) == ("mha-32", 65536) and m != "token_ring"
+    )
     name = next(m for (s, n, m), v in net.items() if (s, n) == ("mha-32", 65536) and v == other)
     rows.append(("Training across 2 nodes (sockets), MHA 32 heads, 64k tokens",
-                 f"{ms(net[('mha-32', 65536, 'token_ring')])} ms", f"{name} {ms(other)} ms"))  # fmt: skip
+                 f"{ms(net[('mha-32', 65536, 'token_ring')])} ms",
+                 f"{name} {ms(other)} ms"))  # fmt: skip
     return rows
 
 

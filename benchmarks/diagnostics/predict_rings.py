@@ -33,7 +33,9 @@ from tokenring_xdit.planner.workload import Workload, one_gpu_ms, ring_ceiling, 
 
 HERE = Path(__file__).resolve()
 DEFAULT_MEASURED = (
-    HERE.parents[2] / "docs/benchmarks/ring8-ring16-predictions-2026-11-26/measured_ring2_ring4.json"
+    HERE.parents[2]
+    / "docs/benchmarks/ring8-ring16-predictions-2026-11-26"
+    / "measured_ring2_ring4.json"
 )
 TOKENS = (16384, 32768, 131072)
 PER_GPU = 4096
@@ -127,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         time=time.strftime("%Y-%m-%d %H:%M"),
         measured=Path(args.measured).name,
         caveat="predictions: no 8-GPU machine was measured; ceilings at ring 8/16 come from the "
-        "split-block model fitted to the measured ceilings (docs/benchmarks/kernel-ceiling-h200-2026-11-26/)",
+        "split-block model fitted to the measured ceilings "
+        "(docs/benchmarks/kernel-ceiling-h200-2026-11-26/)",
     )
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     return 0

@@ -16,7 +16,12 @@ from tokenring_xdit.planner.machine import make_machine
 from tokenring_xdit.planner.validate import MAX_MEDIAN_ERROR, report, validate
 from tokenring_xdit.tools import cli
 
-STANDIN = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "across-nodes-standin-2xh200-2026-11-26"
+STANDIN = (
+    Path(__file__).resolve().parents[2]
+    / "docs"
+    / "benchmarks"
+    / "across-nodes-standin-2xh200-2026-11-26"
+)
 PROBE = {s: STANDIN / f"nccl_peers_socket_{s}.json" for s in ("default", "wide")}
 # 4 GPUs: 2 "nodes" x 2 GPUs (P2P inside, sockets across) and 4 one-GPU "nodes"
 STANDIN4 = STANDIN.with_name("across-nodes-standin-4xh200-2026-11-26")

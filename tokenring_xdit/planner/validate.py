@@ -1,8 +1,9 @@
 """`plan --validate`: predict every committed ring-sweep row and score the predictions.
 
 Every `sweep_*.json` (ring_sweep.py's format; new files are picked up by the glob) of the
-checkout's `docs/benchmarks/inference-ring-call-h200-2026-11-22/` is read (the multi-node stand-in's, with `--bench-dir
-docs/benchmarks/across-nodes-standin-2xh200-2026-11-26`), or, in an installed copy, of the snapshot the wheel ships
+checkout's `docs/benchmarks/inference-ring-call-h200-2026-11-22/` is read (the multi-node
+stand-in's, with `--bench-dir docs/benchmarks/across-nodes-standin-2xh200-2026-11-26`), or, in an
+installed copy, of the snapshot the wheel ships
 under planner/data/sweeps/ (hatch_build.py copies them at build time); `--bench-dir` picks another
 folder. Each row's machine is rebuilt from its meta (GPU, ranks, NCCL_P2P_DISABLE) with the fabric
 fitted from the nccl_peers file of the same host kind; a multi-node sweep (meta "multi_node",
@@ -48,7 +49,7 @@ PICK_TOLERANCE = 0.05
 PICK_METHODS = ("token_ring", "torch_ag", "yunchang_p2p", "ulysses")
 TIMED = ("token_ring", "token_ring_eager", "torch_ag", "yunchang_p2p", "ulysses")
 # TokenRing returned its last block in min(4, q_local // 1024) pieces until commit 4a96765
-# (docs/performance.md, "The last return"); sweeps timed before it are predicted with that rule
+# (docs/performance.md, design decisions); sweeps timed before it are predicted with that rule
 ONE_PIECE_SINCE = "2026-11-22 07:10"
 
 
