@@ -308,10 +308,10 @@ EXIT_S = 10.0  # then it is gone within this (measured 0.3-3 s; a stuck teardown
 
 
 def problems(result: dict) -> list[str]:
-    """What the failure contract asks that this result does not show (empty: all of it). Plain processes:
-    every survivor raises TokenRingCommError in its own thread within deadline + SLACK_S, naming
-    the faulty rank and the step, and exits with the program's code (3) within EXIT_S, no
-    SIGABRT or core.
+    """What the failure contract asks that this result does not show (empty: all of it). Plain
+    processes: every survivor raises TokenRingCommError in its own thread within deadline +
+    SLACK_S, naming the faulty rank and the step, and exits with the program's code (3) within
+    EXIT_S, no SIGABRT or core.
     torchrun, when the faulty rank exits: torchrun fails naming it as the root cause; a survivor
     is stopped by the agent or has raised as above first. torchrun, when it stays (hangs):
     the survivor raises as above and exits 3, torchrun names it and stops the hung rank."""
