@@ -96,10 +96,11 @@ class _Backward:
         """This row's block added to the half's sum that arrived (the first holder starts it)."""
         dk, dv, row = self.made[half]
         length = self.kv_lens[row.owner]
-        if arrived is None and row.kv_part == ALL:
-            return [g.to(self.travel, copy=True) for g in (dk, dv)]
-        if arrived is None:
-            arrived = [b.zero_() for b in self.grad_buffers(half, length)]
+        if arrived is None:  # dense buffers: the kernel's grads may be views (P2P needs dense)
+            arrived = self.grad_buffers(half, length)
+            if row.kv_part == ALL:
+                return [total.copy_(g) for total, g in zip(arrived, (dk, dv), strict=True)]
+            arrived = [total.zero_() for total in arrived]
         for total, g in zip(arrived, (dk, dv), strict=True):
             self.call.kv_rows(total, half, row.kv_part, length).add_(g)
         return arrived
