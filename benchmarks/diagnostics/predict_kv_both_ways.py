@@ -118,9 +118,12 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     for r in rows:
-        print(f"ring {r['ring']} {r['tokens_per_gpu']:>5}/GPU {r['shape']:>8} "
-              f"{'causal' if r['causal'] else 'full  '}  TokenRing {r['token_ring_ms']:8.2f}  "
-              f"K/V both ways {r['kv_both_ways_ms']:8.2f}  ulysses {r['ulysses_ms']:8.2f}")  # fmt: skip
+        mask = "causal" if r["causal"] else "full  "
+        times = f"TokenRing {r['token_ring_ms']:8.2f}  K/V both ways {r['kv_both_ways_ms']:8.2f}"
+        print(
+            f"ring {r['ring']} {r['tokens_per_gpu']:>5}/GPU {r['shape']:>8} {mask}  {times}  "
+            f"ulysses {r['ulysses_ms']:8.2f}"
+        )
 
 
 if __name__ == "__main__":

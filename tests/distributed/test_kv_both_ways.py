@@ -31,18 +31,42 @@ def _case(name, *, causal, h=4, h_kv=4, b=1, d=16, layout="bshd", dtype="float32
 
 CASES = [
     _case("causal-mha-heads-bshd", causal=True, seed=1),
-    _case("causal-gqa42-heads-bhsd-b2-odd", causal=True, h_kv=2, b=2, d=8, layout="bhsd",
-          lens=5, seed=2),  # fmt: skip
+    _case(
+        "causal-gqa42-heads-bhsd-b2-odd",
+        causal=True,
+        h_kv=2,
+        b=2,
+        d=8,
+        layout="bhsd",
+        lens=5,
+        seed=2,
+    ),  # fmt: skip
     _case("causal-mqa41-tokens-bshd", causal=True, h_kv=1, lens=5, kernel="math", seed=3),
     _case("causal-mha33-tokens-bshd", causal=True, h=3, h_kv=3, lens=4, seed=4),
-    _case("noncausal-gqa42-uneven", causal=False, h_kv=2, b=2, lens=[5, 7, 3, 6],
-          kv_lens=[8, 4, 6, 5], seed=5),  # fmt: skip
-    _case("noncausal-mqa41-uneven-bhsd", causal=False, h_kv=1, layout="bhsd", lens=[4, 6, 5, 3],
-          kv_lens=[7, 3, 6, 2], kernel="math", seed=6),  # fmt: skip
+    _case(
+        "noncausal-gqa42-uneven",
+        causal=False,
+        h_kv=2,
+        b=2,
+        lens=[5, 7, 3, 6],
+        kv_lens=[8, 4, 6, 5],
+        seed=5,
+    ),  # fmt: skip
+    _case(
+        "noncausal-mqa41-uneven-bhsd",
+        causal=False,
+        h_kv=1,
+        layout="bhsd",
+        lens=[4, 6, 5, 3],
+        kv_lens=[7, 3, 6, 2],
+        kernel="math",
+        seed=6,
+    ),  # fmt: skip
     _case("noncausal-mha-bhsd", causal=False, h=2, h_kv=2, d=24, layout="bhsd", seed=7),
     _case("bf16-causal-gqa42", causal=True, h_kv=2, b=2, dtype="bfloat16", lens=8, seed=8),
-    _case("bf16-noncausal-mqa41", causal=False, h_kv=1, dtype="bfloat16", lens=[6, 5, 7, 4],
-          seed=9),  # fmt: skip
+    _case(
+        "bf16-noncausal-mqa41", causal=False, h_kv=1, dtype="bfloat16", lens=[6, 5, 7, 4], seed=9
+    ),  # fmt: skip
 ]
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ring.schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
-from ..ring.schedules.blocks import ALL, FRONT, part_len
+from ..ring.schedules.blocks import FRONT, part_len
 from ..ring.schedules.kv_both_ways import front_len, half_ranges, kv_steps, split_by_heads
 from .ceiling import CAUSAL_OVER_FULL, TRAIN_OVER_FORWARD
 from .machine import Machine
@@ -102,8 +102,8 @@ def _token_ring_rows(m: Machine, s: TrainShape, n: int, backward: bool) -> list[
                 q, kv = part_len(st.q_part, L), part_len(st.kv_part, L)
                 k = _fwd_ms(m, s, q, kv, h, st.causal) * (BWD_OVER_FWD if backward else 1)
                 if backward:  # the stand-in (travelling blocks) and the dK/dV sums
-                    mem += (q * h * 2 * d * e if st.step else 0) + 2 * kv * s.kv_heads * d * (
-                        2 * acc + e)
+                    standin = q * h * 2 * d * e if st.step else 0
+                    mem += standin + 2 * kv * s.kv_heads * d * (2 * acc + e)
             if st.q_send_to is not None:
                 flows.append((st.q_send_to, part_len(st.q_send_part, L) * h * q_per))
             if st.ret_send_to is not None:
@@ -125,7 +125,7 @@ def _kv_rows(m: Machine, s: TrainShape, n: int, backward: bool) -> list[list[Row
     rows = []
     for st_rows in zip(*(kv_steps(r, n, s.causal) for r in range(n)), strict=True):
         row = []
-        for r, st in enumerate(st_rows):
+        for st in st_rows:
             k = mem = 0.0
             flows = []
             if st.diagonal:
@@ -169,8 +169,8 @@ def train_ms(m: Machine, family: str, s: TrainShape, ranks: list[int]) -> dict:
     out = {}
     for name, backward in (("fwd", False), ("bwd", True)):
         if n == 1:
-            k = _fwd_ms(m, s, s.tokens, s.tokens, s.heads, True) * (
-                BWD_OVER_FWD if backward else 1)
+            k = _fwd_ms(m, s, s.tokens, s.tokens, s.heads, True)
+            k *= BWD_OVER_FWD if backward else 1
             ms, parts = k, {"kernels": k, "comm": 0.0}
         else:
             ms, parts = _simulate(m, ranks, build(m, s, n, backward))

@@ -40,16 +40,17 @@ class KvRingAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        ring = ctx.held.ring
+        ring = ctx.held.ring  # None once the ring's communicators were released
         if ring is None:
-            raise RuntimeError(
-                "K/V ring backward: the ring's process group was destroyed (or its "
-                "communicators released) after the forward; run backward before "
-                "destroy_process_group"
-            )
-        dq, dk, dv = kv_backward(ctx.call, ring, ctx.kv_lens, dout, q, k, v, out, lse)
-        return dq, dk, dv, None, None, None
+            raise RuntimeError(_GONE)
+        grads = kv_backward(ctx.call, ring, ctx.kv_lens, dout, *ctx.saved_tensors)
+        return (*grads, None, None, None)
+
+
+_GONE = (
+    "K/V ring backward: the ring's process group was destroyed (or its communicators "
+    "released) after the forward; run backward before destroy_process_group"
+)
 
 
 def kv_ring_attn(

@@ -58,7 +58,9 @@ class KvCall:
         """Our own K or V's half, dense (what travels)."""
         ranges = half_ranges(x.shape[self.layout.seq_dim], self.causal, self.by_heads)[half]
         pieces = [self.layout.seq_slice(self.heads(x, half), slice(*r)) for r in ranges]
-        return pieces[0].contiguous() if len(pieces) == 1 else torch.cat(pieces, self.layout.seq_dim)
+        if len(pieces) == 1:
+            return pieces[0].contiguous()
+        return torch.cat(pieces, self.layout.seq_dim)
 
     def empty(self, like: torch.Tensor, half: int, length: int, dtype=None) -> torch.Tensor:
         """A receive buffer for a half of K or V (shaped like `like`: our own K or V) whose owner
@@ -74,13 +76,14 @@ class KvCall:
         """The `part` (ALL / FRONT) of a held half of an owner with `length` tokens."""
         if part != FRONT:
             return x
-        return self.layout.seq_slice(x, slice(0, front_len(length, half, self.causal, self.by_heads)))
+        front = front_len(length, half, self.causal, self.by_heads)
+        return self.layout.seq_slice(x, slice(0, front))
 
     def add_home(self, full: torch.Tensor, got: torch.Tensor, half: int) -> None:
         """Add a half's dK or dV (`got`, as it travelled) into our own full sum."""
-        seq = self.layout.seq_slice
+        seq, mine = self.layout.seq_slice, self.heads(full, half)
         ranges = half_ranges(full.shape[self.layout.seq_dim], self.causal, self.by_heads)[half]
         at = 0
         for start, stop in ranges:
-            seq(self.heads(full, half), slice(start, stop)).add_(seq(got, slice(at, at + stop - start)))
+            seq(mine, slice(start, stop)).add_(seq(got, slice(at, at + stop - start)))
             at += stop - start

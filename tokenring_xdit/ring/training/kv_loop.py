@@ -63,7 +63,7 @@ def run_kv(
         for lane in lanes:
             lane.wait()
         pay.settle(st, [arrived for _, arrived in moved])
-        held = [nxt if nxt is not None else old for (nxt, _), old in zip(moved, held)]
+        held = [nxt if nxt is not None else old for (nxt, _), old in zip(moved, held, strict=True)]
     return pay.result()
 
 
