@@ -200,7 +200,32 @@ def _worker(rank, n, cases):
     result = {"cases": {c["name"]: _run_case(c, rank, n, torch) for c in cases}}
     if n > 1:
         result["traffic"] = {c["name"]: _traffic(c, rank, n, torch) for c in cases}
+    if n == 2:
+        result["rejections"] = _rejections(rank, torch)
     return result
+
+
+def _rejections(rank, torch):
+    """Calls the thin entry must refuse on every rank: K/V heads that do not divide the query
+    heads on one rank, head counts that differ between ranks, a causal call on unequal shards."""
+    from tokenring_xdit.ring.training.kv_function import kv_ring_attn_func
+
+    def qkv(s=8, h=4, h_kv=2):
+        return (torch.randn(1, s, h, 16), torch.randn(1, s, h_kv, 16), torch.randn(1, s, h_kv, 16))
+
+    calls = {
+        "gqa": dict(args=qkv(h_kv=3 if rank == 0 else 2)),
+        "heads": dict(args=qkv(h=4 if rank == 0 else 8)),
+        "zigzag": dict(args=qkv(s=8 if rank == 0 else 6), causal=True),
+    }
+    found = {}
+    for name, call in calls.items():
+        try:
+            kv_ring_attn_func(*call["args"], causal=call.get("causal", False))
+            found[name] = None
+        except ValueError as e:
+            found[name] = str(e)
+    return found
 
 
 @functools.cache
@@ -222,6 +247,13 @@ def test_forward_and_gradients_match_exact_attention(n):
             # the diagonal, then one block per half and step
             assert got["kernels"] == (2 * n - 1, 2 * n - 1), (n, rank, case["name"], got)
     assert not failures, "\n".join(failures)
+
+
+def test_bad_input_is_one_error_on_every_rank():
+    for rank, res in enumerate(_launch(2)):
+        for name, needle in (("gqa", "dividing"), ("heads", "one batch"), ("zigzag", "zigzag")):
+            got = res["rejections"][name]
+            assert got is not None and needle in got, (rank, name, got)
 
 
 def _half_elements(case, length: int, half: int) -> int:
