@@ -1,0 +1,325 @@
+"""The K/V family (K/V halves both ways round the ring) on real gloo ranks: forward AND backward
+against autograd of exact float64 attention over the whole sequence, ring 1-4, causal (zigzag)
+and non-causal with uneven lengths, MHA, GQA and MQA, both layouts; and every transfer of one
+forward and one backward, per step and lane, against the table (ring/schedules/kv_both_ways.py).
+
+One launch per ring size runs the whole case matrix (CI has 2 cores); tests assert on the cached
+results.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from tests.harness import run_ranks, values
+from tests.reference import exact_grads, max_err
+
+WORLD_SIZES = [1, 2, 3, 4]
+FP32_TOL = 2e-5
+# bf16 inputs, fp64 reference on the same (rounded) inputs; grads are O(1) here
+BF16_TOL = {"out": 2e-2, "dq": 6e-2, "dk": 6e-2, "dv": 6e-2}
+
+
+def _case(name, *, causal, h=4, h_kv=4, b=1, d=16, layout="bshd", dtype="float32", lens=6,
+          kv_lens=None, kernel="auto", seed=0):  # fmt: skip
+    """lens: causal: the zigzag chunk length (local = 2 x chunk); non-causal: local q lengths."""
+    return dict(name=name, causal=causal, h=h, h_kv=h_kv, b=b, d=d, layout=layout, dtype=dtype,
+                lens=lens, kv_lens=kv_lens, kernel=kernel, seed=seed)  # fmt: skip
+
+
+CASES = [
+    _case("causal-mha-heads-bshd", causal=True, seed=1),
+    _case(
+        "causal-gqa42-heads-bhsd-b2-odd",
+        causal=True,
+        h_kv=2,
+        b=2,
+        d=8,
+        layout="bhsd",
+        lens=5,
+        seed=2,
+    ),  # fmt: skip
+    _case("causal-mqa41-tokens-bshd", causal=True, h_kv=1, lens=5, kernel="math", seed=3),
+    _case("causal-mha33-tokens-bshd", causal=True, h=3, h_kv=3, lens=4, seed=4),
+    _case(
+        "noncausal-gqa42-uneven",
+        causal=False,
+        h_kv=2,
+        b=2,
+        lens=[5, 7, 3, 6],
+        kv_lens=[8, 4, 6, 5],
+        seed=5,
+    ),  # fmt: skip
+    _case(
+        "noncausal-mqa41-uneven-bhsd",
+        causal=False,
+        h_kv=1,
+        layout="bhsd",
+        lens=[4, 6, 5, 3],
+        kv_lens=[7, 3, 6, 2],
+        kernel="math",
+        seed=6,
+    ),  # fmt: skip
+    _case("noncausal-mha-bhsd", causal=False, h=2, h_kv=2, d=24, layout="bhsd", seed=7),
+    _case("bf16-causal-gqa42", causal=True, h_kv=2, b=2, dtype="bfloat16", lens=8, seed=8),
+    _case(
+        "bf16-noncausal-mqa41", causal=False, h_kv=1, dtype="bfloat16", lens=[6, 5, 7, 4], seed=9
+    ),  # fmt: skip
+]
+
+
+def _positions(case, n):
+    """Each rank's global query and K/V positions (causal: zigzag chunks r and 2N-1-r)."""
+    if case["causal"]:
+        c = case["lens"]
+        pos = [list(range(r * c, (r + 1) * c)) + list(range((2 * n - 1 - r) * c, (2 * n - r) * c))
+               for r in range(n)]  # fmt: skip
+        return pos, pos
+    q_lens = case["lens"] if isinstance(case["lens"], list) else [case["lens"]] * 4
+    kv_lens = case["kv_lens"] or q_lens
+
+    def runs(lens):
+        starts = [sum(lens[:r]) for r in range(n)]
+        return [list(range(starts[r], starts[r] + lens[r])) for r in range(n)]
+
+    return runs(q_lens[:n]), runs(kv_lens[:n])
+
+
+def _inputs(case, n, torch):
+    """Global (b, h, S, d) q, k, v, dO in the case's dtype, and the positions."""
+    q_pos, kv_pos = _positions(case, n)
+    s_q, s_kv = max(map(max, q_pos)) + 1, max(map(max, kv_pos)) + 1
+    gen = torch.Generator().manual_seed(900 + case["seed"])
+    b, h, h_kv, d = case["b"], case["h"], case["h_kv"], case["d"]
+    dtype = getattr(torch, case["dtype"])
+    shapes = ((b, h, s_q, d), (b, h_kv, s_kv, d), (b, h_kv, s_kv, d), (b, h, s_q, d))
+    xs = [torch.randn(*s, generator=gen, dtype=torch.float64).to(dtype) for s in shapes]
+    return xs, q_pos, kv_pos
+
+
+def _local(case, torch, x, pos, rank):
+    x = x[:, :, pos[rank]]
+    return (x.transpose(1, 2) if case["layout"] == "bshd" else x).contiguous()
+
+
+def _run_case(case, rank, n, torch):
+    """Max |err| of out, dq, dk, dv on this rank through the thin entry, with autograd."""
+    from tokenring_xdit.ring.comm import COUNTERS
+    from tokenring_xdit.ring.training.kv_function import kv_ring_attn_func
+
+    (q, k, v, do), q_pos, kv_pos = _inputs(case, n, torch)
+    ref, *grads = exact_grads(*(x.double() for x in (q, k, v, do)), causal=case["causal"],
+                              layout="bhsd")  # fmt: skip
+    loc = [_local(case, torch, x, p, rank).requires_grad_()
+           for x, p in ((q, q_pos), (k, kv_pos), (v, kv_pos))]  # fmt: skip
+    COUNTERS.reset()
+    out = kv_ring_attn_func(*loc, causal=case["causal"], layout=case["layout"],
+                            kernel=case["kernel"])  # fmt: skip
+    kernels_fwd = COUNTERS.kernel_calls
+    out.backward(_local(case, torch, do, q_pos, rank))
+    errs = {"out": max_err(out, _local(case, torch, ref, q_pos, rank))}
+    for name, x, g, p in zip(("dq", "dk", "dv"), loc, grads, (q_pos, kv_pos, kv_pos),
+                             strict=True):  # fmt: skip
+        errs[name] = max_err(x.grad, _local(case, torch, g, p, rank))
+    kernels = (kernels_fwd, COUNTERS.kernel_calls - kernels_fwd)
+    return {"errs": errs, "dtype_ok": out.dtype == q.dtype, "kernels": kernels}
+
+
+class _RecordingLane:
+    """A real lane that also writes down every post: (lane, step, sends, receives), each a list
+    of (peer, elements, dtype)."""
+
+    def __init__(self, lane, index: int, log: list):
+        self._lane, self._index, self._log = lane, index, log
+
+    @property
+    def step(self):
+        return self._lane.step
+
+    @step.setter
+    def step(self, value):
+        self._lane.step = value
+
+    def post(self, sends, recvs, what):
+        def seen(ops):
+            return [(p, t.numel(), str(t.dtype)) for t, p in ops]
+
+        self._log.append((self._index, self._lane.step, seen(sends), seen(recvs)))
+        return self._lane.post(sends, recvs, what)
+
+    def wait(self, works=None):
+        self._lane.wait(works)
+
+
+class _RecordingRing:
+    def __init__(self, ring, log):
+        self.rank, self.size, self._ring, self._log = ring.rank, ring.size, ring, log
+
+    def lanes(self):
+        return tuple(_RecordingLane(x, i, self._log) for i, x in enumerate(self._ring.lanes()))
+
+
+def _traffic(case, rank, n, torch):
+    """Every post of one forward and one backward on this rank (real gloo transfers)."""
+    import torch.distributed as dist
+
+    from tokenring_xdit.ring.agreed_ring import Ring
+    from tokenring_xdit.ring.comm import RingPosition, comms_of
+    from tokenring_xdit.ring.kernels import MATH
+    from tokenring_xdit.ring.kernels.wrappers import expanded
+    from tokenring_xdit.ring.schedules.kv_both_ways import split_by_heads
+    from tokenring_xdit.ring.tensor_layout import get_layout
+    from tokenring_xdit.ring.training.kv_backward import kv_backward
+    from tokenring_xdit.ring.training.kv_forward import kv_forward
+    from tokenring_xdit.ring.training.kv_halves import KvCall
+
+    (q, k, v, do), q_pos, kv_pos = _inputs(case, n, torch)
+    q, do = (_local(case, torch, x, q_pos, rank) for x in (q, do))
+    k, v = (_local(case, torch, x, kv_pos, rank) for x in (k, v))
+    layout = get_layout(case["layout"])
+    pos = RingPosition.of(dist.group.WORLD)
+    ring = Ring(pos, comms_of(pos.group), tuple(map(len, q_pos)), ())
+    call = KvCall(expanded(MATH), layout, case["d"] ** -0.5, case["causal"],
+                  split_by_heads(case["h_kv"]))  # fmt: skip
+    kv_lens = tuple(map(len, kv_pos))
+    fwd, bwd = [], []
+    out, lse = kv_forward(call, _RecordingRing(ring, fwd), kv_lens, q, k, v)
+    kv_backward(call, _RecordingRing(ring, bwd), kv_lens, do, q, k, v, out, lse)
+    return {"fwd": fwd, "bwd": bwd}
+
+
+def _worker(rank, n, cases):
+    import torch
+    import torch.distributed as dist
+
+    from tokenring_xdit.ring.comm import setup_token_ring_group
+
+    setup_token_ring_group(dist.group.WORLD)
+    result = {"cases": {c["name"]: _run_case(c, rank, n, torch) for c in cases}}
+    if n > 1:
+        result["traffic"] = {c["name"]: _traffic(c, rank, n, torch) for c in cases}
+    if n == 2:
+        result["rejections"] = _rejections(rank, torch)
+    return result
+
+
+def _rejections(rank, torch):
+    """Calls the thin entry must refuse on every rank: K/V heads that do not divide the query
+    heads on one rank, head counts that differ between ranks, a causal call on unequal shards."""
+    from tokenring_xdit.ring.training.kv_function import kv_ring_attn_func
+
+    def qkv(s=8, h=4, h_kv=2):
+        return (torch.randn(1, s, h, 16), torch.randn(1, s, h_kv, 16), torch.randn(1, s, h_kv, 16))
+
+    calls = {
+        "gqa": dict(args=qkv(h_kv=3 if rank == 0 else 2)),
+        "heads": dict(args=qkv(h=4 if rank == 0 else 8)),
+        "zigzag": dict(args=qkv(s=8 if rank == 0 else 6), causal=True),
+    }
+    found = {}
+    for name, call in calls.items():
+        try:
+            kv_ring_attn_func(*call["args"], causal=call.get("causal", False))
+            found[name] = None
+        except ValueError as e:
+            found[name] = str(e)
+    return found
+
+
+@functools.cache
+def _launch(n):
+    return values(run_ranks(_worker, n, CASES, timeout=300))
+
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+def test_forward_and_gradients_match_exact_attention(n):
+    failures = []
+    for rank, res in enumerate(_launch(n)):
+        for case in CASES:
+            got = res["cases"][case["name"]]
+            assert got["dtype_ok"], case["name"]
+            for what, err in got["errs"].items():
+                tol = FP32_TOL if case["dtype"] == "float32" else BF16_TOL[what]
+                if not err <= tol:
+                    failures.append(f"N={n} rank {rank} {case['name']} {what}: {err:.3g} > {tol}")
+            # the diagonal, then one block per half and step
+            assert got["kernels"] == (2 * n - 1, 2 * n - 1), (n, rank, case["name"], got)
+    assert not failures, "\n".join(failures)
+
+
+def test_bad_input_is_one_error_on_every_rank():
+    for rank, res in enumerate(_launch(2)):
+        for name, needle in (("gqa", "dividing"), ("heads", "one batch"), ("zigzag", "zigzag")):
+            got = res["rejections"][name]
+            assert got is not None and needle in got, (rank, name, got)
+
+
+def _half_elements(case, length: int, half: int) -> int:
+    """Elements of one travelling half of K (or V) whose owner holds `length` tokens."""
+    from tokenring_xdit.ring.schedules.kv_both_ways import half_ranges, split_by_heads
+
+    by_heads = split_by_heads(case["h_kv"])
+    tokens = sum(b - a for a, b in half_ranges(length, case["causal"], by_heads)[half])
+    heads = case["h_kv"] // 2 if by_heads else case["h_kv"]
+    return case["b"] * tokens * heads * case["d"]
+
+
+def _expected(case, n, rank, backward: bool):
+    """The posts the table says this rank makes: (lane, step, sends, receives)."""
+    from tokenring_xdit.ring.schedules.kv_both_ways import kv_steps
+
+    kv_lens = [len(p) for p in _positions(case, n)[1]]
+    kv_dtype = f"torch.{case['dtype']}"
+    travel = kv_dtype if n == 2 else "torch.float32"
+    rows = kv_steps(rank, n, case["causal"])
+    posts = []
+    for st in rows:
+        if not st.kernel and not backward:
+            break
+        for h, row in enumerate(st.halves):
+            sends, recvs = [], []
+            if row.send_to is not None:
+                sends += [(row.send_to, _half_elements(case, kv_lens[row.owner], h), kv_dtype)] * 2
+                recvs += [(row.recv_from, _half_elements(case, kv_lens[row.recv_owner], h),
+                           kv_dtype)] * 2  # fmt: skip
+            if backward and row.grad_send_to is not None:
+                sent = rows[st.step - 1].halves[h].owner
+                sends += [(row.grad_send_to, _half_elements(case, kv_lens[sent], h), travel)] * 2
+                recvs += [(row.grad_recv_from, _half_elements(case, kv_lens[row.grad_owner], h),
+                           travel)] * 2  # fmt: skip
+            posts.append((h, st.step, [s for s in sends if s[1]], [r for r in recvs if r[1]]))
+    return posts
+
+
+def _normal(posts):
+    return [(lane, step, [tuple(x) for x in sends], [tuple(x) for x in recvs])
+            for lane, step, sends, recvs in posts]  # fmt: skip
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_every_transfer_is_the_tables(n):
+    """Per step and lane (= direction): peers, sizes and dtypes of every message, forward and
+    backward, as the table says; no self-sends."""
+    for rank, res in enumerate(_launch(n)):
+        for case in CASES:
+            got = res["traffic"][case["name"]]
+            for pass_, backward in (("fwd", False), ("bwd", True)):
+                have = _normal(got[pass_])
+                assert have == _normal(_expected(case, n, rank, backward)), (n, rank, case["name"])
+                assert all(p != rank for post in have for p, _, _ in post[2]), "self-send"
+
+
+def test_each_direction_carries_half_the_kv_per_step():
+    """Ring 4, causal GQA 4/2 (halves by heads): every forward step but the last sends
+    b·L·Hkv·d elements (K and V halves together) on each lane: one lane to r+1, one to r-1."""
+    case = next(c for c in CASES if c["name"] == "causal-gqa42-heads-bhsd-b2-odd")
+    per_step = case["b"] * 2 * case["lens"] * case["h_kv"] * case["d"]
+    for rank, res in enumerate(_launch(4)):
+        for lane, step, sends, _ in res["traffic"][case["name"]]["fwd"]:
+            if step == 3:
+                assert not sends
+                continue
+            assert {p for p, _, _ in sends} == {(rank + 1) % 4 if lane == 0 else (rank - 1) % 4}
+            assert sum(e for _, e, _ in sends) == per_step, (rank, lane, step, sends)

@@ -1,0 +1,96 @@
+"""GPU checks of the K/V family (K/V halves both ways round the ring; marker `gpu`):
+
+python -m pytest -m gpu tests/gpu/test_gpu_kv_both_ways.py -q
+
+A whole ring of 1-4 ranks as threads on this GPU (tests/thread_ring.py: the real loops, queue
+lanes), bf16 and fp16, cuDNN and torch flash pairs, causal zigzag and non-causal (uneven), GQA
+(halves by heads), MQA (halves by tokens) and MHA: forward and dq/dk/dv against fp64 autograd of
+the whole sequence, within 1.15x of the error the same pair makes on the whole sequence in one
+call (ring 1: the block kernel's own error), plus a small absolute floor.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.thread_ring import run_ring
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = [(8, 2), (8, 1), (4, 4)]  # (q heads, K/V heads): GQA by heads, MQA by tokens, MHA
+RATIO, FLOOR = 1.15, {torch.bfloat16: 4e-3, torch.float16: 5e-4}
+
+
+def _positions(n: int, causal: bool, lens: list[int]) -> list[list[int]]:
+    if causal:
+        c = lens[0]
+        return [list(range(r * c, (r + 1) * c)) + list(range((2 * n - 1 - r) * c, (2 * n - r) * c))
+                for r in range(n)]  # fmt: skip
+    starts = [sum(lens[:r]) for r in range(n)]
+    return [list(range(starts[r], starts[r] + lens[r])) for r in range(n)]
+
+
+def _errors(n, causal, lens, h, h_kv, dtype, pair_name, seed=0):
+    """Max |err| (relative to the largest reference value) of out, dq, dk, dv of a ring of n."""
+    from tokenring_xdit.ring.kernels import gqa_pair, select_pair
+    from tokenring_xdit.ring.schedules.kv_both_ways import split_by_heads
+    from tokenring_xdit.ring.tensor_layout import BSHD
+    from tokenring_xdit.ring.training.kv_backward import kv_backward
+    from tokenring_xdit.ring.training.kv_forward import kv_forward
+    from tokenring_xdit.ring.training.kv_halves import KvCall
+
+    pos = _positions(n, causal, lens)
+    total, d = max(map(max, pos)) + 1, 128
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    shapes = ((1, h, total, d), (1, h_kv, total, d), (1, h_kv, total, d), (1, h, total, d))
+    q, k, v, do = (torch.randn(*s, generator=gen, dtype=torch.float64).to(dtype).cuda()
+                   for s in shapes)  # fmt: skip
+    ref_in = [x.double().requires_grad_() for x in (q, k, v)]
+    ref = torch.nn.functional.scaled_dot_product_attention(*ref_in, is_causal=causal,
+                                                           enable_gqa=True)  # fmt: skip
+    ref.backward(do.double())
+    refs = [ref.detach(), *(x.grad for x in ref_in)]
+    dev = torch.device("cuda")
+    pair = select_pair(pair_name, dev, dtype, d, d, False)
+    pair = gqa_pair(pair, dev, dtype, d, d) if h_kv < h else pair
+    call = KvCall(pair, BSHD, d**-0.5, causal, split_by_heads(h_kv))
+    kv_lens = tuple(map(len, pos))
+
+    def local(x, r):
+        return BSHD.from_bhsd(x[:, :, pos[r]]).contiguous()
+
+    def rank_fn(ring):
+        ql, kl, vl, dol = (local(x, ring.rank) for x in (q, k, v, do))
+        out, lse = kv_forward(call, ring, kv_lens, ql, kl, vl)
+        return [out, *kv_backward(call, ring, kv_lens, dol, ql, kl, vl, out, lse)]
+
+    results = run_ring(n, rank_fn)
+    torch.cuda.synchronize()
+    order = [p for r in range(n) for p in pos[r]]
+    errs = {}
+    for i, name in enumerate(("out", "dq", "dk", "dv")):
+        got = torch.cat([BSHD.to_bhsd(res[i]).double() for res in results], dim=2)
+        want = refs[i][:, :, order]
+        errs[name] = (got - want).abs().max().item() / max(want.abs().max().item(), 1.0)
+    return errs
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("pair_name", ["cudnn", "torch_flash"])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("heads", SHAPES)
+def test_ring_errors_stay_at_the_kernels_own(dtype, pair_name, causal, heads):
+    h, h_kv = heads
+    failures = []
+    for n in (2, 3, 4):
+        lens = [256] * n if causal else [384, 256, 320, 448][:n]
+        own = _errors(1, causal, [lens[0] * n] if causal else [sum(lens)], h, h_kv, dtype,
+                      pair_name)  # fmt: skip
+        got = _errors(n, causal, lens, h, h_kv, dtype, pair_name)
+        for what, err in got.items():
+            bound = max(RATIO * own[what], FLOOR[dtype])
+            print(f"N={n} {what}: ring {err:.2e}, whole sequence {own[what]:.2e}")
+            if not err <= bound:
+                failures.append(f"N={n} {what}: {err:.3g} > {bound:.3g} (own {own[what]:.3g})")
+    assert not failures, "\n".join(failures)

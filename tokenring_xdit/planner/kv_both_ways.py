@@ -1,0 +1,193 @@
+"""Training calls (forward + backward) of both ring families, simulated step by step.
+
+TokenRing moves queries and partials (ring/schedules/zigzag.py and blocks.py: Q, then Q, dO,
+lse, delta one hop per step; (out, lse), then dQ home); the K/V family moves K/V halves both
+ways round the ring (ring/schedules/kv_both_ways.py: a half each way per step; the backward's
+dK/dV sums one step behind them). Each family runs its own table on every ring rank, with the
+same ingredients as the forward simulation (schedules.py, docs/planner.md):
+
+- kernels: the calibration table's measured forward block (cuDNN, its head count: the K/V
+  family's head halves run H/2 heads), the causal diagonal at CAUSAL_OVER_FULL of the full
+  block, the backward at TRAIN_OVER_FORWARD - 1 times the forward (ceiling.py: one H200);
+- links: the fabric's patterns (a rank sending to two peers at once: `two_peers`), a transfer
+  starting when both ends posted it, each row waiting for its transfers and kernels;
+- the kernel's loss per MB moved under it (params.overlap_us_per_mb);
+- memory passes at the GPU's HBM rate: merges, sums, the O stand-in, delta, and a graphed call's
+  copies in and out (the measured graphed TokenRing pays them; the K/V family is priced the
+  same, as if graphed).
+The host is left out: this is a graphed call's GPU time (the eager path adds the host's issue
+time, docs/training.md). GQA's per-block K/V expansion is the same in both and left out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ring.schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
+from ..ring.schedules.blocks import FRONT, part_len
+from ..ring.schedules.kv_both_ways import front_len, half_ranges, kv_steps, split_by_heads
+from .ceiling import CAUSAL_OVER_FULL, TRAIN_OVER_FORWARD
+from .machine import Machine
+from .schedules import LSE_BYTES, _flows_ms
+
+__all__ = ["TrainShape", "FAMILIES", "train_ms", "pass_bytes"]
+
+BWD_OVER_FWD = TRAIN_OVER_FORWARD - 1
+FAMILIES = ("token_ring", "kv_both_ways")
+
+
+@dataclass(frozen=True)
+class TrainShape:
+    """One training call on each ring rank: `tokens` local tokens (causal: a zigzag shard),
+    `heads` query and `kv_heads` K/V heads, bf16 by default."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    tokens: int
+    causal: bool
+    dtype_bytes: int = 2
+    dtype: str = "bfloat16"
+
+    def row_bytes(self, heads: int, per_head: float) -> float:
+        return self.tokens * heads * per_head
+
+
+# one rank's row: (kernel ms, memory ms, flows [(ring rank, bytes)])
+Row = tuple[float, float, list]
+
+
+def _fwd_ms(m: Machine, s: TrainShape, q: int, kv: int, heads: int, diag: bool = False) -> float:
+    ms = m.table.block_ms(q, kv, heads, s.head_dim, s.dtype)
+    return ms * CAUSAL_OVER_FULL if diag and s.causal else ms
+
+
+def _simulate(m: Machine, ranks: list[int], rows: list[list[Row]]) -> tuple[float, dict]:
+    """End of the last row (slowest rank) when every rank runs its rows; (ms, parts)."""
+    n, start = len(ranks), [0.0] * len(ranks)
+    kernels = comm = 0.0
+    for row in rows:
+        ends, comm_ms = list(start), [0.0] * n
+        for i, (_, _, flows) in enumerate(row):
+            if flows:
+                dur = _flows_ms(m, ranks[i], [(ranks[j], nb) for j, nb in flows], "ring")
+                for j, _ in flows:
+                    t = max(start[i], start[j]) + dur
+                    ends[i], ends[j] = max(ends[i], t), max(ends[j], t)
+                comm_ms[i] = dur
+        for i, (k, mem, flows) in enumerate(row):
+            sent = sum(nb for _, nb in flows)
+            under = sent * min(1.0, k / comm_ms[i]) if comm_ms[i] > k else sent
+            k += m.params.overlap_us_per_mb * under / 1e9 if k > 0 else 0.0
+            ends[i] = max(ends[i], start[i] + k + mem)
+        kernels += row[0][0]
+        comm += max(comm_ms)
+        start = ends
+    return max(start), {"kernels": kernels, "comm": comm}
+
+
+def _token_ring_rows(m: Machine, s: TrainShape, n: int, backward: bool) -> list[list[Row]]:
+    """Every rank's rows of TokenRing's block table (Q lane and return lane)."""
+    table = CAUSAL_ZIGZAG if s.causal else NON_CAUSAL_BLOCKS
+    e, d, h, L = s.dtype_bytes, s.head_dim, s.heads, s.tokens
+    q_per = 2 * d * e + 2 * LSE_BYTES if backward else d * e  # (Q, dO, lse, delta) or Q
+    ret_per = d * e if backward else d * e + LSE_BYTES  # dQ or (out, lse)
+    acc = 4 if n > 2 else e
+    rows = [[] for _ in range(n + 1)]
+    for r in range(n):
+        for st in table.block_steps(r, n):
+            k = mem = 0.0
+            flows = []
+            if st.kernel:
+                q, kv = part_len(st.q_part, L), part_len(st.kv_part, L)
+                k = _fwd_ms(m, s, q, kv, h, st.causal) * (BWD_OVER_FWD if backward else 1)
+                if backward:  # the stand-in (travelling blocks) and the dK/dV sums
+                    standin = q * h * 2 * d * e if st.step else 0
+                    mem += standin + 2 * kv * s.kv_heads * d * (2 * acc + e)
+            if st.q_send_to is not None:
+                flows.append((st.q_send_to, part_len(st.q_send_part, L) * h * q_per))
+            if st.ret_send_to is not None:
+                flows.append((st.ret_send_to, part_len(st.ret_send_part, L) * h * ret_per))
+            if st.ret_recv_from is not None:  # the partial (dQ) that came home, summed
+                rows_home = part_len(st.ret_recv_part, L) * h
+                mem += rows_home * (d * (2 * acc + e) if backward else d * (e + 8) + 3 * 4)
+            rows[st.step].append((k, m.mem_ms(mem), flows))
+    return [row for row in rows if row]
+
+
+def _kv_rows(m: Machine, s: TrainShape, n: int, backward: bool) -> list[list[Row]]:
+    """Every rank's rows of the K/V family's table (a half each way, sums behind them)."""
+    by_heads = split_by_heads(s.kv_heads)
+    e, d, L = s.dtype_bytes, s.head_dim, s.tokens
+    heads, kv_heads = (s.heads // 2, s.kv_heads // 2) if by_heads else (s.heads, s.kv_heads)
+    travel = 4 if n > 2 else e
+    tokens = [sum(b - a for a, b in half_ranges(L, s.causal, by_heads)[x]) for x in (0, 1)]
+    rows = []
+    for st_rows in zip(*(kv_steps(r, n, s.causal) for r in range(n)), strict=True):
+        row = []
+        for st in st_rows:
+            k = mem = 0.0
+            flows = []
+            if st.diagonal:
+                k = _fwd_ms(m, s, L, L, s.heads, True)
+            for x, half in enumerate(st.halves):
+                if st.kernel and not st.diagonal:
+                    q = part_len(half.q_part, L)
+                    kv = front_len(L, x, s.causal, by_heads) if half.kv_part == FRONT else tokens[x]
+                    k += _fwd_ms(m, s, q, kv, heads)
+                    mem += q * heads * (d * (2 * 4 + e) if backward else d * (e + 8) + 3 * 4)
+                    if backward:  # the half's running dK/dV sum
+                        mem += 2 * kv * kv_heads * d * (2 * travel + e)
+                if half.send_to is not None:
+                    flows.append((half.send_to, 2 * tokens[x] * kv_heads * d * e))
+                if backward and half.grad_send_to is not None:
+                    flows.append((half.grad_send_to, 2 * tokens[x] * kv_heads * d * travel))
+                if backward and not st.kernel:  # our own half's sum came home
+                    mem += 2 * tokens[x] * kv_heads * d * (8 + travel)
+            row.append((k * (BWD_OVER_FWD if backward else 1), m.mem_ms(mem), flows))
+        rows.append(row)
+    return rows if backward else [row for row, st in zip(rows, kv_steps(0, n, s.causal),
+                                                            strict=True) if st.kernel]  # fmt: skip
+
+
+def _copies_ms(m: Machine, s: TrainShape, backward: bool) -> float:
+    """A graphed pass's copies into its buffers and out of them, and delta's pass (backward)."""
+    q, kv = s.heads * s.head_dim * s.dtype_bytes, s.kv_heads * s.head_dim * s.dtype_bytes
+    if not backward:  # q, k, v in; out, lse out
+        return m.mem_ms(s.tokens * 2 * (2 * q + 2 * kv + s.heads * LSE_BYTES))
+    # dO, q, k, v, out, lse in; dq, dk, dv out; delta = rowsum(dO * O)
+    return m.mem_ms(s.tokens * (2 * (4 * q + 2 * kv + 2 * s.heads * LSE_BYTES) + 2 * q))
+
+
+def train_ms(m: Machine, family: str, s: TrainShape, ranks: list[int]) -> dict:
+    """Predicted GPU ms of one forward + backward call of `family` on the ring `ranks` (global
+    ranks on `m`): {"ms", "fwd_ms", "bwd_ms", "kernels_ms", "comm_ms"}."""
+    n = len(ranks)
+    if family not in FAMILIES:
+        raise ValueError(f"unknown ring family {family!r}; use one of {FAMILIES}")
+    build = _token_ring_rows if family == "token_ring" else _kv_rows
+    out = {}
+    for name, backward in (("fwd", False), ("bwd", True)):
+        if n == 1:
+            k = _fwd_ms(m, s, s.tokens, s.tokens, s.heads, True)
+            k *= BWD_OVER_FWD if backward else 1
+            ms, parts = k, {"kernels": k, "comm": 0.0}
+        else:
+            ms, parts = _simulate(m, ranks, build(m, s, n, backward))
+        out[f"{name}_ms"] = ms + _copies_ms(m, s, backward)
+        for key, value in parts.items():
+            out[f"{key}_ms"] = out.get(f"{key}_ms", 0.0) + value
+    out["ms"] = out["fwd_ms"] + out["bwd_ms"]
+    return out
+
+
+def pass_bytes(family: str, s: TrainShape, n: int, backward: bool) -> float:
+    """Bytes one rank sends at a middle step (both lanes together), equal lengths: what the
+    table moves per step (the predicted table prints it beside the times)."""
+    e, d = s.dtype_bytes, s.head_dim
+    if family == "token_ring":
+        q_per = 2 * d * e + 2 * LSE_BYTES if backward else d * e
+        ret_per = d * e if backward else d * e + LSE_BYTES
+        return s.tokens * s.heads * (q_per + ret_per)
+    travel = 4 if n > 2 else e
+    return 2 * s.tokens * s.kv_heads * d * (e + (travel if backward else 0))

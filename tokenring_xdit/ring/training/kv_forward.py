@@ -1,0 +1,80 @@
+"""The K/V family's forward: our queries meet every rank's K/V halves as they pass by.
+
+Step 0 runs our own queries against our own K/V (the causal diagonal where causal); each later
+step runs them against the two halves held (schedules/kv_both_ways.py), and every partial is
+merged at once into our running (out, lse) in fp32 by log-sum-exp (the fused Triton pass on CUDA
+where it serves, else torch ops). Nothing goes home: Q, out and lse never move.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..agreed_ring import Ring
+from ..comm import COUNTERS
+from ..merge import fused as fused_merge
+from ..merge.partials import lse_merge
+from ..schedules.kv_both_ways import A, B, KvStep
+from .kv_halves import KvCall, acc_dtype
+from .kv_loop import run_kv
+
+__all__ = ["kv_forward"]
+
+
+def kv_forward(
+    call: KvCall, ring: Ring, kv_lens: tuple[int, ...], q, k, v
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out in q's dtype, lse (b, h, s) fp32) of our queries against every rank's K/V.
+    kv_lens: every ring rank's local K/V length."""
+    COUNTERS.kernel_calls += 1
+    out, lse = call.pair.run_forward(q, k, v, call.scale, call.layout, call.causal)
+    if ring.size == 1:
+        return out.to(q.dtype), lse.float()
+    return run_kv(call.causal, ring, kv_lens, _Forward(call, kv_lens, q, k, v, out, lse))
+
+
+class _Forward:
+    """The forward's payload (kv_loop.KvPayload): K/V halves travel, partials merge here."""
+
+    grads = False
+
+    def __init__(self, call: KvCall, kv_lens, q, k, v, out, lse):
+        self.call, self.kv_lens, self.q, self.k, self.v = call, kv_lens, q, k, v
+        self.out = out.to(acc_dtype(q.dtype), copy=True)  # step 0's block starts the sums
+        self.lse = lse.float().clone()
+        self.fused = fused_merge.serves(self.out)
+
+    def own(self, half: int) -> list[torch.Tensor]:
+        return [self.call.cut(self.k, half), self.call.cut(self.v, half)]
+
+    def kv_buffers(self, half: int, length: int) -> list[torch.Tensor]:
+        return [self.call.empty(x, half, length) for x in (self.k, self.v)]
+
+    def step(self, st: KvStep, held) -> None:
+        if st.diagonal:
+            return  # ran before the loop: it started the sums
+        call = self.call
+        for half in (A, B):
+            row = st.halves[half]
+            q = call.rows(call.heads(self.q, half), row.q_part)
+            length = self.kv_lens[row.owner]
+            kv = [call.kv_rows(x, half, row.kv_part, length) for x in held[half]]
+            COUNTERS.kernel_calls += 1
+            o, lse = call.pair.run_forward(q, *kv, call.scale, call.layout, False)
+            dst = call.rows(call.heads(self.out, half), row.q_part)
+            self._merge(dst, call.stat(self.lse, half, row.q_part), o, lse.float())
+
+    def _merge(self, dst, dst_lse, o, lse) -> None:
+        if self.fused:
+            to = self.call.layout.to_bhsd
+            fused_merge.merge2_bhsd(to(dst), dst_lse, to(dst), dst_lse, to(o), lse)
+        else:
+            # (empty_rows: a rank without keys leaves its rows at lse -inf until a partial comes)
+            lse_merge(dst, dst_lse, dst, dst_lse, o, lse, self.call.layout.lse_to_out, True,
+                      self.out.dtype)  # fmt: skip
+
+    def settle(self, st, arrived) -> None:
+        pass
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.out.to(self.q.dtype), self.lse
