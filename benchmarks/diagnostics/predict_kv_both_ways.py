@@ -9,8 +9,8 @@ Rings 2, 4 and 8 (ulysses of the same degree beside each), 4k-32k tokens per GPU
 `tokenring_xdit/planner/kv_both_ways.py` (each family's own table simulated on every rank; a
 graphed call's GPU time), ulysses from the planner's training model (`workload.split_prediction`).
 The meta holds the model's check against what was measured: graphed TokenRing and ulysses at
-ring 4 on 4 x H200 (docs/benchmarks/calls_s7/call5/train_graph_ring4.json) and the kernels alone
-of TokenRing's blocks (docs/benchmarks/ceiling/ceiling_1xH200.json).
+ring 4 on 4 x H200 (docs/benchmarks/training-ring4-h200-2026-11/train_graph_ring4.json) and the kernels alone
+of TokenRing's blocks (docs/benchmarks/kernel-ceiling-h200-2026-11-26/ceiling_1xH200.json).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from tokenring_xdit.planner.machine import make_machine
 from tokenring_xdit.planner.workload import Workload, split_prediction
 
 REPO = Path(__file__).resolve().parents[2]
-MEASURED = REPO / "docs/benchmarks/calls_s7/call5/train_graph_ring4.json"
-CEILING = REPO / "docs/benchmarks/ceiling/ceiling_1xH200.json"
+MEASURED = REPO / "docs/benchmarks/training-ring4-h200-2026-11/train_graph_ring4.json"
+CEILING = REPO / "docs/benchmarks/kernel-ceiling-h200-2026-11-26/ceiling_1xH200.json"
 SHAPES = {"GQA 32/8": (32, 8), "GQA 64/8": (64, 8), "MHA 32": (32, 32)}
 HEAD_DIM = 128
 

@@ -17,7 +17,7 @@ from tokenring_xdit.planner.kv_both_ways import (
 from tokenring_xdit.planner.machine import make_machine
 
 REPO = Path(__file__).resolve().parents[2]
-MEASURED = REPO / "docs/benchmarks/calls_s7/call5/train_graph_ring4.json"
+MEASURED = REPO / "docs/benchmarks/training-ring4-h200-2026-11/train_graph_ring4.json"
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(32, 8), (32, 32), (4, 1)])
