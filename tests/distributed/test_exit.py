@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness import run_ranks, values
+from tests.speed import scaled
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -93,12 +94,12 @@ def _free_port() -> int:
 
 
 def launch(path, n: int = 2, timeout: float = 120) -> subprocess.CompletedProcess:
-    """torchrun the program at `path` on n ranks."""
+    """torchrun the program at `path` on n ranks (`timeout` stretched on a slow machine)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}",
            f"--master_port={_free_port()}", str(path)]  # fmt: skip
     path_env = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "PYTHONPATH": path_env}
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=scaled(timeout), env=env)
 
 
 def check_launches(path, launches: int, n: int = 2, timeout: float = 120) -> None:

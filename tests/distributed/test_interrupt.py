@@ -15,6 +15,7 @@ import time
 from datetime import timedelta
 
 from tests.harness import plain_ranks, run_ranks
+from tests.speed import scaled
 
 PROGRAM = """
 import sys, time, torch, torch.distributed as dist
@@ -46,22 +47,22 @@ def _wait_for_line(proc: subprocess.Popen, want: str, timeout: float) -> list[st
         lines.append(line)
         if line.startswith(want):
             return lines
-    raise AssertionError(f"no {want!r} line within {timeout} s: {''.join(lines)[-2000:]}")
+    raise AssertionError(f"no {want!r} line within {timeout:.0f} s: {''.join(lines)[-2000:]}")
 
 
 def test_ctrl_c_stops_a_rank_whose_peer_never_calls():
     procs = _launch({"TOKENRING_XDIT_TIMEOUT": "600"})
     try:
-        _wait_for_line(procs[0], "calling", 120)
+        _wait_for_line(procs[0], "calling", scaled(120))
         time.sleep(1.0)  # inside the first call's wait for rank 1
         start = time.monotonic()
         procs[0].send_signal(signal.SIGINT)
-        procs[0].wait(timeout=30)
+        procs[0].wait(timeout=scaled(30))
         took = time.monotonic() - start
         out = procs[0].stdout.read()
         assert "raised KeyboardInterrupt" in out, out[-2000:]
         # a bound on responsiveness (the old wait ignored the signal for the whole deadline)
-        assert took < 5.0, f"rank 0 took {took:.1f} s to stop after SIGINT"
+        assert took < scaled(5.0), f"rank 0 took {took:.1f} s to stop after SIGINT"
     finally:
         for p in procs:
             p.kill()
@@ -71,8 +72,8 @@ def test_ctrl_c_stops_a_rank_whose_peer_never_calls():
 def test_a_missing_peer_is_named_at_the_deadline():
     procs = _launch({"TOKENRING_XDIT_TIMEOUT": "3"})
     try:
-        _wait_for_line(procs[0], "calling", 120)
-        procs[0].wait(timeout=60)
+        _wait_for_line(procs[0], "calling", scaled(120))
+        procs[0].wait(timeout=scaled(60))
         out = procs[0].stdout.read()
         assert "raised TokenRingCommError" in out, out[-2000:]
         assert "global ranks [1]" in out and "did not start TokenRing" in out, out[-2000:]
