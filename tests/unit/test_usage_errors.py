@@ -5,8 +5,10 @@ ends the same way in every subcommand."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +17,8 @@ from tokenring_xdit.tools import cli
 from tokenring_xdit.tools.compare import CompareConfig
 from tokenring_xdit.tools.compare.run import _StepLines
 from tokenring_xdit.tools.compare.workers import _timed_call
+
+ROOT = Path(__file__).resolve().parents[2]
 
 # (argv, the start of the message after "error: ")
 SEMANTIC = [
@@ -117,3 +121,59 @@ def test_compare_counts_warm_up_and_timed_steps_apart(capsys):
         "denoising, step 2/3",
         "denoising, step 3/3",
     ], shown
+
+
+# ------------------------------------------------------------------------------- the examples
+
+EXAMPLE = """
+import runpy, sys
+sys.argv = [sys.argv[1], *sys.argv[2:]]
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+except SystemExit as exc:
+    heavy = [m for m in ("torch", "xfuser", "diffusers") if m in sys.modules]
+    print(f"exit {exc.code} heavy {heavy}")
+"""
+
+
+@pytest.mark.parametrize("script", ["pixart_tokenring.py", "flux_tokenring.py"])
+def test_an_example_refuses_a_misspelled_ring_before_torch_and_xfuser_load(script):
+    path = str(ROOT / "examples" / script)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            EXAMPLE,
+            path,
+            "--ring_degree",
+            "2",
+            "--ring_impl_type",
+            "tokenring",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=scaled(120),
+        env=dict(os.environ, RANK="1"),
+    )
+    assert done.stdout.strip() == "exit 2 heavy []", (done.stdout, done.stderr[-2000:])
+    assert done.stderr == (
+        f"rank 1: {script}: error: argument --ring_impl_type: invalid choice: 'tokenring' "
+        "(choose from 'default', 'token_ring', 'auto') (see --help)\n"
+    ), done.stderr
+
+
+def test_the_examples_early_check_leaves_good_and_foreign_flags_to_xdits_parser():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_shared", ROOT / "examples" / "_shared.py")
+    shared = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shared)
+    for argv in (
+        ["--ring_impl_type", "token_ring", "--ring_degree", "2", "--tiny"],
+        ["--ring_impl_type=auto", "--warmup_call_steps", "0", "--height", "64"],
+        ["--ring", "2"],  # ambiguous in xDiT's parser (--ring_degree, --ring_impl_type): its call
+        ["-h"],
+    ):
+        shared.check_our_flags(argv)  # no SystemExit
+    with pytest.raises(SystemExit):
+        shared.check_our_flags(["--warmup_call_steps", "two"])
