@@ -77,6 +77,9 @@ def check_our_flags(argv: list[str] | None = None) -> None:
 
 def set_up() -> str:
     """Returns "cuda" or "cpu". Must run before the first `import xfuser`."""
+    from tokenring_xdit.tools.rank_exit import exit_on_interrupt
+
+    exit_on_interrupt()  # Ctrl-C while torch and xDiT load: one line per rank too
     check_our_flags()
     import torch
 

@@ -9,13 +9,20 @@ signal): rank 1 never calls TokenRing; rank 0 gets SIGINT while it waits.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
+import sys
 import time
 from datetime import timedelta
+from pathlib import Path
+
+import pytest
 
 from tests.harness import plain_ranks, run_ranks
 from tests.speed import scaled
+
+REPO = Path(__file__).resolve().parents[2]
 
 PROGRAM = """
 import sys, time, torch, torch.distributed as dist
@@ -86,7 +93,6 @@ def test_a_missing_peer_is_named_at_the_deadline():
 def _restarted_member_waits(rank: int, world_size: int) -> float:
     """A worker group torchrun restarted: its store still holds the previous attempt's arrival
     keys (torchrun keeps its store across restarts). Rank 1 is late; rank 0 must wait for it."""
-    import os
 
     from tokenring_xdit.ring.comm import groups
 
@@ -115,3 +121,46 @@ def test_a_restarted_group_failing_to_connect_names_torchruns_shared_store(monke
     assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in groups._restart_hint()
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
     assert groups._restart_hint() == ""
+
+
+# A CI time limit sends SIGTERM to the pytest run: the launcher must let it stop the run (as
+# Ctrl-C does), not turn it into one failed test after which the run goes on.
+INNER = """
+from tests.distributed.test_demo import _sleeps
+from tokenring_xdit.tools.launch import launch
+
+
+def test_launching():
+    print("launching", flush=True)
+    launch(_sleeps, 2, timeout=600)
+
+
+def test_after():
+    open({mark!r}, "w").close()
+"""
+
+
+def test_sigterm_stops_a_pytest_run_inside_a_launch(tmp_path):
+    mark = tmp_path / "the-next-test-ran"
+    (tmp_path / "test_inner.py").write_text(INNER.format(mark=str(mark)))
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    argv = [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:xdist", "-p", "no:cacheprovider",
+            "--rootdir", str(tmp_path), str(tmp_path / "test_inner.py")]  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # fmt: skip
+    try:
+        lines = []
+        while not any("launching" in line for line in lines):
+            line = proc.stdout.readline()
+            assert line, "".join(lines)[-2000:]
+            lines.append(line)
+        time.sleep(1.0)  # the ranks are starting
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=scaled(60))
+        out = "".join(lines) + proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # only this test's own session
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, out[-3000:]
+    assert "Terminated" in out and not mark.exists(), out[-3000:]

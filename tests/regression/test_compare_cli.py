@@ -275,7 +275,7 @@ def test_sigterm_cleans_up_as_ctrl_c_does(tmp_path):
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err,
                                 start_new_session=True)  # fmt: skip
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + scaled(120)
         while not list(temp.glob("tokenring-xdit-*")) and time.monotonic() < deadline:
             assert proc.poll() is None, log.read_text()
             time.sleep(0.2)

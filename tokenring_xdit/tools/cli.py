@@ -58,9 +58,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = _main(argv)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit flush
         return code
-    except KeyboardInterrupt:  # Ctrl-C: the launcher has stopped the ranks on its way out
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (launch.Terminated): ranks stopped
         sys.stderr.write("tokenring-xdit: interrupted\n")
-        return 128 + 2
+        return getattr(exc, "exit_code", 128 + 2)
     except BrokenPipeError:
         # stdout is gone: point it at /dev/null so that exit's own flush cannot fail again
         devnull = os.open(os.devnull, os.O_WRONLY)
