@@ -164,3 +164,43 @@ def test_sigterm_stops_a_pytest_run_inside_a_launch(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)  # only this test's own session
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, out[-3000:]
     assert "Terminated" in out and not mark.exists(), out[-3000:]
+
+
+# An example's rank (tools/rank_exit.exit_on_interrupt, installed by run_main): rank 0 is in one
+# long C++ call (20 squarings of a 3000 x 3000 matrix: tens of seconds on one thread), where
+# Python's own handler cannot run until it returns; rank 1 in a Python sleep.
+BLOCKED = """
+import time, torch, torch.distributed as dist
+from tokenring_xdit.tools.rank_exit import exit_on_interrupt
+exit_on_interrupt()
+dist.init_process_group("gloo")
+torch.set_num_threads(1)
+print("waiting", flush=True)
+if dist.get_rank() == 0:
+    torch.linalg.matrix_power(torch.rand(3000, 3000), 2**20)
+else:
+    time.sleep(600)
+"""
+
+
+def test_ctrl_c_ends_each_rank_at_once_with_one_line():
+    procs = plain_ranks(BLOCKED, 2)
+    try:
+        for p in procs:
+            assert p.stdout.readline() == "waiting\n", p.stderr.read()[-2000:]
+        time.sleep(0.5)  # rank 0 is inside the C++ call
+        start = time.monotonic()
+        for p in procs:  # what a terminal's Ctrl-C does: every process of the job gets SIGINT
+            p.send_signal(signal.SIGINT)
+        for p in procs:
+            p.wait(timeout=scaled(30))
+        took = time.monotonic() - start
+        for rank, p in enumerate(procs):
+            err = p.stderr.read()
+            assert err == f"rank {rank}: interrupted (SIGINT)\n", err[-2000:]
+            assert p.returncode == 128 + signal.SIGINT, (rank, p.returncode)
+        assert took < scaled(5.0), took  # not at the end of the C++ call
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
