@@ -31,6 +31,22 @@ def test_training_losses_quoted_are_those_of_the_command():
     assert errs["max_loss_err"] <= loss_tol and errs["max_grad_err"] <= grad_tol, errs
 
 
+def test_hf_llama_differences_quoted_are_those_of_the_command():
+    """docs/training.md: `torchrun --nproc-per-node 2 examples/hf_llama_tokenring.py` (GQA) and
+    the same on 3 ranks with one K/V head (MQA): the largest |loss difference| from one process
+    each prints, as quoted (two significant digits; they are a float32 rounding step or two of a
+    loss near 5.6, so a change shows)."""
+    text = " ".join((ROOT / "docs" / "training.md").read_text().split())
+    found = re.search(r"5 steps: max difference ([\d.e-]+); 3 ranks, MQA: ([\d.e-]+)\)", text)
+    assert found, "the sentence quoting examples/hf_llama_tokenring.py's differences moved"
+    for nproc, extra, quoted in ((2, [], found[1]), (3, ["--kv-heads", "1"], found[2])):
+        done = torchrun_script("examples/hf_llama_tokenring.py", *extra, nproc=nproc)
+        assert done.returncode == 0, done.stderr[-3000:]
+        printed = re.search(r"^max \|diff\| ([\d.e+-]+)$", done.stdout, re.M)
+        assert printed, done.stdout
+        assert float(f"{float(printed[1]):.1e}") == float(quoted), (nproc, printed[1], quoted)
+
+
 def test_every_package_path_in_the_docs_exists():
     named = {
         (doc.name, path)
