@@ -5,9 +5,10 @@ were set on an idle 2-core machine running the suite with two workers; on a busy
 shared CI runner every rank starts and computes several times slower, and a fixed deadline fails
 a test that would have passed. So deadlines are written as `scaled(seconds)`: the seconds times
 `slowness()`, the time this machine takes to import torch (what every rank does first) over the
-time it took there. It is measured once per run (conftest does it before the workers start) and
-handed to every worker and rank through the environment; set TOKENRING_TESTS_SLOWNESS yourself to
-fix it (1 for the plain deadlines).
+time it took there, or the last minute's load average per core if that is larger (one reading
+can fall in a lull of the other work). It is measured once per run (conftest does it before the
+workers start) and handed to every worker and rank through the environment; set
+TOKENRING_TESTS_SLOWNESS yourself to fix it (1 for the plain deadlines).
 """
 
 from __future__ import annotations
@@ -51,9 +52,17 @@ def slowness() -> float:
     given = os.environ.get(ENV)
     if given:
         return max(1.0, float(given))
-    factor = min(MAX_SLOWNESS, max(1.0, import_seconds() / REFERENCE_IMPORT_S))
+    measured = import_seconds() / REFERENCE_IMPORT_S
+    factor = min(MAX_SLOWNESS, max(1.0, measured, _load_per_core()))
     os.environ[ENV] = f"{factor:.2f}"
     return float(os.environ[ENV])
+
+
+def _load_per_core() -> float:
+    try:
+        return os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:  # not available here
+        return 0.0
 
 
 def scaled(seconds: float) -> float:

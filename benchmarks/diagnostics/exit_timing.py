@@ -38,13 +38,19 @@ dist.destroy_process_group()
 print("done", flush=True)
 """
 
-# name -> (script under the repository, arguments); "trivial" is written to a temporary file
+# name -> (script under the repository, arguments); "trivial" is written to a temporary file;
+# a script starting with "-m" is a module run by python itself (the CLI, not under torchrun)
 JOBS = {
     "trivial": (None, []),
     "hf_llama": ("examples/hf_llama_tokenring.py", ["--steps", "3"]),
     "llm_train": ("examples/llm_train_tokenring.py", ["--steps", "3"]),
     "diffusers_flux": ("examples/diffusers_flux_tokenring.py", []),
     "pixart": ("examples/pixart_tokenring.py", ["--ring_degree", "2"]),
+    "compare_cli": ("-m tokenring_xdit.tools.cli", ["compare", "--no-progress", "--out", "{tmp}"]),
+    "demo_cli": (
+        "-m tokenring_xdit.tools.cli",
+        ["demo", "--device", "cpu", "--tokens", "256", "--iters", "2", "--no-progress"],
+    ),
 }
 
 
@@ -53,7 +59,10 @@ def launch(script: str, args: list[str], nproc: int, interrupt_after: float | No
     """One torchrun launch in checkout `root`; the times of its lines, the signal and its exit."""
     torchrun = Path(sys.executable).with_name("torchrun")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(root))
-    cmd = [str(torchrun), "--nproc-per-node", str(nproc), script, *args]
+    if script.startswith("-m "):
+        cmd = [sys.executable, "-m", script[3:], *args]
+    else:
+        cmd = [str(torchrun), "--nproc-per-node", str(nproc), script, *args]
     start = time.monotonic()
     # its own session: the signal reaches torchrun and every rank, as a terminal's Ctrl-C does
     proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE,
@@ -129,6 +138,7 @@ def main() -> None:
                 if name == "trivial":
                     script = str(trivial)
                     extra = ["600"] if args.interrupt_after is not None else []
+                extra = [a.replace("{tmp}", tmp) for a in extra]
                 at = args.interrupt_at if name != "trivial" else None
                 row = launch(script, extra, args.nproc, args.interrupt_after, at, args.wall,
                              args.root.resolve())  # fmt: skip
