@@ -55,7 +55,7 @@ def main() -> None:
         runs.append(one_run(args.extra))
         print(json.dumps(runs[-1]), flush=True)
     result = dict(
-        command="tokenring-xdit compare " + " ".join(args.extra),
+        command=" ".join(["tokenring-xdit compare", *args.extra]),
         runs=runs,
         cpus=os.cpu_count(),
         machine=platform.platform(),
