@@ -4,6 +4,8 @@ timed call and the saved images.
 
 Run under torchrun: xDiT reads RANK / WORLD_SIZE / LOCAL_RANK from the environment and makes the
 process group itself (NCCL on GPU; gloo on CPU, where xDiT's CPU mode is switched on first).
+Nothing heavy is imported here at the top: set_up() checks our own flags before torch and xfuser
+load (on a busy machine that takes tens of seconds, too long to wait for a misspelled value).
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ import os
 import sys
 import time
 import warnings
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 def quiet_hosts() -> None:
@@ -32,8 +36,53 @@ def quiet_hosts() -> None:
         warnings.filterwarnings("ignore", category=FutureWarning)
 
 
+def add_our_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags these scripts add to xDiT's (its --ring_impl_type is ours too: the xfuser patch
+    adds it)."""
+    parser.add_argument(
+        "--tiny",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="random weights only: a 2-layer model with a tiny VAE instead of the real "
+        "architecture (default: on CPU yes, on GPU no)",
+    )
+    parser.add_argument("--output_dir", default="results", help="where images go (results)")
+    parser.add_argument(
+        "--warmup_call_steps",
+        type=int,
+        default=2,
+        help="an untimed call with this many steps first (0: none; default 2)",
+    )
+    parser.add_argument(
+        "--cuda_graph_transformer",
+        action="store_true",
+        help="replay the transformer as one CUDA graph per step (sets "
+        "TOKENRING_XDIT_CUDA_GRAPH_TRANSFORMER=1; GPU only, ignored on CPU)",
+    )
+
+
+def check_our_flags(argv: list[str] | None = None) -> None:
+    """Refuse a bad value of one of our flags (e.g. `--ring_impl_type tokenring`) with the line
+    xDiT's parser would print, but before torch and xfuser are imported. The other flags are
+    left to xDiT's parser."""
+    from tokenring_xdit.config import RING_IMPLS
+    from tokenring_xdit.tools.rank_exit import one_line_usage_errors
+
+    # no abbreviations: `--ring 2` is xDiT's parser's to call ambiguous, not ours to take
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--ring_impl_type", choices=RING_IMPLS)
+    add_our_flags(pre)
+    one_line_usage_errors(pre).parse_known_args(argv)
+
+
 def set_up() -> str:
     """Returns "cuda" or "cpu". Must run before the first `import xfuser`."""
+    from tokenring_xdit.tools.rank_exit import exit_on_interrupt
+
+    exit_on_interrupt()  # Ctrl-C while torch and xDiT load: one line per rank too
+    check_our_flags()
+    import torch
+
     quiet_hosts()
     # Nothing is ever downloaded: a --model that is not a local folder fails instead.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -80,26 +129,7 @@ def parse_args(description: str, device: str, full_pixels: int = 1024):
                 "prompt; used with --model, ignored with random weights (there is no text "
                 "encoder: the prompt embeddings are seeded random)"
             )
-    parser.add_argument(
-        "--tiny",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="random weights only: a 2-layer model with a tiny VAE instead of the real "
-        "architecture (default: on CPU yes, on GPU no)",
-    )
-    parser.add_argument("--output_dir", default="results", help="where images go (results)")
-    parser.add_argument(
-        "--warmup_call_steps",
-        type=int,
-        default=2,
-        help="an untimed call with this many steps first (0: none; default 2)",
-    )
-    parser.add_argument(
-        "--cuda_graph_transformer",
-        action="store_true",
-        help="replay the transformer as one CUDA graph per step (sets "
-        "TOKENRING_XDIT_CUDA_GRAPH_TRANSFORMER=1; GPU only, ignored on CPU)",
-    )
+    add_our_flags(parser)
     parser.set_defaults(height=None, width=None, max_sequence_length=None)
     args = parser.parse_args()
     if args.cuda_graph_transformer:
@@ -131,6 +161,8 @@ def parse_args(description: str, device: str, full_pixels: int = 1024):
 
 
 def dtype_for(device: str) -> torch.dtype:
+    import torch
+
     return torch.bfloat16 if device == "cuda" else torch.float32
 
 
@@ -156,6 +188,8 @@ class StepTimer:
 
     def now(self) -> float:
         if self.cuda:
+            import torch
+
             torch.cuda.synchronize()
         return time.perf_counter()
 

@@ -4,6 +4,8 @@ A thin layer over the product's launcher (`tokenring_xdit.tools.launch.launch_ou
 rank's outcome comes back (tests of error paths expect ranks to raise), all processes are killed
 at the deadline, groups are destroyed in `finally`. A rank that hangs or dies without a word
 fails the caller with TimeoutError. `fn(rank, world_size, *args)` must be module-level.
+Every `timeout` here is a deadline set on the reference machine: it is stretched by
+`tests.speed.slowness()` on a slower or busier one.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.speed import scaled
 from tokenring_xdit.tools.launch import launch_outcomes
 
 
@@ -49,6 +52,7 @@ def run_ranks(
 ) -> list[RankResult]:
     """Run fn(rank, world_size, *args) on `world_size` ranks (gloo; "nccl": one GPU each);
     results in rank order."""
+    timeout = scaled(timeout)
     outcomes = launch_outcomes(
         functools.partial(_without_report, fn),
         world_size,
@@ -122,7 +126,7 @@ def torchrun_script(
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(repo)) if env is None else env
     return subprocess.run(
         [str(torchrun), "--nproc-per-node", str(nproc), str(repo / script), *args],
-        env=env, capture_output=True, text=True, timeout=timeout,
+        env=env, capture_output=True, text=True, timeout=scaled(timeout),
     )  # fmt: skip
 
 
@@ -133,7 +137,7 @@ def hot_path_host(out: Path, *args: str, timeout: float = 500) -> dict:
         [sys.executable, str(repo / "benchmarks/diagnostics/hot_path_host.py"), *args,
          "--out", str(out)],
         cwd=repo, env=dict(os.environ, PYTHONPATH=str(repo)), capture_output=True, text=True,
-        timeout=timeout,
+        timeout=scaled(timeout),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(Path(out).read_text())

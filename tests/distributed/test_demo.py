@@ -8,11 +8,12 @@ import time
 
 import pytest
 
+from tests.speed import scaled
 from tokenring_xdit.tools import cli
 from tokenring_xdit.tools.launch import LaunchError, launch
 
-SMALL = "--device cpu --heads 2 --head-size 16 --iters 2 --warmup 1 --no-progress --timeout 120"
-SMALL = SMALL.split()
+SMALL = "--device cpu --heads 2 --head-size 16 --iters 2 --warmup 1 --no-progress --timeout"
+SMALL = [*SMALL.split(), f"{scaled(120):.0f}"]
 
 
 @pytest.mark.parametrize("nproc, tokens", [(2, 256), (3, 96)])
@@ -73,7 +74,7 @@ def test_launch_returns_values_in_rank_order():
         _echo,
         2,
         ("hi",),
-        timeout=120,
+        timeout=scaled(120),
         on_progress=lambda rank, fields: events.append((rank, fields)),
     )
     assert values == [("hi", 0, 2, 3.0), ("hi", 1, 2, 3.0)]
@@ -84,8 +85,8 @@ def test_launch_returns_values_in_rank_order():
 def test_launch_reports_a_failing_rank_and_kills_the_blocked_one():
     start = time.monotonic()
     with pytest.raises(LaunchError) as info:
-        launch(_rank1_raises_rank0_waits, 2, timeout=120)
-    assert time.monotonic() - start < 60  # the grace period, not the 120 s timeout
+        launch(_rank1_raises_rank0_waits, 2, timeout=scaled(120))
+    assert time.monotonic() - start < scaled(60)  # the grace period, not the timeout
     failures = {f.rank: f for f in info.value.failures}
     assert failures[1].error_type == "ValueError"
     assert "bad input on rank 1" in str(failures[1])
@@ -94,7 +95,7 @@ def test_launch_reports_a_failing_rank_and_kills_the_blocked_one():
 
 def test_launch_reports_a_silent_crash():
     with pytest.raises(LaunchError) as info:
-        launch(_rank1_dies, 2, timeout=120)
+        launch(_rank1_dies, 2, timeout=scaled(120))
     failures = {f.rank: f for f in info.value.failures}
     assert failures[1].error_type == "ProcessDied" and "code 7" in failures[1].message
 
@@ -102,6 +103,6 @@ def test_launch_reports_a_silent_crash():
 def test_launch_times_out_instead_of_hanging():
     start = time.monotonic()
     with pytest.raises(LaunchError) as info:
-        launch(_sleeps, 2, timeout=5)
-    assert time.monotonic() - start < 30
+        launch(_sleeps, 2, timeout=5)  # the point: this deadline is kept, not stretched
+    assert time.monotonic() - start < scaled(30)
     assert {f.error_type for f in info.value.failures} == {"TimeoutError"}

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness import run_ranks, values
+from tests.speed import scaled
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,7 +34,7 @@ TEMPLATE = """
 import datetime, os, torch, torch.distributed as dist
 import tokenring_xdit as tr
 BACKEND, MODE, LAST, DESTROY = {backend!r}, {mode!r}, {last!r}, {destroy!r}
-dist.init_process_group(BACKEND, timeout=datetime.timedelta(seconds=30))
+dist.init_process_group(BACKEND, timeout=datetime.timedelta(seconds={timeout}))
 device, dtype = torch.device("cpu"), torch.float32
 if BACKEND == "nccl":
     device, dtype = torch.device("cuda", int(os.environ["LOCAL_RANK"])), torch.bfloat16
@@ -67,9 +68,9 @@ print("done", flush=True)
 
 
 def program(backend: str = "gloo", mode: str = "infer", last: str | None = None,
-            destroy: bool = False) -> str:  # fmt: skip
-    """The text of one exit-test program (see TEMPLATE)."""
-    return TEMPLATE.format(backend=backend, mode=mode, last=last, destroy=destroy)
+            destroy: bool = False, timeout: float = 30.0) -> str:  # fmt: skip
+    """The text of one exit-test program (see TEMPLATE); `timeout`: its group's, in seconds."""
+    return TEMPLATE.format(backend=backend, mode=mode, last=last, destroy=destroy, timeout=timeout)
 
 
 # set-up, calls, no destroy: the program benchmarks/diagnostics/exit_launches.py launches
@@ -93,12 +94,12 @@ def _free_port() -> int:
 
 
 def launch(path, n: int = 2, timeout: float = 120) -> subprocess.CompletedProcess:
-    """torchrun the program at `path` on n ranks."""
+    """torchrun the program at `path` on n ranks (`timeout` stretched on a slow machine)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}",
            f"--master_port={_free_port()}", str(path)]  # fmt: skip
     path_env = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "PYTHONPATH": path_env}
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=scaled(timeout), env=env)
 
 
 def check_launches(path, launches: int, n: int = 2, timeout: float = 120) -> None:
@@ -115,7 +116,7 @@ def check_launches(path, launches: int, n: int = 2, timeout: float = 120) -> Non
 @pytest.mark.parametrize(("mode", "last", "destroy"), CASES)
 def test_program_exits_cleanly(tmp_path, mode, last, destroy):
     path = tmp_path / "prog.py"
-    path.write_text(program("gloo", mode, last, destroy))
+    path.write_text(program("gloo", mode, last, destroy, timeout=scaled(30)))
     check_launches(path, LAUNCHES)
 
 

@@ -1,8 +1,10 @@
 """Failures are bounded and named: every live rank raises a clear error within the group's timeout.
 
 Each failing scenario is its own launch with a short gloo timeout (GROUP_TIMEOUT_S); the test
-also bounds the launch, so a hang fails it. Scenarios that must work (any group, lazy set-up,
-lengths changing on one rank, yunchang kernels on CPU) share one launch.
+also bounds the launch, so a hang fails it. Every bound is stretched by the machine's measured
+slowness (tests/speed.py): a peer that is merely slow to start must not read as a dead one.
+Scenarios that must work (any group, lazy set-up, lengths changing on one rank, yunchang kernels
+on CPU) share one launch.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ import pytest
 
 from tests.harness import run_ranks
 from tests.reference import exact_attention
+from tests.speed import scaled
 from tokenring_xdit.tools.launch import launch_outcomes
 
-GROUP_TIMEOUT_S = 6  # the ring group's timeout in these launches
-LAUNCH_TIMEOUT_S = 60
+# the ring group's timeout in these launches (ranks inherit the test's slowness: same value)
+GROUP_TIMEOUT_S = scaled(6)
+LAUNCH_TIMEOUT_S = 60  # run_ranks stretches it; the direct launches here do it themselves
 
 
 def _qkv(torch, *, s=16, kv=24, h=2, d=32, seed=0, device="cpu"):
@@ -34,7 +38,7 @@ def _exact(torch, qs, ks, vs, scale=None):
     return exact_attention(*joined, scale=scale)[0]
 
 
-def _set_timeout(dist, seconds: int) -> None:
+def _set_timeout(dist, seconds: float) -> None:
     # The launcher's world group has the launch's timeout; shorten it to see bounded waits.
     import datetime
 
@@ -176,7 +180,7 @@ def test_mismatch_raises_a_named_error_on_every_rank(name, error_type, needles):
     results = run_ranks(_failing, 2, name, timeout=LAUNCH_TIMEOUT_S)
     _assert_all_raise(results, error_type, *needles)
     # every wait is bounded by the group's timeout (plus start-up), not torch's 30 minutes
-    assert time.monotonic() - start < LAUNCH_TIMEOUT_S - 10
+    assert time.monotonic() - start < scaled(LAUNCH_TIMEOUT_S - 10)
 
 
 # ---------------------------------------------------------------------- a peer fails mid-call
@@ -216,7 +220,7 @@ def _fault(rank, n, report, mode):
         set_seq_parallel_pg(1, n, rank, n)
         group = PROCESS_GROUP.RING_PG
         if rank == n - 1:  # skips the call, stays alive
-            time.sleep(GROUP_TIMEOUT_S + 4)
+            time.sleep(GROUP_TIMEOUT_S + scaled(4))
             return ("injected", "skipped", 0.0, "")
         start = time.monotonic()
     try:
@@ -224,7 +228,7 @@ def _fault(rank, n, report, mode):
             token_ring_attn(q, k, v, kernel=kernel, group=group)
     except RuntimeError as exc:
         if rank == n - 1:  # the failing rank stays alive past everyone's timeout
-            time.sleep(GROUP_TIMEOUT_S + 4)
+            time.sleep(GROUP_TIMEOUT_S + scaled(4))
             return ("injected", str(exc), 0.0, "")
         first = (type(exc).__name__, str(exc), time.monotonic() - start)
         try:  # the ring is unusable now, and says so plainly
@@ -253,7 +257,7 @@ def test_yunchang_route_is_bounded_by_the_world_timeout():
 
 def _launch_fault(n, mode):
     return launch_outcomes(
-        _fault, n, (mode,), timeout=LAUNCH_TIMEOUT_S, env={"OMP_NUM_THREADS": "1"}
+        _fault, n, (mode,), timeout=scaled(LAUNCH_TIMEOUT_S), env={"OMP_NUM_THREADS": "1"}
     )
 
 
@@ -270,20 +274,22 @@ def _assert_named_on_live_ranks(outcomes, mode):
         assert "global rank" in message and "likely causes" in message, message
         if mode != "yunchang_skips":
             assert "step" in message, message
-        assert elapsed < GROUP_TIMEOUT_S + 5, (o.rank, elapsed, message)
+        assert elapsed < GROUP_TIMEOUT_S + scaled(5), (o.rank, elapsed, message)
         assert again.startswith("TokenRingCommError") and "unusable after an earlier" in again
         assert "recover" in again, again
 
 
 # ------------------------------------------------------------ a call's own deadline
 
-CALL_TIMEOUT_S = 2  # the call's RingConfig.timeout, far below the group's 30 s
+CALL_TIMEOUT_S = 2  # the call's RingConfig.timeout, far below the group's
+GROUP_30_S = scaled(30)  # the group's, stretched with the bound below so that they stay apart
 
 
 def _call_timeout(rank, n):
-    """A call with config=RingConfig(timeout=2) on a ring whose groups allow 30 s: its check
-    (the peer skips the call) and its lanes (the peer raises inside the ring) give up after 2 s,
-    and the failure mark it leaves is the ring's (a later call without the config says so)."""
+    """A call with config=RingConfig(timeout=2) on a ring whose groups allow 30 s (GROUP_30_S):
+    its check (the peer skips the call) and its lanes (the peer raises inside the ring) give up
+    after 2 s, and the failure mark it leaves is the ring's (a later call without the config says
+    so)."""
     import torch
     import torch.distributed as dist
 
@@ -291,7 +297,7 @@ def _call_timeout(rank, n):
     from tokenring_xdit.ring import setup_token_ring_group, token_ring_attn
     from tokenring_xdit.ring.kernels import math
 
-    _set_timeout(dist, 30)
+    _set_timeout(dist, GROUP_30_S)
     other = dist.new_group(list(range(n)))  # the check's failure marks this ring, not WORLD's
     for group in (dist.group.WORLD, other):
         setup_token_ring_group(group)
@@ -310,11 +316,11 @@ def _call_timeout(rank, n):
 
     if rank == 0:
         attempt("check", group=other)  # rank 1 never calls on it
-    time.sleep(CALL_TIMEOUT_S + 2)
+    time.sleep(scaled(CALL_TIMEOUT_S + 2))  # rank 0's check has given up
 
     def kernel(q, k, v, scale, layout):
         if rank == 1:
-            time.sleep(CALL_TIMEOUT_S + 2)  # slower than rank 0's deadline
+            time.sleep(scaled(CALL_TIMEOUT_S + 2))  # slower than rank 0's deadline
             raise RuntimeError("injected failure")
         return math(q, k, v, scale, layout)
 
@@ -337,7 +343,8 @@ def test_per_call_timeout_is_honoured():
         kind, message, elapsed = seen[name]
         assert kind == "TokenRingCommError", (name, kind, message)
         assert needle in message, (name, message)
-        assert elapsed < 15, (name, elapsed)  # the call's 2 s bounds it, not the group's 30 s
+        # the call's 2 s bounds it, not the group's GROUP_30_S
+        assert elapsed < GROUP_30_S / 2, (name, elapsed)
     assert "unusable after an earlier failure" in seen["again"], seen["again"]
 
 

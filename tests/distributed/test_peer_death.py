@@ -8,23 +8,31 @@ The scenarios are peer_death.py's CPU_MATRIX (paths x faults x launchers, real g
 sizes), run once for the module: the plain-process ones forked from one server that imported
 torch once (the same worker program, `python -c` costs ~2 s of CPU per rank), eight at a time,
 next to the torchrun ones and one `python -c` pair. Each test asserts one scenario's verdict
-(`peer_death.problems`: the rules above).
+(`peer_death.problems`: the rules above). On a slow or busy machine the deadline, the slack, the
+exit bound and the wall all grow by its measured slowness (tests/speed.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.diagnostics.peer_death import CPU_MATRIX, run_many  # noqa: E402
+from benchmarks.diagnostics.peer_death import CPU_MATRIX, Scenario, run_many  # noqa: E402
+from tests.speed import slowness  # noqa: E402
+
+
+def _stretched(s: Scenario) -> Scenario:
+    f = slowness()
+    return dataclasses.replace(s, deadline=s.deadline * f, wall=s.wall * f, stretch=f)
 
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, dict]:
-    return {r["name"]: r for r in run_many(list(CPU_MATRIX), jobs=4, forks=8)}
+    return {r["name"]: r for r in run_many([_stretched(s) for s in CPU_MATRIX], jobs=4, forks=8)}
 
 
 @pytest.mark.timeout(400)

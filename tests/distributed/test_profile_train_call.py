@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.speed import scaled
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -24,7 +26,9 @@ def test_profile_train_call_runs_on_cpu_and_accounts_for_every_percent(tmp_path)
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     )
-    run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=scaled(600)
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     # 2 shapes x hold-back off/on x 2 ranks

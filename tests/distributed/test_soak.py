@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.speed import scaled
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -24,7 +26,7 @@ def _soak(tmp_path, *extra: str) -> dict:
            "--out", str(out), *extra]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=scaled(240))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert done.stdout.count("sample ") >= 1, done.stdout[-2000:]  # rank 0 prints each sample
     return json.loads(out.read_text())

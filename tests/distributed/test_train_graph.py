@@ -21,6 +21,7 @@ import pytest
 
 from tests.distributed.test_bad_input import _assert_all_raise
 from tests.harness import run_ranks, values
+from tests.speed import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
 VAR = "TOKENRING_XDIT_TRAIN_CUDA_GRAPH"
@@ -174,7 +175,9 @@ def _torchrun(script: str, *argv: str) -> subprocess.CompletedProcess:
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     )
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=scaled(600)
+    )
 
 
 def test_the_training_benchmark_runs_token_ring_graph_beside_the_others(tmp_path):

@@ -12,6 +12,7 @@ from pathlib import Path
 import tomllib
 
 from tests.patches.test_yunchang_patches import ALL_IDS
+from tests.speed import scaled
 from tokenring_xdit import _bootstrap
 from tokenring_xdit.patches import ENTRY_POINT_GROUP, HOOKS
 from tokenring_xdit.patches.audit import to_markdown
@@ -86,7 +87,7 @@ def test_every_row_is_applied_and_nothing_unlisted():
     in every module it hooks, the runtime torch row), then uninstall everything. PatchSet refuses
     ids that are not rows, so nothing applied can be missing from the table."""
     proc = subprocess.run(
-        [sys.executable, "-c", EVERYTHING], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", EVERYTHING], capture_output=True, text=True, timeout=scaled(300)
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -13,6 +13,8 @@ import subprocess
 import sys
 import textwrap
 
+from tests.speed import scaled
+
 CODE = textwrap.dedent(
     """
     import json, os, tempfile
@@ -49,7 +51,9 @@ CODE = textwrap.dedent(
 
 
 def test_destroy_process_group_frees_graphs_and_uninstall_restores_it() -> None:
-    proc = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", CODE], capture_output=True, text=True, timeout=scaled(120)
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report == dict(
@@ -92,7 +96,7 @@ def test_the_destroy_guard_is_the_rings_own():
     metadata gets it too (ring_sweep.py once hung in destroy), and a destroy frees our
     graphs and communicators first."""
     done = subprocess.run(
-        [sys.executable, "-c", GUARD_CODE], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", GUARD_CODE], capture_output=True, text=True, timeout=scaled(120)
     )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.strip().splitlines()[-1])

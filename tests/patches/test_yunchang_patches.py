@@ -14,6 +14,8 @@ import textwrap
 
 import pytest
 
+from tests.speed import scaled
+
 ALL_IDS = [
     "yunchang.ring_impl",
     "yunchang.ring_impl_qkvpacked",
@@ -50,7 +52,7 @@ def run_py(code: str, **env: str) -> dict:
         capture_output=True,
         text=True,
         env=full_env,
-        timeout=120,
+        timeout=scaled(120),
     )
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return json.loads(proc.stdout.strip().splitlines()[-1])

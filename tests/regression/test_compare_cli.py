@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from tests.speed import scaled
 from tokenring_xdit.tools import cli, compare
 
 
@@ -274,14 +275,14 @@ def test_sigterm_cleans_up_as_ctrl_c_does(tmp_path):
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err,
                                 start_new_session=True)  # fmt: skip
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + scaled(120)
         while not list(temp.glob("tokenring-xdit-*")) and time.monotonic() < deadline:
             assert proc.poll() is None, log.read_text()
             time.sleep(0.2)
         assert list(temp.glob("tokenring-xdit-*")), "the launch never started"
         time.sleep(2.0)  # the rank is up and has used the queue
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
+        proc.wait(timeout=scaled(60))
         time.sleep(1.0)  # the resource tracker reports leaks after the launcher exits
         left = subprocess.run(
             ["ps", "-o", "pid,args", "-s", str(proc.pid)], capture_output=True, text=True

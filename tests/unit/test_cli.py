@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from tests.speed import scaled
 from tokenring_xdit import __version__
 from tokenring_xdit.tools import cli, demo_cli
 
@@ -259,7 +260,9 @@ def test_import_is_cheap():
         "heavy = [m for m in ('torch', 'rich', 'yunchang') if m in sys.modules]; "
         "sys.exit(f'imported {heavy}' if heavy else 0)"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=scaled(60)
+    )
     assert done.returncode == 0, done.stderr
 
 
@@ -268,6 +271,6 @@ def test_module_entry_point_version():
         [sys.executable, "-m", "tokenring_xdit.tools.cli", "--version"],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=scaled(60),
     )
     assert done.returncode == 0 and __version__ in done.stdout

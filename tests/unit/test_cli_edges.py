@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.speed import scaled
 from tokenring_xdit.planner.validate import SWEEPS_DIR, default_bench_dir, validate
 from tokenring_xdit.tools import cli
 
@@ -32,7 +33,7 @@ def _cli(*argv: str, cwd: Path | None = None, env: dict | None = None, **kw):
         cwd=cwd,
         env=env,
         text=True,
-        timeout=120,
+        timeout=scaled(120),
         **kw,
     )
 
@@ -51,7 +52,7 @@ def test_a_closed_pipe_ends_quietly(argv):
     )
     proc.stdout.close()  # before the child has started up, so its writes meet EPIPE
     err = proc.stderr.read()
-    assert proc.wait(timeout=120) == 0, err
+    assert proc.wait(timeout=scaled(120)) == 0, err
     assert "Traceback" not in err and "BrokenPipe" not in err, err
 
 
@@ -161,7 +162,7 @@ def test_validate_runs_from_a_built_wheel_outside_the_checkout(tmp_path):
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=scaled(300),
     )
     assert build.returncode == 0, build.stderr[-3000:]
     (wheel,) = dist.glob("tokenring_xdit-*.whl")
@@ -203,7 +204,9 @@ def test_plan_plot_without_matplotlib_fails_before_the_table():
         "from tokenring_xdit.tools import cli\n"
         "sys.exit(cli.main(['plan', '--model', 'flux', '--tokens', '4096', '--plot', 'x.png']))"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=scaled(120)
+    )
     assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
     assert done.stdout == "", done.stdout  # no table first
     assert "--plot needs matplotlib" in done.stderr and "Traceback" not in done.stderr

@@ -16,12 +16,13 @@ import textwrap
 
 import torch
 
+from tests.speed import scaled
 from tokenring_xdit.ring.merge.fused import vector_width
 
 _CHILD = textwrap.dedent(
     """
     import torch
-    from tokenring_xdit.ring.merge import fused as fused_merge
+    from tokenring_xdit.ring.merge.partials import fused as fused_merge
 
     gen = torch.Generator().manual_seed(0)
     worst = {}
@@ -58,7 +59,7 @@ def test_merge_kernel_interpreted():
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=root)
     run = subprocess.run(
-        [sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=scaled(300)
     )
     assert run.returncode == 0, run.stderr[-3000:]
     worst = eval(

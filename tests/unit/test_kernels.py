@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 
+from tests.speed import scaled
 from tokenring_xdit.ring.kernels import KERNELS, cpu_flash, select_kernel
 from tokenring_xdit.ring.kernels import math as math_kernel
 from tokenring_xdit.ring.tensor_layout import BHSD, BSHD, Layout
@@ -143,7 +144,7 @@ def test_cpu_flash_survives_empty_sequences(s_q, s_k):
         [sys.executable, "-c", _EMPTY_SEQ_SCRIPT, str(s_q), str(s_k)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=scaled(120),
     )
     assert proc.returncode == 0 and "OK" in proc.stdout, (
         f"cpu_flash on q_len={s_q}, kv_len={s_k}: exit code {proc.returncode} "

@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import multi_node  # noqa: E402
+from tests.speed import scaled  # noqa: E402
 
 
 def _free_port() -> int:
@@ -23,7 +24,7 @@ def _free_port() -> int:
 
 def _launch(*argv: str, timeout: int = 600) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "benchmarks", "multi_node", "--port", str(_free_port()), *argv]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=scaled(timeout))
 
 
 def test_two_cpu_nodes_train_gqa_and_mha_exactly(tmp_path):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.speed import scaled
 from tokenring_xdit.tools.rank_exit import one_line_usage_errors, raised_by, run_main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,7 +93,9 @@ threading.Thread(target=lambda: (time.sleep(0.3), print("thread done", file=sys.
 sys.stdout.write("no newline, buffered")  # printed before the thread ends
 exit_without_teardown(3)
 """
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=scaled(60)
+    )
     assert done.returncode == 3, done.stderr
     assert done.stdout == "no newline, buffered" and "thread done" in done.stderr, done
     assert (tmp_path / "handler").exists()

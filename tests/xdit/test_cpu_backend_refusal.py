@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from tests.speed import scaled
 from tokenring_xdit.hosts.xdit_backends import CPU_BACKENDS, refuse_without_cpu_version
 
 SCRIPT = """
@@ -38,7 +39,7 @@ print(json.dumps(out))
 def test_gpu_only_backends_are_refused_first_in_cpu_mode() -> None:
     names = ["FLASH", "cudnn", "SDPA_FLASH", "SDPA"]
     done = subprocess.run(
-        [sys.executable, "-c", SCRIPT, *names], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", SCRIPT, *names], capture_output=True, text=True, timeout=scaled(120)
     )
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])

@@ -21,6 +21,7 @@ import textwrap
 import pytest
 
 from tests.harness import run_ranks, values
+from tests.speed import scaled
 
 
 def _has_gpu() -> bool:
@@ -323,7 +324,7 @@ def test_disable_restores_every_symbol() -> None:
         [sys.executable, "-c", DISABLE_SCRIPT],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=scaled(120),
         env=env,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -359,7 +360,7 @@ def test_pending_hooks_do_nothing_after_disable() -> None:
     )
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENRING_XDIT_AUTOPATCH="0")
     proc = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=scaled(120), env=env
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -478,7 +479,11 @@ def test_automatic_backend_on_cpu_whatever_the_build() -> None:
     machine); scripts/cuda-build-check.sh runs the suite under a real one."""
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENRING_XDIT_AUTOPATCH="0")
     proc = subprocess.run(
-        [sys.executable, "-c", SELECT_SCRIPT], capture_output=True, text=True, timeout=120, env=env
+        [sys.executable, "-c", SELECT_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=scaled(120),
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     picks = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -507,7 +512,9 @@ try:
 except NotImplementedError as exc:
     print("refused:", exc)
 """
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=scaled(120)
+    )
     assert "refused: --pipefusion_parallel_degree 2: PipeFusion does not run" in done.stdout, (
         done.stdout[-2000:] + done.stderr[-2000:]
     )

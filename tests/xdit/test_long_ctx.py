@@ -24,6 +24,7 @@ import textwrap
 
 import pytest
 
+from tests.speed import scaled
 from tests.xdit import workers
 from tests.xdit.launches import CPU_MODE_MARKS, FP32_TOL, LAYOUTS, cpu_launch, max_err, part
 
@@ -122,7 +123,7 @@ def test_kv_cache_with_token_ring_was_refused_by_xdit_and_is_accepted_now() -> N
         [sys.executable, "-c", KV_CACHE_SCRIPT],
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=scaled(180),
         env=env,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -24,6 +24,7 @@ import textwrap
 
 import pytest
 
+from tests.speed import scaled
 from tests.xdit.launches import CPU_MODE_MARKS, launch, part
 
 pytestmark = CPU_MODE_MARKS
@@ -96,7 +97,7 @@ def _parser_report() -> dict:
         [sys.executable, "-c", PARSER_SCRIPT],
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=scaled(180),
         env=env,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]

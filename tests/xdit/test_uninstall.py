@@ -18,6 +18,7 @@ import textwrap
 
 import pytest
 
+from tests.speed import scaled
 from tests.xdit.launches import CPU_MODE_MARKS
 from tokenring_xdit.patches.table import AUTOMATIC, PATCH_TABLE
 
@@ -91,7 +92,7 @@ def run_py(code: str, **env: str) -> tuple[int, dict | None, str]:
         capture_output=True,
         text=True,
         env=full_env,
-        timeout=180,
+        timeout=scaled(180),
     )
     lines = proc.stdout.strip().splitlines()
     report = json.loads(lines[-1]) if proc.returncode == 0 and lines else None

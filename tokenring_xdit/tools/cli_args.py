@@ -1,14 +1,17 @@
 """Command-line pieces shared by `tokenring-xdit demo` and `tokenring-xdit compare`.
 
 argparse only at import time (the CLI builds its parser on every start); rich loads inside
-`rank_progress`.
+`rank_progress`. Usage errors are found and printed before torch or rich load: on a busy machine
+importing torch takes tens of seconds, too long to wait for "--tokens 1001 is not a multiple".
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
+import sys
 from collections.abc import Callable
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
@@ -65,13 +68,31 @@ def _last_frames(trace: str, n: int) -> str:
     )
 
 
-def print_usage_error(err, command: str, exc: Exception) -> None:
-    """A usage error found after parsing (e.g. a bad combination), in argparse's form: one
-    line, `tokenring-xdit COMMAND: error: ... (see tokenring-xdit COMMAND --help)`."""
+def usage_error_line(command: str, message: str) -> str:
+    """Every subcommand's usage errors in argparse's form (cli._Parser gives argparse's own
+    the same ending): `tokenring-xdit COMMAND: error: ... (see tokenring-xdit COMMAND --help)`."""
     prog = f"tokenring-xdit {command}"
-    err.print(
-        f"{prog}: error: {exc} (see {prog} --help)", markup=False, highlight=False, soft_wrap=True
-    )
+    return f"{prog}: error: {message} (see {prog} --help)"
+
+
+def print_usage_error(command: str, exc: Exception | str) -> None:
+    """A usage error found after parsing (e.g. a bad combination): one line on stderr, written
+    directly (rich need not load for it)."""
+    sys.stderr.write(usage_error_line(command, str(exc)) + "\n")
+
+
+# Where none of these exists no GPU driver is loaded, so torch would find no GPU; asking torch
+# costs its import, which on a busy machine delays a usage error by tens of seconds.
+_GPU_DRIVER_PATHS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/kfd")
+
+
+def gpu_count() -> int:
+    """The GPUs torch can use; 0 without importing torch on a Linux machine with no GPU driver."""
+    if sys.platform == "linux" and not any(map(os.path.exists, _GPU_DRIVER_PATHS)):
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def positive_seconds(text: str) -> float:

@@ -7,6 +7,7 @@ torch and rich load when the subcommand runs.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 
 from .cli_args import (
@@ -15,6 +16,7 @@ from .cli_args import (
     EXIT_USAGE,
     EXIT_WORKER,
     add_device_and_dtype,
+    gpu_count,
     non_negative_int,
     positive_int,
     positive_seconds,
@@ -110,22 +112,22 @@ def _ranks(n: int) -> str:
     return "1 rank" if n == 1 else f"{n} ranks"
 
 
-def resolve(args: argparse.Namespace):
-    """Fill in the "auto" settings (this imports torch); returns (config, nproc, note)."""
-    import torch
-
-    from .demo import DemoConfig
-
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    nproc = args.nproc if args.nproc is not None else max(2, gpus)
+def resolve(args: argparse.Namespace, gpus: int | None = None):
+    """Fill in the "auto" settings; returns (config, nproc, note). A bad combination raises
+    ValueError before torch loads (`gpus` None: counted only when a setting depends on it)."""
+    count = functools.cache(gpu_count) if gpus is None else (lambda: gpus)
+    nproc = args.nproc if args.nproc is not None else max(2, count())
     note = ""
     device = args.device
     if device == "auto":
-        device = "cuda" if gpus >= nproc else "cpu"
-        if gpus and device == "cpu":
-            note = f"{gpus} GPU(s) for {_ranks(nproc)}: running on CPU (--nproc {gpus} to use them)"
-    if device == "cuda" and gpus < nproc:
-        raise ValueError(f"--device cuda needs one GPU per rank: {_ranks(nproc)}, {gpus} GPU(s)")
+        device = "cuda" if count() >= nproc else "cpu"
+        if count() and device == "cpu":
+            note = (
+                f"{count()} GPU(s) for {_ranks(nproc)}: running on CPU (--nproc {count()} to "
+                "use them)"
+            )
+    if device == "cuda" and count() < nproc:
+        raise ValueError(f"--device cuda needs one GPU per rank: {_ranks(nproc)}, {count()} GPU(s)")
     tokens = args.tokens if args.tokens is not None else DEFAULT_TOKENS[device]
     if tokens % nproc:
         raise ValueError(f"--tokens {tokens} must be a multiple of --nproc {nproc}")
@@ -134,6 +136,8 @@ def resolve(args: argparse.Namespace):
             f"--kernel {args.kernel} has no CPU version; on CPU use one of {', '.join(CPU_KERNELS)}"
         )
     dtype = DEFAULT_DTYPE[device] if args.dtype == "auto" else args.dtype
+    from .demo import DemoConfig  # torch: only once the arguments are known to be good
+
     cfg = DemoConfig(
         device=device,
         tokens=tokens,
@@ -153,15 +157,15 @@ def resolve(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     """`tokenring-xdit demo`: exit code 0 within tolerance, 1 above it, 2 bad arguments, 3 a
     worker failed."""
+    try:
+        cfg, nproc, note = resolve(args)
+    except ValueError as exc:
+        print_usage_error("demo", exc)
+        return EXIT_USAGE
     from rich.console import Console
 
     console = Console()
     err = Console(stderr=True)
-    try:
-        cfg, nproc, note = resolve(args)
-    except ValueError as exc:
-        print_usage_error(err, "demo", exc)
-        return EXIT_USAGE
     if note:
         console.print(f"[yellow]note:[/] {note}")
     console.print(

@@ -30,6 +30,7 @@ __all__ = [
     "RankFailure",
     "RankOutcome",
     "Reporter",
+    "Terminated",
     "launch",
     "launch_outcomes",
     "threads_per_rank",
@@ -165,6 +166,15 @@ def _environ(env: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM during a launch, raised like Ctrl-C's KeyboardInterrupt: it unwinds the same way
+    (ranks stopped, temporary files removed) and stops what Ctrl-C stops, e.g. a whole pytest
+    run on a CI time limit, not only the test that was launching (a SystemExit is one failed
+    test, and the run went on). `exit_code` is the shell's code for "killed by SIGTERM"."""
+
+    exit_code = 128 + signal.SIGTERM
+
+
 @contextlib.contextmanager
 def _sigterm_unwinds() -> Iterator[None]:
     """SIGTERM ends this process as Ctrl-C does: through the `finally` blocks that stop the ranks,
@@ -176,7 +186,7 @@ def _sigterm_unwinds() -> Iterator[None]:
         return
 
     def stop(signum, frame):
-        raise SystemExit(128 + signum)  # the shell's code for "killed by this signal"
+        raise Terminated()
 
     signal.signal(signal.SIGTERM, stop)
     try:

@@ -92,6 +92,8 @@ def _shape(args: argparse.Namespace):
         tokens = tokens_for(spec, args.resolution)
     else:
         raise ValueError("give --tokens (total sequence length) or --resolution")
+    if args.gpus % args.nodes:  # make_machine says the same, but only after numpy and scipy load
+        raise ValueError(f"--gpus {args.gpus} must be a positive multiple of --nodes {args.nodes}")
     if tokens < args.gpus:
         raise ValueError(f"--tokens {tokens} leaves some of the {args.gpus} GPUs without a token")
     layers = args.layers or spec.layers
@@ -105,8 +107,10 @@ def _opt(x: float | None) -> str:
 
 
 def _fail(message: str) -> int:
-    print(f"tokenring-xdit plan: error: {message}", file=sys.stderr)
-    return 2
+    from .cli_args import EXIT_USAGE, print_usage_error
+
+    print_usage_error("plan", message)
+    return EXIT_USAGE
 
 
 _NO_MATPLOTLIB = "--plot needs matplotlib: pip install 'tokenring-xdit[bench]'"
@@ -147,19 +151,21 @@ def run(args: argparse.Namespace) -> int:
         train = training_lines(args.bench_dir or default_bench_dir(), verbose=args.verbose)
         print("\n".join([*body, *train, summary]))
         return 0 if ok else 1
-    from ..planner.calibration import load_table
-    from ..planner.machine import make_machine
-    from ..planner.plan import diffusers_config, rank_all, reason, xdit_flags
-    from ..planner.workload import Workload
-
     if args.plot:  # refused before the table, not after it
         try:
             import matplotlib  # noqa: F401
         except ImportError:
             return _fail(_NO_MATPLOTLIB)
+    try:  # the arguments first: the planner's modules load numpy and scipy
+        spec, tokens, layers, steps, batch = _shape(args)
+    except ValueError as exc:
+        return _fail(str(exc))
+    from ..planner.calibration import load_table
+    from ..planner.machine import make_machine
+    from ..planner.plan import diffusers_config, rank_all, reason, xdit_flags
+    from ..planner.workload import Workload
 
     try:
-        spec, tokens, layers, steps, batch = _shape(args)
         table = load_table(args.gpu, args.table)
         m = make_machine(args.gpus, args.nodes, args.fabric, args.inter_fabric, args.gpu, table)
         workload = Workload(causal=args.causal, train=args.train)

@@ -12,6 +12,11 @@ After a successful main() the process ends with `os._exit` once the exit handler
 (the process groups are gone, the output flushed): what it skips is the interpreter's
 finalisation, tearing down every module torch, diffusers and xDiT loaded, which took 1-4 s per
 rank after the last output (measured; torchrun waits for the slowest rank).
+
+Ctrl-C (SIGINT, sent to every rank and to torchrun) and SIGTERM (torchrun stopping its workers)
+end a rank at once with one line, `rank N: interrupted (SIGINT)`: Python would raise
+KeyboardInterrupt only when the main thread next runs Python (after a C++ wait or a kernel:
+seconds) and print its traceback on every rank.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import os
+import signal
 import sys
 import threading
 import time
@@ -28,6 +34,7 @@ from typing import NoReturn
 
 __all__ = [
     "DEBUG_ENV",
+    "exit_on_interrupt",
     "exit_without_teardown",
     "one_line_usage_errors",
     "raised_by",
@@ -61,6 +68,7 @@ def run_main(main: Callable[[], object], script: str) -> None:
     """Call `main()`; an Exception raised by tokenring_xdit or under `script`'s folder ends this
     rank with one line on stderr and exit code 1 (the traceback with LOG_LEVEL=debug)."""
     roots = (PACKAGE_DIR, Path(script).resolve().parent)
+    exit_on_interrupt()
     try:
         main()
     except Exception as exc:
@@ -101,6 +109,48 @@ def exit_without_teardown(code: int) -> NoReturn:
         except (OSError, ValueError):  # a closed pipe or stream: nothing left to flush
             pass
     os._exit(code)
+
+
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
+_exiting = threading.Lock()
+_watching: list[int] = []  # the read end of the wake-up pipe, once installed
+
+
+def exit_on_interrupt() -> None:
+    """From now on SIGINT or SIGTERM ends this process within moments: one line on stderr,
+    `rank N: interrupted (SIGINT)`, then `os._exit(128 + signal)` (no exit handlers: the peers
+    are being stopped too). Call it from the main thread, as early as the script can; a second
+    call does nothing.
+
+    Python's C-level handler writes the signal's number to the wake-up file the moment it
+    arrives, so a thread waiting on that file acts even while the main thread sits in C++ (a
+    gloo wait, a long kernel) where the Python-level handler could not run yet."""
+    if _watching or threading.current_thread() is not threading.main_thread():
+        return
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    for signum in INTERRUPTS:
+        signal.signal(signum, lambda signum, frame: _interrupted(signum))
+    _watching.append(read_end)
+    threading.Thread(target=_watch, args=(read_end,), name="interrupt-watch", daemon=True).start()
+
+
+def _watch(read_end: int) -> None:
+    while True:
+        for signum in os.read(read_end, 64):
+            if signum in INTERRUPTS:
+                _interrupted(signum)
+
+
+def _interrupted(signum: int) -> NoReturn:
+    if not _exiting.acquire(blocking=False):  # the other path is already ending the process
+        while True:
+            time.sleep(1.0)
+    name = signal.Signals(signum).name
+    # os.write, not sys.stderr: the main thread may hold the stream's lock mid-write
+    os.write(2, f"rank {_rank()}: interrupted ({name})\n".encode())
+    os._exit(128 + signum)
 
 
 def one_line_usage_errors(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

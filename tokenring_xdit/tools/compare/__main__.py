@@ -2,6 +2,6 @@
 
 import sys
 
-from ..cli import main
+from ..cli import console_main
 
-sys.exit(main(["compare", *sys.argv[1:]]))
+console_main(["compare", *sys.argv[1:]])

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import shlex
 from dataclasses import dataclass
 
-from ..cli_args import add_device_and_dtype, positive_int, positive_seconds
+from ..cli_args import add_device_and_dtype, gpu_count, positive_int, positive_seconds
 
 MODELS = ("pixart", "flux")
 SIZES = ("tiny", "full")
@@ -247,11 +248,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def resolve(args: argparse.Namespace, gpus: int | None = None) -> CompareConfig:
-    """Fill in the defaults; ValueError on a bad combination. `gpus` = None: ask torch."""
-    if gpus is None:
-        import torch
-
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    """Fill in the defaults; ValueError on a bad combination, naming the flags the user gave.
+    `gpus` = None: counted (cli_args.gpu_count) only when a setting depends on it."""
+    count = functools.cache(gpu_count) if gpus is None else (lambda: gpus)
     host = getattr(args, "host", "xdit")
     model = _model_for(host, args.model)
     ulysses = args.ulysses_degree
@@ -259,24 +258,23 @@ def resolve(args: argparse.Namespace, gpus: int | None = None) -> CompareConfig:
         nproc = args.nproc
     elif args.ring_degree is not None:
         nproc = ulysses * args.ring_degree
-    elif args.device != "cpu" and gpus >= 2:
-        nproc = gpus
+    elif args.device != "cpu" and count() >= 2:
+        nproc = count()
     else:
         nproc = 2 * ulysses
     if nproc % ulysses:
         raise ValueError(f"--nproc {nproc} is not a multiple of --ulysses-degree {ulysses}")
     ring = args.ring_degree if args.ring_degree is not None else nproc // ulysses
     if ulysses * ring != nproc:
-        raise ValueError(
-            f"--ulysses-degree {ulysses} x --ring-degree {ring} must equal --nproc {nproc}"
-        )
+        times = f"--ulysses-degree {ulysses} x " if ulysses != 1 else ""
+        raise ValueError(f"{times}--ring-degree {ring} must equal --nproc {nproc}")
     if ring < 2:
         raise ValueError("--ring-degree must be at least 2: with 1 there is no ring to compare")
     device = args.device
     if device == "auto":
-        device = "cuda" if gpus >= nproc else "cpu"
-    if device == "cuda" and gpus < nproc:
-        raise ValueError(f"--device cuda needs one GPU per rank: {nproc} ranks, {gpus} GPU(s)")
+        device = "cuda" if count() >= nproc else "cpu"
+    if device == "cuda" and count() < nproc:
+        raise ValueError(f"--device cuda needs one GPU per rank: {nproc} ranks, {count()} GPU(s)")
     dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
     if device == "cpu" and dtype != "float32":
         kernel = "xDiT's" if host == "xdit" else "the ring runs'"
@@ -284,7 +282,7 @@ def resolve(args: argparse.Namespace, gpus: int | None = None) -> CompareConfig:
     size = args.size
     height = args.height or args.width or DEFAULT_PIXELS[size]
     width = args.width or height
-    _check_pixels(model, size, height, width, nproc)
+    _check_pixels(model, size, height, width, nproc, _pixel_flags(args))
     text_len = args.text_len or DEFAULT_TEXT_LEN[(model, size)]
     if model == "flux" and text_len % nproc:
         why = {
@@ -330,23 +328,40 @@ def _model_for(host: str, model: str | None) -> str:
     return model
 
 
-def _check_pixels(model: str, size: str, height: int, width: int, sp: int) -> None:
+def _pixel_flags(args: argparse.Namespace) -> dict[str, str]:
+    """How to name the height and the width in an error: by the flag the user gave (the other
+    side defaults to it), or as a default."""
+    names = {}
+    for side, other in (("height", "width"), ("width", "height")):
+        if getattr(args, side) is not None:
+            names[side] = f"--{side} {{}}"
+        elif getattr(args, other) is not None:
+            names[side] = f"--{other} {{}} (the {side} too: --{side} defaults to it)"
+        else:
+            names[side] = f"the default {side} {{}} (set --{side})"
+    return names
+
+
+def _check_pixels(
+    model: str, size: str, height: int, width: int, sp: int, flags: dict[str, str]
+) -> None:
     """Sizes xDiT and diffusers accept: 2x2 patches (PixArt) or packed 2x2 latents (Flux) of
     the VAE's latents, PixArt also a multiple of 8; and xDiT gives every sequence-parallel
-    rank the same number of patch rows (it refuses an uneven split)."""
+    rank the same number of patch rows (it refuses an uneven split). `flags`: _pixel_flags."""
     vae = 2 if size == "tiny" else 8  # the random VAEs' downsampling factor
     base = vae * 2
     if model == "pixart":
         base = math.lcm(base, 8)
     if width % base:
-        raise ValueError(f"--width {width} must be a multiple of {base} ({model} {size})")
+        name = flags["width"].format(width)
+        raise ValueError(f"{name} must be a multiple of {base} ({model} {size})")
     rows = vae * 2 * sp
     if model == "pixart":
         rows = math.lcm(rows, 8)
     if height % rows:
         raise ValueError(
-            f"--height {height} must be a multiple of {rows} ({model} {size} on {sp} "
-            f"sequence-parallel ranks: xDiT splits the latent rows evenly, 2 per patch)"
+            f"{flags['height'].format(height)} must be a multiple of {rows} ({model} {size} on "
+            f"{sp} sequence-parallel ranks: xDiT splits the latent rows evenly, 2 per patch)"
         )
 
 

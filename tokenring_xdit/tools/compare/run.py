@@ -150,12 +150,9 @@ LONG_RUN_S = 600.0
 MEASURE_ABOVE_FLOPS = 1e11
 
 
-def _cpu_cost(cfg: CompareConfig) -> Estimate | None:
-    """The estimate of a CPU run (None on GPUs); the CPU's speed is measured only for a run
-    that may be long."""
-    if cfg.device != "cpu":
-        return None
-    cost = estimate(cfg, None)
+def _cpu_cost(cfg: CompareConfig, cost: Estimate) -> Estimate:
+    """A CPU run's estimate with its duration: the CPU's speed (torch) is measured only for a
+    run that may be long."""
     return estimate(cfg, matmul_flops_per_s()) if cost.flops > MEASURE_ABOVE_FLOPS else cost
 
 
@@ -179,24 +176,28 @@ def _load_average() -> float | None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
+    # usage errors first: nothing heavy (torch, rich) is imported until the arguments are good
+    try:
+        cfg = resolve(args)
+        thresholds = thresholds_for(args, cfg.dtype)
+    except ValueError as exc:  # the form argparse's own errors take (docs/compare.md)
+        print_usage_error("compare", exc)
+        return EXIT_USAGE
+    cost = estimate(cfg, None) if cfg.device == "cpu" else None
+    if cost is not None and cost.cannot_fit and not args.force:
+        print_usage_error("compare", _too_big(cfg, cost))
+        return EXIT_USAGE
     from rich.console import Console
 
     from ..launch import LaunchError
 
     console, err = Console(), Console(stderr=True)
-    try:
-        cfg = resolve(args)
-        thresholds = thresholds_for(args, cfg.dtype)
-    except ValueError as exc:  # the form argparse's own errors take (docs/compare.md)
-        print_usage_error(err, "compare", exc)
-        return EXIT_USAGE
-    cost = _cpu_cost(cfg)
-    if cost is not None and cost.cannot_fit and not args.force:
-        print_usage_error(err, "compare", ValueError(_too_big(cfg, cost)))
-        return EXIT_USAGE
+    cost = cost and _cpu_cost(cfg, cost)
+    warmup = f" after {cfg.warmup_steps} warm-up" if cfg.warmup_steps else ""
     console.print(
         f"[bold]tokenring-xdit compare[/]: {MODEL_NAMES[cfg.model]} ({cfg.size}, random "
-        f"weights), {cfg.width}x{cfg.height}, {cfg.steps} steps, {cfg.device} {cfg.dtype}; "
+        f"weights), {cfg.width}x{cfg.height}, {cfg.steps} steps{warmup}, {cfg.device} "
+        f"{cfg.dtype}; "
         f"diffusers in 1 process, then {HOST_NAMES[cfg.host]} on {cfg.nproc} ranks (ulysses "
         f"{cfg.ulysses} x ring {cfg.ring}) with its ring and with TokenRing"
     )

@@ -150,10 +150,11 @@ def _timed_call(pipe, kwargs: dict, cfg: CompareConfig, timer: StepTimer, report
     import torch
 
     with torch.inference_mode():
+        # each phase counts its own steps: "warm-up 1/2", then "denoising 3/8"
         if cfg.warmup_steps:
-            report(description="warm-up")
+            report(description="warm-up", total=cfg.warmup_steps, completed=0)
             pipe(**dict(kwargs, num_inference_steps=cfg.warmup_steps), **timer.kwargs(cfg.model))
-        report(description="denoising")
+        report(description="denoising", total=cfg.steps, completed=0)
         start = timer.start()
         out = pipe(**kwargs, **timer.kwargs(cfg.model))
         total = timer._now() - start
@@ -189,8 +190,7 @@ def _environment() -> dict:
 def single_worker(rank: int, nproc: int, report, cfg: CompareConfig) -> dict:
     """Plain diffusers, one process, no xDiT."""
     device = "cuda:0" if cfg.device == "cuda" else "cpu"
-    total = cfg.warmup_steps + cfg.steps
-    report(description="building the pipeline", total=total, completed=0)
+    report(description="building the pipeline", total=None, completed=0)
     pipe, kwargs = build_pipeline(cfg, device)
     result = _timed_call(pipe, kwargs, cfg, StepTimer(device, report), report)
     return dict(result, rank=rank, ranks=1, ring_calls={}, **_environment())
@@ -199,7 +199,7 @@ def single_worker(rank: int, nproc: int, report, cfg: CompareConfig) -> dict:
 def xdit_worker(rank: int, nproc: int, report, cfg: CompareConfig, impl: str) -> dict:
     """xDiT's pipeline wrapper on `nproc` ranks, ring implementation `impl` chosen with
     xDiT's own --ring_impl_type flag (parsed by xFuserArgs, as in xDiT's example scripts)."""
-    report(description="importing xDiT", total=cfg.warmup_steps + cfg.steps, completed=0)
+    report(description="importing xDiT", total=None, completed=0)
     if cfg.device == "cpu":
         from ...patches import xfuser_cpu
 
@@ -245,7 +245,7 @@ def diffusers_worker(rank: int, nproc: int, report, cfg: CompareConfig, impl: st
     `transformer.enable_parallelism(ContextParallelConfig(ring_degree, ulysses_degree))`, with
     TokenRing selected ("token_ring") or not ("default": diffusers' ring) by
     set_xdit_ring_impl before enable_parallelism (TokenRing's communicators are made there)."""
-    report(description="importing diffusers", total=cfg.warmup_steps + cfg.steps, completed=0)
+    report(description="importing diffusers", total=None, completed=0)
     if cfg.device == "cpu":
         from ...patches import diffusers_cpu
 
