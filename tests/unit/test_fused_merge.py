@@ -22,7 +22,7 @@ from tokenring_xdit.ring.merge.fused import vector_width
 _CHILD = textwrap.dedent(
     """
     import torch
-    from tokenring_xdit.ring.merge.partials import fused as fused_merge
+    from tokenring_xdit.ring.merge import fused as fused_merge
 
     gen = torch.Generator().manual_seed(0)
     worst = {}
