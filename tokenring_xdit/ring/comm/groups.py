@@ -39,11 +39,7 @@ import torch.distributed as dist
 from ...config import CommSettings, current, torchrun_attempt, torchrun_restarted_with_shared_store
 from . import teardown
 from .errors import TokenRingCommError
-from .teardown import (
-    _COMMS,
-    _VIEWS,
-    release_ring_comms,
-)
+from .teardown import LIVE, release_ring_comms
 
 __all__ = [
     "RingPosition",
@@ -153,7 +149,7 @@ class RingComms:
         base = self.base or self
         if base.backend != "gloo":
             seconds = min(seconds, 2 * base.deadline.total_seconds())
-        views = _VIEWS.setdefault(base, {})
+        views = LIVE.views.setdefault(base, {})
         view = views.get(seconds)
         if view is None:
             view = views[seconds] = dataclasses.replace(
@@ -169,9 +165,9 @@ class RingComms:
 def comms_of(group: dist.ProcessGroup, settings: CommSettings | None = None) -> RingComms:
     """The communicators of `group`, made on first use by the ring's members with `settings`
     (None: the defaults); a ring made earlier is returned as it was made."""
-    comms = _COMMS.get(group)
+    comms = LIVE.comms.get(group)
     if comms is None:
-        comms = _COMMS[group] = _make(group, settings or CommSettings())
+        comms = LIVE.comms[group] = _make(group, settings or CommSettings())
     return comms
 
 
