@@ -35,51 +35,70 @@ __all__ = ["watch"]
 
 log = logging.getLogger("tokenring_xdit")
 _POLL_S = 0.002
-_items: deque = deque()  # (event, device, deadline, comms, what), oldest first
-# Items the watchdog is done with. Their events are dropped by the next watch(), in the
-# calling thread, never in the watchdog's: cudaEventDestroy waits for a driver lock, and a graph
-# launch blocked behind a stuck replay (most likely for room in the launch queue) held it, so a
-# watchdog destroying an event there waited for the replay to end, which needed the watchdog's
-# abort (measured, 4 x H200, native stacks: main thread in cuGraphLaunch, watchdog in
-# cuEventDestroy; the survivor never raised). Its event queries did not wait there.
-_spent: list = []
-# device -> events of finished calls, recorded again by the next watch() on that device: in
-# steady state no call creates or destroys an event (each did both, a few microseconds of
-# host time per ring call).
-_reuse: dict[int, list] = {}
-_REUSE_MAX = 64  # per device; more in flight at once is rare (events beyond it are dropped)
-_cv = threading.Condition()
-_thread: list[threading.Thread] = []
+_REUSE_MAX = 64  # events kept for reuse per device; more in flight at once is rare
+
+
+class _Watched:
+    """What the watchdog watches; one instance, `WATCHED`, guarded by its condition `cv`.
+
+    items: (event, device, deadline, comms, what) of the NCCL calls in flight, oldest first.
+    spent: items the watchdog is done with. Their events are dropped by the next watch(), in the
+    calling thread, never in the watchdog's: cudaEventDestroy waits for a driver lock, and a
+    graph launch blocked behind a stuck replay (most likely for room in the launch queue) held
+    it, so a watchdog destroying an event there waited for the replay to end, which needed the
+    watchdog's abort (measured, 4 x H200, native stacks: main thread in cuGraphLaunch, watchdog
+    in cuEventDestroy; the survivor never raised). Its event queries did not wait there.
+    reuse: device -> events of finished calls, recorded again by the next watch() on that
+    device (at most _REUSE_MAX each): in steady state no call creates or destroys an event
+    (each did both, a few microseconds of host time per ring call). thread: the watchdog, started
+    by the first watch(). clear(): drop the spent and reusable events (not the calls in flight).
+    """
+
+    def __init__(self) -> None:
+        self.cv = threading.Condition()
+        self.items: deque = deque()
+        self.spent: list = []
+        self.reuse: dict[int, list] = {}
+        self.thread: threading.Thread | None = None
+
+    def clear(self) -> None:
+        with self.cv:
+            self.spent.clear()
+            self.reuse.clear()
+
+
+WATCHED = _Watched()
 
 
 def watch(comms: RingComms, what: str) -> None:
     """Bound the NCCL work this call queued (everything on the current stream so far)."""
     device = torch.cuda.current_device()
-    with _cv:
+    w = WATCHED
+    with w.cv:
         _recycle()
-        free = _reuse.get(device)
+        free = w.reuse.get(device)
         event = free.pop() if free else torch.cuda.Event()
     event.record()
     marks, comms.marks = comms.marks, []
-    with _cv:
-        _items.append(
+    with w.cv:
+        w.items.append(
             (event, device, time.monotonic() + comms.deadline.total_seconds(), comms,
              (what, marks))
         )  # fmt: skip
-        if not _thread:
-            _thread.append(threading.Thread(target=_run, name="tokenring-watchdog", daemon=True))
-            _thread[0].start()
-        _cv.notify()
+        if w.thread is None:
+            w.thread = threading.Thread(target=_run, name="tokenring-watchdog", daemon=True)
+            w.thread.start()
+        w.cv.notify()
 
 
 def _recycle() -> None:
     """Under the lock, in the calling thread: the watchdog's finished items give their events
     back for reuse; an expired call's event (its work may never finish) is dropped."""
-    for event, device, _, _, _, done in _spent:
-        free = _reuse.setdefault(device, [])
+    for event, device, _, _, _, done in WATCHED.spent:
+        free = WATCHED.reuse.setdefault(device, [])
         if done and len(free) < _REUSE_MAX:
             free.append(event)
-    _spent.clear()
+    WATCHED.spent.clear()
 
 
 # CUstreamCaptureMode: CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
@@ -100,24 +119,25 @@ def thread_local_capture_mode() -> bool:
 def _run() -> None:
     if not thread_local_capture_mode():
         log.debug("TokenRing watchdog: could not set the thread-local capture mode")
+    w = WATCHED
     while True:
-        with _cv:
-            while not _items:
-                _cv.wait()
-            event, _, deadline, comms, what = _items[0]
+        with w.cv:
+            while not w.items:
+                w.cv.wait()
+            event, _, deadline, comms, what = w.items[0]
         done = event.query()
         expired = not done and time.monotonic() > deadline
         if expired:
             _expire(comms, what)
-        with _cv:  # this thread's references go first, under the lock (see _spent)
+        with w.cv:  # this thread's references go first, under the lock (see _Watched.spent)
             del event, what
             if done:
-                _spent.append((*_items.popleft(), True))
+                w.spent.append((*w.items.popleft(), True))
             elif expired:
-                _spent.extend((*i, False) for i in _items if i[3] is comms)
-                kept = [i for i in _items if i[3] is not comms]
-                _items.clear()
-                _items.extend(kept)
+                w.spent.extend((*i, False) for i in w.items if i[3] is comms)
+                kept = [i for i in w.items if i[3] is not comms]
+                w.items.clear()
+                w.items.extend(kept)
                 del kept
         if not (done or expired):
             time.sleep(_POLL_S)
