@@ -59,8 +59,11 @@ class Seen:
         """True the first time `key` is met (it is then remembered)."""
         if self._keys.get(key) is not None:
             return False
-        self._keys.put(key, True)
+        self.add(key)
         return True
+
+    def add(self, key: Hashable) -> None:
+        self._keys.put(key, True)
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self._keys

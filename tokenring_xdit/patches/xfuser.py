@@ -19,7 +19,7 @@ PATCHES = PatchSet("xfuser", XFUSER_VERSIONS)
 
 # A child of xDiT's logger, so the line appears in xDiT's own log format and level.
 log = logging.getLogger("xfuser.tokenring_xdit")
-_announced: set = set()  # implementations, and `auto`'s call signatures, already announced
+_announced = selection.announced()  # implementations, and `auto`'s signatures, announced
 # xFuserLongContextAttention layers whose ring function we replaced -> the one xDiT chose
 _TAKEN_OVER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 HOST_RING = "xDiT's own ring"
