@@ -1,10 +1,6 @@
-"""Named owners for what a process remembers between calls: each bounded, each with `clear()`.
-
-Module-level state lives in one of these (or in a small class of its own module, or on the
-object it belongs to), never in a bare dict, list or set: what is kept, how much of it, and how
-to forget it are then written in one place. Imports nothing (config and the bootstrap's
-neighbours use it too).
-"""
+"""Named owners for what a process remembers between calls, each bounded, each with `clear()`:
+module-level state lives in one of these, in a small class of its module, or on the object it
+belongs to, never in a bare dict, list or set (tests/unit/test_caches.py checks)."""
 
 from __future__ import annotations
 
@@ -18,8 +14,6 @@ __all__ = ["Lru", "Seen"]
 class Lru:
     """A mapping of at most `size` entries; the least recently used one goes first."""
 
-    __slots__ = ("size", "_items")
-
     def __init__(self, size: int) -> None:
         self.size = size
         self._items: OrderedDict[Hashable, Any] = OrderedDict()
@@ -30,7 +24,7 @@ class Lru:
             self._items.move_to_end(key)
         return hit
 
-    def put(self, key: Hashable, value: Any) -> None:
+    def put(self, key: Hashable, value: Any = True) -> None:
         self._items[key] = value
         self._items.move_to_end(key)
         if len(self._items) > self.size:
@@ -46,30 +40,13 @@ class Lru:
         return len(self._items)
 
 
-class Seen:
-    """Keys met before, at most `size` (the oldest is forgotten first: met again, it counts as
-    new), for what is done once per key (a log line, a warning, a trial run)."""
-
-    __slots__ = ("_keys",)
-
-    def __init__(self, size: int) -> None:
-        self._keys = Lru(size)
+class Seen(Lru):
+    """Keys met before, at most `size` (the oldest forgotten first: met again, it is new), for
+    what is done once per key (a log line, a warning, a trial run); `put(key)` remembers one."""
 
     def first(self, key: Hashable) -> bool:
         """True the first time `key` is met (it is then remembered)."""
-        if self._keys.get(key) is not None:
+        if key in self._items:
             return False
-        self.add(key)
+        self.put(key)
         return True
-
-    def add(self, key: Hashable) -> None:
-        self._keys.put(key, True)
-
-    def __contains__(self, key: Hashable) -> bool:
-        return key in self._keys
-
-    def clear(self) -> None:
-        self._keys.clear()
-
-    def __len__(self) -> int:
-        return len(self._keys)

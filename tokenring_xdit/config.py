@@ -29,7 +29,7 @@ import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal, NamedTuple, get_args
 
 from ._envflags import AUTOPATCH, ENV_PREFIX, STRICT, misspelled, parse_flag
 from .caches import Seen
@@ -404,29 +404,25 @@ ENV: dict[str, tuple[str, str, str]] = {
 _VARS = (*(var for var, _, _ in ENV.values()), NCCL_P2P_DISABLE, *ALLOC_CONF, NCCL_GRAPH_REGISTER)
 
 
-@dataclass(frozen=True)
-class _Parse:
-    """One parse of the environment: its size then, the values of ours that were set, and the
-    configuration they gave."""
+class _Parse(NamedTuple):
+    """One parse of the environment: its size, the (variable, value) of ours that were set, and
+    the configuration they gave."""
 
-    size: int = -1
-    known: tuple[tuple[str, str], ...] = ()
-    config: RingConfig | None = None
+    size: int
+    known: tuple[tuple[str, str], ...]
+    config: RingConfig | None
 
 
 class _EnvironmentSeen:
-    """What this module remembers of the environment: its last parse (one; replaced whole, so a
-    thread never sees half of one) and the misspelled names already warned about (at most 64).
-    clear(): the next `current()` parses again and warns again."""
-
-    __slots__ = ("last", "warned")
+    """What this module remembers of the environment: its last parse (replaced whole: a thread
+    never sees half of one) and the misspelled names warned about (the last 64). clear(): the
+    next `current()` parses and warns again."""
 
     def __init__(self) -> None:
-        self.last, self.warned = _Parse(), Seen(64)
+        self.clear()
 
     def clear(self) -> None:
-        self.last = _Parse()
-        self.warned.clear()
+        self.last, self.warned = _Parse(-1, (), None), Seen(64)
 
 
 _SEEN = _EnvironmentSeen()

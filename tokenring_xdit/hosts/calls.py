@@ -15,7 +15,7 @@ __all__ = ["calls_by_host", "reset_calls_by_host"]
 
 def calls_by_host() -> dict[str, int]:
     """{host: TokenRing forwards run in this process}; hosts that never ran one are absent."""
-    return HOST_CALLS.as_dict()
+    return dict(HOST_CALLS)
 
 
 def reset_calls_by_host() -> None:

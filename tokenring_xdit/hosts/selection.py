@@ -29,25 +29,21 @@ DEFAULT, TOKEN_RING, AUTO = config.RING_IMPLS
 
 
 
+@dataclass
 class _Chosen:
     """This process's ring choice from Python and from xDiT's flag (None: not chosen there), and
     its generation, bumped on every change: the agreement caches key on it, so the next call
     after a change exchanges again (NCCL rings otherwise reuse the last agreement for the same
     signature, and two ranks that each switched to a ring they had used before would both hit
-    their caches and run different protocols). Two names and a number; reset() clears both."""
+    their caches and run different protocols)."""
 
-    def __init__(self) -> None:
-        self.python: str | None = None
-        self.flag: str | None = None
-        self.generation = 0
+    python: str | None = None
+    flag: str | None = None
+    generation: int = 0
 
-    def set(self, source: str, name: str | None) -> None:
-        setattr(self, source, name)
+    def set(self, **names: str | None) -> None:
+        vars(self).update(names)
         self.generation += 1
-
-    def reset(self) -> None:
-        self.set("python", None)
-        self.set("flag", None)
 
 
 CHOSEN = _Chosen()
@@ -65,11 +61,11 @@ def validate_ring_impl(name: str, source: str) -> str:
 def set_xdit_ring_impl(name: str | None) -> None:
     """Choose xDiT's ring for this process ("token_ring", "default" or "auto"); None clears
     the choice."""
-    CHOSEN.set("python", None if name is None else validate_ring_impl(name, "set_xdit_ring_impl"))
+    CHOSEN.set(python=None if name is None else validate_ring_impl(name, "set_xdit_ring_impl"))
 
 
 def set_from_flag(name: str | None) -> None:
-    CHOSEN.set("flag", None if name is None else validate_ring_impl(name, "--ring_impl_type"))
+    CHOSEN.set(flag=None if name is None else validate_ring_impl(name, "--ring_impl_type"))
 
 
 def xdit_ring_impl(cfg: config.RingConfig | None = None) -> tuple[str, str]:
@@ -86,7 +82,7 @@ def xdit_ring_impl(cfg: config.RingConfig | None = None) -> tuple[str, str]:
 
 
 def reset() -> None:
-    CHOSEN.reset()
+    CHOSEN.set(python=None, flag=None)
 
 
 # --- what TokenRing refuses under a host ------------------------------------------------------

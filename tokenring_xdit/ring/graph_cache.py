@@ -314,7 +314,4 @@ def clear_graphs() -> None:
     RING_PACKINGS.clear()
 
 
-def release_all_graphs() -> int:
-    """Drop every graph of every cache in this process (before NCCL teardown); returns how many
-    caches held any."""
-    return drop_graphs()
+release_all_graphs = drop_graphs  # every graph of every cache; returns how many caches held any

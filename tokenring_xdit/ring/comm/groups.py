@@ -222,23 +222,6 @@ def _restart_hint() -> str:
     )
 
 
-class _Arrivals:
-    """Ring ranks -> how many times this process made communicators for those ranks. Keyed like
-    the communicators torch then makes (by member ranks, in order of creation), not by the
-    group's name: ranks that passed different groups of the same ranks must still meet, so the
-    input check can name the mismatch. One entry per ring membership made; never cleared: a
-    ring made again must not meet its predecessor's keys in the store, which outlives it."""
-
-    def __init__(self) -> None:
-        self._made: dict[tuple[int, ...], int] = {}
-
-    def next(self, ranks: tuple[int, ...]) -> int:
-        generation = self._made.get(ranks, 0)
-        self._made[ranks] = generation + 1
-        return generation
-
-
-_ARRIVALS = _Arrivals()
 _ARRIVAL_POLL_S = 0.05
 
 
@@ -256,7 +239,12 @@ def _members_arrive(ranks: tuple[int, ...], deadline: timedelta) -> None:
         store = dist.distributed_c10d._get_default_store()
     except (RuntimeError, ValueError, AttributeError):
         return  # no store to meet on (a custom init): torch's own wait stays the only one
-    generation = _ARRIVALS.next(ranks)
+    # Keyed like the communicators torch then makes (by member ranks, in order of creation),
+    # not by the group's name: ranks that passed different groups of the same ranks must still
+    # meet, so the input check can name the mismatch; a ring made again must not meet its
+    # predecessor's keys (the store outlives it: never cleared).
+    generation = LIVE.arrivals.get(ranks, 0)
+    LIVE.arrivals[ranks] = generation + 1
     # keyed by torchrun's attempt too: its store outlives a restarted worker group, whose
     # members would otherwise find their predecessors' keys and not wait for each other
     prefix = f"tokenring/arrive/{torchrun_attempt()}/{'-'.join(map(str, ranks))}/{generation}"

@@ -52,17 +52,15 @@ __all__ = [
 
 
 class LiveRings:
-    """What this process's rings leave to tear down; one instance, `LIVE`, owned by this module.
+    """What this process's rings leave to tear down: one instance, LIVE, owned by this module.
 
-    comms: ring group -> its RingComms (groups.py fills it); views: ring -> {seconds: its view
-    with that deadline}; aborted: groups whose abort already ran. All weak: bounded by the live
-    groups, and a destroyed group's entry cannot be found by a new group reusing its name.
-    graph_caches: caches that captured a CUDA graph (weak; `holds_graphs`). release_hooks: called
-    with the released group (None: every ring) after `release_ring_comms`, so modules that keep
-    per-group state forget it (one entry per function: `on_release`). made / failed: this
-    process made ring communicators / a ring of it failed (the exit hook's cues). guard:
-    (torch's destroy_process_group, ours) while ours is in place. clear(): forget every ring.
-    """
+    Weak (bounded by the live groups; a new group reusing a destroyed one's name finds nothing):
+    comms (ring group -> RingComms, groups.py fills it), views (ring -> {seconds: its view with
+    that deadline}), aborted groups, graph_caches (caches that captured a graph: holds_graphs).
+    release_hooks: what per-group state forgets a released group with, one per function
+    (on_release). arrivals: ring ranks -> times this process made their communicators
+    (groups.py; never cleared). made / failed: the exit hook's cues. guard: (torch's
+    destroy_process_group, ours) while ours is in place. clear(): forget every ring."""
 
     def __init__(self) -> None:
         self.comms: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -70,6 +68,7 @@ class LiveRings:
         self.aborted: weakref.WeakSet = weakref.WeakSet()
         self.graph_caches: weakref.WeakSet = weakref.WeakSet()
         self.release_hooks: dict[Callable[[dist.ProcessGroup | None], None], None] = {}
+        self.arrivals: dict[tuple[int, ...], int] = {}
         self.made = self.failed = self.exit_hooked = False
         self.guard: tuple[Callable, Callable] | None = None
 
@@ -82,14 +81,14 @@ LIVE = LiveRings()
 
 
 def on_release(hook: Callable[[dist.ProcessGroup | None], None]) -> None:
-    """Call hook(group) after every release of ring communicators (idempotent): per-group state
-    registers at its first use, since nothing is held before it."""
+    """Call hook(group) after every release of ring communicators (idempotent; per-group state
+    registers at its first use: nothing is held before it)."""
     LIVE.release_hooks[hook] = None
 
 
 def holds_graphs(cache) -> None:
-    """`cache` (with clear() and len()) holds CUDA graphs: the guard, the exit hook and a
-    deadline's abort drop them (weakly held; registered at its first capture)."""
+    """`cache` (clear(), len()) holds CUDA graphs, which the guard, the exit hook and a
+    deadline's abort drop (registered at its first capture)."""
     LIVE.graph_caches.add(cache)
 
 

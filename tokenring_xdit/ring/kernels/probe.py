@@ -114,4 +114,4 @@ def runs_once(kernel: BlockKernel, key: Hashable, q, k, v, scale, layout: Layout
     first = slice(0, 1)
     with torch.no_grad():
         kernel(*(layout.seq_slice(x, first).contiguous() for x in (q, k, v)), scale, layout)
-    _RAN.add(key)
+    _RAN.put(key)

@@ -36,6 +36,8 @@ call with one gets a NotImplementedError saying so. The real side decodes the op
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 
 from .prepare import CallOptions, op_args, prepare
@@ -54,24 +56,15 @@ _EXTRA = (("train", "bool"), ("host", "str"), ("validate", "str"))
 _ARGS = ", ".join(f"{op.schema} {name}" for name, op in _OPTIONS)
 
 
-class HostCalls:
+class HostCalls(Counter):
     """Ring calls run in this process on behalf of each host adapter, by the `host` label it
     passes (`tokenring_xdit.calls_by_host()` reads them): one entry per label (the adapters pass
-    three); clear() forgets them. Compiled calls count here at run time: a counter bumped in
-    traced code would be a guard on its value, and every call would recompile."""
-
-    def __init__(self) -> None:
-        self._calls: dict[str, int] = {}
+    three). Compiled calls count here at run time: a counter bumped in traced code would be a
+    guard on its value, and every call would recompile."""
 
     def count(self, host: str) -> None:
         if host:  # "": no host
-            self._calls[host] = self._calls.get(host, 0) + 1
-
-    def as_dict(self) -> dict[str, int]:
-        return dict(self._calls)
-
-    def clear(self) -> None:
-        self._calls.clear()
+            self[host] += 1
 
 
 HOST_CALLS = HostCalls()
