@@ -70,7 +70,8 @@ GUARD_CODE = textwrap.dedent(
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
     original = c10d.destroy_process_group
-    from tokenring_xdit.ring import graph_cache as graphs  # the ring alone: nothing of the patch layer
+    # the ring alone below: nothing of the patch layer
+    from tokenring_xdit.ring import graph_cache as graphs
     from tokenring_xdit.ring.comm import groups, teardown
     from tokenring_xdit.ring.comm.teardown import holds_graphs
     init = os.path.join(tempfile.mkdtemp(), "rdv")

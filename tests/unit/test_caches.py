@@ -23,8 +23,8 @@ EXEMPT = {"ring/split/sharding.py": {"_DECLARED", "_NO_GROUP", "_LAYOUTS", "_NO_
 
 
 def _files() -> list[Path]:
-    return sorted(p for part in SCANNED for p in
-                  ([PKG / part] if part.endswith(".py") else (PKG / part).rglob("*.py")))  # fmt: skip
+    found = [PKG / part if part.endswith(".py") else (PKG / part).rglob("*.py") for part in SCANNED]
+    return sorted(p for f in found for p in ([f] if isinstance(f, Path) else f))
 
 
 def _is_container(value: ast.expr | None) -> bool:

@@ -24,8 +24,8 @@ from collections.abc import Callable, Hashable
 import torch
 
 from ..ring.api import attend
-from ..ring.seam.prepare import CallOptions
 from ..ring.kernels import BlockKernel, runs_once
+from ..ring.seam.prepare import CallOptions
 from ..ring.tensor_layout import BSHD
 from .selection import Refusal, raise_refused
 

@@ -28,7 +28,6 @@ FROM_DEFAULT, FROM_PYTHON, FROM_FLAG, FROM_ENV = config.RING_IMPL_SOURCES
 DEFAULT, TOKEN_RING, AUTO = config.RING_IMPLS
 
 
-
 @dataclass
 class _Chosen:
     """This process's ring choice from Python and from xDiT's flag (None: not chosen there), and

@@ -304,6 +304,7 @@ _HOOKS: dict[str, Callable[[ModuleType, PatchSet], None]] = {
 # ------------------------------------------------------------------------------------------
 # Public switch.
 
+
 class _CpuMode:
     """CPU mode's state: on or off, the hooked modules whose hook is armed but not yet fired
     (`pending`), and those patched (`applied`: module name -> its changes, in application

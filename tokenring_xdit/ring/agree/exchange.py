@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ...caches import Lru
 from ..comm import COUNTERS, RingComms, TokenRingCommError
 from ..comm.groups import describe_peer
-from ...caches import Lru
 from ..comm.teardown import on_release
 from .header import Header
 

@@ -24,6 +24,7 @@ program whose last call is a gloo all_gather). Our own NCCL communicators are ab
 finalised: an abort is local and bounded, a finalise can wait on peers (pytorch/pytorch#119797);
 our queued kernels are waited for first, bounded by the deadline.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -333,4 +334,3 @@ def _destroy_default_group() -> None:
 
     threading.Thread(target=destroy, name="tokenring-exit", daemon=True).start()
     done.wait(_EXIT_DESTROY_S)
-

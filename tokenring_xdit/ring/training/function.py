@@ -14,10 +14,10 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from .forward import BlockCall
-from ..seam.prepare import PreparedCall
-from ..comm.teardown import on_release
 from ..agreed_ring import Ring
+from ..comm.teardown import on_release
+from ..seam.prepare import PreparedCall
+from .forward import BlockCall
 from .run import train_backward, train_forward
 
 __all__ = ["TokenRingAttention", "train_attn"]
