@@ -29,9 +29,10 @@ import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal, NamedTuple, get_args
 
 from ._envflags import AUTOPATCH, ENV_PREFIX, STRICT, misspelled, parse_flag
+from .caches import Seen
 
 __all__ = ["RingConfig", "CommSettings", "ENV", "SCOPES", "current", "scope_of"]
 
@@ -371,15 +372,11 @@ def scope_of(field: str) -> str:
     return _SCOPE[field]
 
 
-_WARNED: set[str] = set()
-
-
 def _warn_misspelled(environ) -> None:
     """A TOKENRING_XDIT_* variable we don't know is a typo: say so once, with the closest name."""
     for name, close in misspelled(list(environ), ENV_PREFIX, _VARS):
-        if name in _WARNED:
+        if not _SEEN.warned.first(name):
             continue
-        _WARNED.add(name)
         hint = f"did you mean {close}?" if close else f"valid names: {', '.join(_VARS[:-1])}"
         warnings.warn(
             f"{name} is not a tokenring_xdit setting and is ignored; {hint}", stacklevel=4
@@ -400,12 +397,35 @@ def _default_text(default) -> str:
 
 # field -> (environment variable, default text, one-line meaning): README's table comes from here
 ENV: dict[str, tuple[str, str, str]] = {
-    f.name: (f.metadata["env"], _default_text(f.default), f.metadata["doc"]) for f in _SETTINGS
-}
-ENV["autopatch"] = (AUTOPATCH[0], _default_text(AUTOPATCH[1]), AUTOPATCH[2])  # the bootstrap's
+    **{f.name: (f.metadata["env"], _default_text(f.default), f.metadata["doc"])
+       for f in _SETTINGS},
+    "autopatch": (AUTOPATCH[0], _default_text(AUTOPATCH[1]), AUTOPATCH[2]),  # the bootstrap's
+}  # fmt: skip
 _VARS = (*(var for var, _, _ in ENV.values()), NCCL_P2P_DISABLE, *ALLOC_CONF, NCCL_GRAPH_REGISTER)
-# [len(os.environ), ((variable, value) of ours that are set), RingConfig] of the last parse
-_cache: list = [-1, (), None]
+
+
+class _Parse(NamedTuple):
+    """One parse of the environment: its size, the (variable, value) of ours that were set, and
+    the configuration they gave."""
+
+    size: int
+    known: tuple[tuple[str, str], ...]
+    config: RingConfig | None
+
+
+class _EnvironmentSeen:
+    """What this module remembers of the environment: its last parse (replaced whole: a thread
+    never sees half of one) and the misspelled names warned about (the last 64). clear(): the
+    next `current()` parses and warns again."""
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        self.last, self.warned = _Parse(-1, (), None), Seen(64)
+
+
+_SEEN = _EnvironmentSeen()
 
 
 def current() -> RingConfig:
@@ -418,13 +438,12 @@ def current() -> RingConfig:
     two calls (the size unchanged) is not: set the environment before the calls, or pass
     `config=`.
     """
-    environ = os.environ
-    size, known, cfg = _cache
-    if len(environ) == size and all(environ.get(var) == value for var, value in known):
-        return cfg
+    environ, last = os.environ, _SEEN.last
+    if len(environ) == last.size and all(environ.get(var) == x for var, x in last.known):
+        return last.config
     values = [(var, environ.get(var)) for var in _VARS]
     cfg = RingConfig.from_env()
-    _cache[:] = [len(environ), tuple((v, x) for v, x in values if x is not None), cfg]
+    _SEEN.last = _Parse(len(environ), tuple((v, x) for v, x in values if x is not None), cfg)
     return cfg
 
 

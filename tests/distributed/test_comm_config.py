@@ -44,7 +44,7 @@ def _made_with(rank, n):
             check=seconds(comms.check),  # a real gloo communicator, made with the deadline
             out=seconds(comms.out),
         )
-    views = teardown._VIEWS.get(comms_of(plain), {})
+    views = teardown.LIVE.views.get(comms_of(plain), {})
     report["per_call"] = sorted(s for s in views if views[s].deadline.total_seconds() == s)
     return report
 

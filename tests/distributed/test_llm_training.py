@@ -286,7 +286,7 @@ def _worker(rank, n):
     torch.set_num_threads(1)
     setup_token_ring_group(None)  # None: the default group, as in token_ring_attn
     return {
-        "setup_none": dist.group.WORLD in groups._COMMS,
+        "setup_none": dist.group.WORLD in groups.LIVE.comms,
         "gqa": _gqa_cases(rank, n, torch),
         "unshard": _unshard_roundtrip(torch),
         "yunchang": _yunchang_gqa(rank, n, torch),

@@ -73,7 +73,7 @@ EVERYTHING = textwrap.dedent(
     torch_dist.ensure_applied()  # what the first CUDA graph capture does
     report = dict(
         applied=tokenring_xdit.installed_patches(),
-        cpu_modules=sorted(xfuser_cpu._applied),
+        cpu_modules=sorted(xfuser_cpu._MODE.applied),
     )
     tokenring_xdit.uninstall()
     report["after"] = tokenring_xdit.installed_patches()

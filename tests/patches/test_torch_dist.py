@@ -22,7 +22,8 @@ CODE = textwrap.dedent(
     import torch.distributed.distributed_c10d as c10d
     import tokenring_xdit
     from tokenring_xdit.patches import torch_dist
-    from tokenring_xdit.ring import graphs
+    from tokenring_xdit.ring import graph_cache as graphs
+    from tokenring_xdit.ring.comm.teardown import holds_graphs
 
     original = c10d.destroy_process_group
     init = os.path.join(tempfile.mkdtemp(), "rdv")
@@ -33,6 +34,7 @@ CODE = textwrap.dedent(
     wrapped = all(f is not original for f in names)
     applied = tokenring_xdit.installed_patches()
     graphs.RING_GRAPHS._graphs["sentinel"] = None  # stands for a captured graph
+    holds_graphs(graphs.RING_GRAPHS)  # what its capture does
     dist.destroy_process_group()
     report = dict(
         wrapped=wrapped,
@@ -72,18 +74,21 @@ GUARD_CODE = textwrap.dedent(
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
     original = c10d.destroy_process_group
-    from tokenring_xdit.ring import graphs  # the ring alone: nothing of the patch layer
+    # the ring alone below: nothing of the patch layer
+    from tokenring_xdit.ring import graph_cache as graphs
     from tokenring_xdit.ring.comm import groups, teardown
+    from tokenring_xdit.ring.comm.teardown import holds_graphs
     init = os.path.join(tempfile.mkdtemp(), "rdv")
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=0, world_size=1)
     before = c10d.destroy_process_group is original
     groups.comms_of(dist.group.WORLD)  # what a ring's first call does
     guarded = original not in (c10d.destroy_process_group, dist.destroy_process_group)
     graphs.RING_GRAPHS._graphs["sentinel"] = None  # stands for a captured graph
+    holds_graphs(graphs.RING_GRAPHS)  # what its capture does
     dist.destroy_process_group()
     print(json.dumps(dict(
         before=before, guarded=guarded, graphs_freed=len(graphs.RING_GRAPHS) == 0,
-        comms_released=len(teardown._COMMS) == 0, destroyed=not dist.is_initialized(),
+        comms_released=len(teardown.LIVE.comms) == 0, destroyed=not dist.is_initialized(),
         patch_layer="tokenring_xdit.patches" in sys.modules,
     )))
     """

@@ -63,15 +63,15 @@ def test_a_failed_ring_makes_the_exit_destroy_the_default_group(monkeypatch):
     from tokenring_xdit.ring.comm import RingComms
 
     monkeypatch.setattr(dist.distributed_c10d, "_abort_process_group", lambda g: None)
-    monkeypatch.setattr(teardown, "_FAILED", [])
+    monkeypatch.setattr(teardown.LIVE, "failed", False)
     assert teardown.abort_together([_Group()], timeout_s=5) == []
-    assert teardown._FAILED == []  # a healthy teardown's abort
+    assert not teardown.LIVE.failed  # a healthy teardown's abort
     ring = RingComms(None, (0,), None, None, None, timedelta(seconds=5), "nccl")
     ring.fail("a peer is gone")
     ring.fail("and again")
-    assert teardown._FAILED == [True]
+    assert teardown.LIVE.failed
     destroyed, aborted = [], []
-    monkeypatch.setattr(teardown, "_MADE", [True])
+    monkeypatch.setattr(teardown.LIVE, "made", True)
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "get_backend", lambda *a: "gloo")
     monkeypatch.setattr(dist, "destroy_process_group", lambda *a: destroyed.append(a))
@@ -83,7 +83,7 @@ def test_a_failed_ring_makes_the_exit_destroy_the_default_group(monkeypatch):
     monkeypatch.setattr(dist, "get_backend", lambda *a: "nccl")
     teardown._at_exit()
     assert (destroyed, aborted) == ([()], [()])
-    monkeypatch.setattr(teardown, "_FAILED", [])  # NCCL, nothing failed: torch's own exit
+    monkeypatch.setattr(teardown.LIVE, "failed", False)  # NCCL, nothing failed: torch's own exit
     teardown._at_exit()
     assert (destroyed, aborted) == ([()], [()])
 
@@ -98,9 +98,9 @@ def test_the_guard_aborts_every_group_after_a_failed_nccl_ring(monkeypatch):
     monkeypatch.setattr(teardown, "release_ring_comms", lambda *a: None)
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "get_backend", lambda *a: "nccl")
-    monkeypatch.setattr(teardown, "_FAILED", [])
+    monkeypatch.setattr(teardown.LIVE, "failed", False)
     guard()
-    monkeypatch.setattr(teardown, "_FAILED", [True])
+    monkeypatch.setattr(teardown.LIVE, "failed", True)
     sub = object()
     guard(sub)  # one group: destroyed as asked
     guard()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from tokenring_xdit.hosts import transformer_graphs as tg
+from tokenring_xdit.ring.comm.teardown import holds_graphs
 
 
 class _Block(torch.nn.Module):
@@ -74,6 +75,7 @@ def test_reset_all_graphs_reaches_every_graphed_module() -> None:
     for b in blocks:
         tg.graph_transformer(b)
         vars(b)["forward"].graphs._graphs["k"] = None  # as if a key had been refused
+        holds_graphs(vars(b)["forward"].graphs)  # what its capture does
     tg.reset_all_graphs()
     assert all(len(vars(b)["forward"].graphs) == 0 for b in blocks)
 

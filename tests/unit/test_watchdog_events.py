@@ -54,15 +54,13 @@ def test_events_are_reused_and_die_only_in_the_calling_thread(monkeypatch):
     monkeypatch.setattr(watchdog.torch.cuda, "current_device", lambda: 0)
     expired = []
     monkeypatch.setattr(watchdog, "_expire", lambda comms, what: expired.append(what[0]))
-    with watchdog._cv:
-        watchdog._spent.clear()
-        watchdog._reuse.clear()
+    watchdog.WATCHDOG.clear()
     DIED_IN.clear()
     MADE.clear()
     comms = _Comms(60.0)
     for i in range(5):  # finished calls: the watchdog sets each aside, the next watch reuses it
         watchdog.watch(comms, f"call {i}")
-        _wait_until(lambda: not watchdog._items)
+        _wait_until(lambda: not watchdog.WATCHDOG.items)
     gc.collect()
     assert len(MADE) == 1 and DIED_IN == []
 
@@ -71,16 +69,14 @@ def test_events_are_reused_and_die_only_in_the_calling_thread(monkeypatch):
     stuck = _Comms(0.05)
     watchdog.watch(stuck, "stuck call")
     watchdog.watch(stuck, "queued call")
-    _wait_until(lambda: expired == ["stuck call"] and not watchdog._items)
+    _wait_until(lambda: expired == ["stuck call"] and not watchdog.WATCHDOG.items)
     time.sleep(0.05)
     gc.collect()
     assert DIED_IN == []  # nothing died in the watchdog's thread
     monkeypatch.setattr(_Event, "stuck", False)
     watchdog.watch(comms, "after")  # drops what the watchdog set aside, here
-    _wait_until(lambda: not watchdog._items)
+    _wait_until(lambda: not watchdog.WATCHDOG.items)
     gc.collect()
     assert DIED_IN == ["MainThread"] * 2  # the expired call's events; finished ones are reused
-    with watchdog._cv:
-        watchdog._spent.clear()
-        watchdog._reuse.clear()
+    watchdog.WATCHDOG.clear()
     gc.collect()

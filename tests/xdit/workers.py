@@ -335,7 +335,7 @@ def _usp_part(rank: int, spec: dict, calls: _Calls) -> dict:
     if ring > 1:  # ring ranks that chose different rings: one ValueError on each, no hang
         from tokenring_xdit.hosts import selection
 
-        saved = selection._chosen["python"]
+        saved = selection.CHOSEN.python
         _select("token_ring" if ring_rank == 0 else "default")
         try:
             cases["plain"]()

@@ -24,18 +24,14 @@ from collections.abc import Callable, Hashable
 import torch
 
 from ..ring.api import attend
-from ..ring.seam.prepare import CallOptions
-from ..ring.seam.compiled_op import count_host_calls_with
 from ..ring.kernels import BlockKernel, runs_once
+from ..ring.seam.prepare import CallOptions
 from ..ring.tensor_layout import BSHD
-from .calls import count_call
 from .selection import Refusal, raise_refused
 
 __all__ = ["context_parallel_attention", "block_kernel", "HOST"]
 
 HOST = "diffusers"
-
-count_host_calls_with(count_call)  # compiled calls count where they run (ring/seam/compiled_op.py)
 
 # Forward ops of diffusers' CP-capable backends that cannot return an lse -> backend name.
 _NO_LSE_OPS = {"_native_attention_forward_op": "native", "_npu_attention_forward_op": "_native_npu"}

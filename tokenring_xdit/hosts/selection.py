@@ -20,18 +20,32 @@ import functools
 from dataclasses import dataclass
 
 from .. import config
+from ..caches import Seen
 
 RING_IMPL_ENV = config.ENV["ring_impl"][0]
 # where a choice came from (the ring agreement sends their index: ring/agree/choice.py)
 FROM_DEFAULT, FROM_PYTHON, FROM_FLAG, FROM_ENV = config.RING_IMPL_SOURCES
 DEFAULT, TOKEN_RING, AUTO = config.RING_IMPLS
 
-_chosen: dict[str, str | None] = {"python": None, "flag": None}
-# Bumped whenever this process changes its choice: the agreement caches key on it, so the next
-# call after a change exchanges again (NCCL rings otherwise reuse the last agreement for the
-# same signature, and two ranks that each switched to a ring they had used before would both
-# hit their caches and run different protocols).
-_generation = [0]
+
+@dataclass
+class _Chosen:
+    """This process's ring choice from Python and from xDiT's flag (None: not chosen there), and
+    its generation, bumped on every change: the agreement caches key on it, so the next call
+    after a change exchanges again (NCCL rings otherwise reuse the last agreement for the same
+    signature, and two ranks that each switched to a ring they had used before would both hit
+    their caches and run different protocols)."""
+
+    python: str | None = None
+    flag: str | None = None
+    generation: int = 0
+
+    def set(self, **names: str | None) -> None:
+        vars(self).update(names)
+        self.generation += 1
+
+
+CHOSEN = _Chosen()
 
 
 def validate_ring_impl(name: str, source: str) -> str:
@@ -46,22 +60,20 @@ def validate_ring_impl(name: str, source: str) -> str:
 def set_xdit_ring_impl(name: str | None) -> None:
     """Choose xDiT's ring for this process ("token_ring", "default" or "auto"); None clears
     the choice."""
-    _chosen["python"] = None if name is None else validate_ring_impl(name, "set_xdit_ring_impl")
-    _generation[0] += 1
+    CHOSEN.set(python=None if name is None else validate_ring_impl(name, "set_xdit_ring_impl"))
 
 
 def set_from_flag(name: str | None) -> None:
-    _chosen["flag"] = None if name is None else validate_ring_impl(name, "--ring_impl_type")
-    _generation[0] += 1
+    CHOSEN.set(flag=None if name is None else validate_ring_impl(name, "--ring_impl_type"))
 
 
 def xdit_ring_impl(cfg: config.RingConfig | None = None) -> tuple[str, str]:
     """(implementation, where the choice came from); "auto" is resolved per call (decide).
     cfg: the host call's configuration (None: the environment's, read here)."""
-    if _chosen["python"]:
-        return _chosen["python"], FROM_PYTHON
-    if _chosen["flag"]:
-        return _chosen["flag"], FROM_FLAG
+    if CHOSEN.python:
+        return CHOSEN.python, FROM_PYTHON
+    if CHOSEN.flag:
+        return CHOSEN.flag, FROM_FLAG
     env = (cfg or config.current()).ring_impl
     if env:
         return validate_ring_impl(env, RING_IMPL_ENV), FROM_ENV
@@ -69,8 +81,7 @@ def xdit_ring_impl(cfg: config.RingConfig | None = None) -> tuple[str, str]:
 
 
 def reset() -> None:
-    _chosen.update(python=None, flag=None)
-    _generation[0] += 1
+    CHOSEN.set(python=None, flag=None)
 
 
 # --- what TokenRing refuses under a host ------------------------------------------------------
@@ -163,18 +174,9 @@ def _cuda_name(index: int | None) -> str:
     return torch.cuda.get_device_name(index)
 
 
-_DECISIONS: dict[AutoSignature, Decision] = {}
-
-
+@functools.lru_cache(maxsize=1024)  # a function of the signature (and the planner's data)
 def decide(call: AutoSignature) -> Decision:
     """`auto`'s choice for one call signature (cached: the planner runs once per signature)."""
-    decision = _DECISIONS.get(call)
-    if decision is None:
-        decision = _DECISIONS[call] = _decide(call)
-    return decision
-
-
-def _decide(call: AutoSignature) -> Decision:
     if call.refused:
         return Decision(DEFAULT, f"TokenRing does not run {call.refused}")
     if call.ring <= 1:
@@ -243,7 +245,7 @@ def choose(group, query, q_len: int, kv_len: int, signature, announce) -> str:
         inputs = auto_inputs(cfg, grad, query.dtype, query.device.type)
     lengths = agree_ring_choice(
         group, Choice.of(impl), source, inputs, (q_len, kv_len), query.device, cfg.validate,
-        epoch=_generation[0], comm=cfg.comm,
+        epoch=CHOSEN.generation, comm=cfg.comm,
     )  # fmt: skip
     if impl != AUTO:
         announce(impl, source, None, None)
@@ -255,15 +257,20 @@ def choose(group, query, q_len: int, kv_len: int, signature, announce) -> str:
 
 
 def reset_decisions() -> None:
-    _DECISIONS.clear()
+    decide.cache_clear()
 
 
-def log_once(log, seen: set, key, message: str) -> None:
+def announced() -> Seen:
+    """What a host's choice logs (`log_once`) have said: implementations and `auto`'s call
+    signatures, the last 1024."""
+    return Seen(1024)
+
+
+def log_once(log, seen: Seen, key, message: str) -> None:
     """Log `message` at INFO on global rank 0 the first time `key` is seen in this process
     (every rank records the key, so a later rank-0 change of mind cannot happen silently)."""
-    if key in seen:
+    if not seen.first(key):
         return
-    seen.add(key)
     import torch.distributed as dist
 
     if not dist.is_initialized() or dist.get_rank() == 0:

@@ -23,7 +23,7 @@ from . import selection
 __all__ = ["choose", "choose_traced"]
 
 log = logging.getLogger("tokenring_xdit")
-_announced: set = set()
+_announced = selection.announced()  # what the traced choice has logged
 
 
 def choose(group, query: torch.Tensor, q_len: int, kv_len: int, signature, announce) -> str:

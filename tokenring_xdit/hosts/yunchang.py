@@ -14,10 +14,8 @@ import torch
 from yunchang.kernels import AttnType, select_flash_attn_impl
 
 from ..ring.api import reject_unsupported, token_ring_attn_func
-from ..ring.seam.compiled_op import count_host_calls_with
 from ..ring.kernels import BlockKernel, KeyedKernel, has_flash_attn, lse_bhs
 from ..ring.tensor_layout import BHSD, Layout
-from .calls import count_call
 
 __all__ = [
     "token_ring_flash_attn_func",
@@ -27,7 +25,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("tokenring_xdit")
-count_host_calls_with(count_call)  # calls count where they run (ring/api.attend, ring/seam/compiled_op.py)
 
 _OWN_KERNELS = {
     AttnType.TORCH_FLASH: "torch_flash",

@@ -15,6 +15,7 @@ from types import ModuleType
 
 import wrapt
 
+from ..caches import Seen
 from . import torch_dist  # noqa: F401  (the ring's teardown guard's row: uninstall reverts it)
 from .base import enable_hooks
 from .table import PATCH_TABLE, TRIGGERS, PatchPoint
@@ -30,7 +31,7 @@ HOOKS = {
     for host in TRIGGERS
 }
 
-_armed: set[tuple[str, str]] = set()
+_ARMED = Seen(64)  # (trigger, hook) pairs given to wrapt (one per entry point and host)
 
 
 def _host(trigger: str) -> ModuleType:
@@ -44,9 +45,8 @@ def arm_entry_points() -> None:
 
 
 def _arm(trigger: str, hook: str) -> None:
-    if (trigger, hook) in _armed:
+    if not _ARMED.first((trigger, hook)):
         return
-    _armed.add((trigger, hook))
     wrapt.register_post_import_hook(hook, trigger)  # fires now if already imported
 
 

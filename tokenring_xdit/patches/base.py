@@ -11,6 +11,7 @@ import importlib.metadata
 import logging
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import wrapt
@@ -39,18 +40,27 @@ def check_host_version(dist: str, spec: str) -> str:
     return version
 
 
+@dataclass
+class Switch:
+    """A patch set's switch: `enabled`, and `armed` once its post-import hook is registered
+    (wrapt keeps every hook it is given: registering twice would apply twice)."""
+
+    enabled: bool = False
+    armed: bool = False
+
+
 # install() / uninstall() (patches/__init__.py) switch hooks that have not fired yet on and off.
-_HOOKS = {"enabled": True}
+HOOKS = Switch(enabled=True)
 
 
 def enable_hooks(on: bool) -> None:
-    _HOOKS["enabled"] = on
+    HOOKS.enabled = on
 
 
 def apply_from_hook(trigger: str, apply: Callable[[], object]) -> None:
     """Run a host's `apply` now that `trigger` has been imported; never breaks the host's import
     unless TOKENRING_XDIT_STRICT (the patching scope's one setting, read here, at the hook)."""
-    if not _HOOKS["enabled"]:
+    if not HOOKS.enabled:
         return
     try:
         apply()

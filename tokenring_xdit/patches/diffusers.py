@@ -30,7 +30,7 @@ ATTENTION_DISPATCH = "diffusers.models.attention_dispatch"
 
 # A child of diffusers' logger: the line follows diffusers' own format and verbosity.
 log = logging.getLogger("diffusers.tokenring_xdit")
-_announced: set = set()  # implementations, and `auto`'s call signatures, already announced
+_announced = selection.announced()  # implementations, and `auto`'s signatures, announced
 HOST_RING = "diffusers' own ring"
 
 _CP_PARAMS = (

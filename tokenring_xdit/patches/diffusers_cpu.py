@@ -37,11 +37,11 @@ from __future__ import annotations
 
 import sys
 
-from .base import PatchSet
+from .base import PatchSet, Switch
 from .table import DIFFUSERS_CPU_VERSIONS
 
 PATCHES = PatchSet("diffusers", DIFFUSERS_CPU_VERSIONS)
-_state = {"enabled": False, "armed": False}
+_SWITCH = Switch()
 
 
 def _no_accelerator() -> bool:
@@ -198,20 +198,20 @@ def _build(patches: PatchSet) -> None:
 
 
 def _on_attention_dispatch(module) -> None:
-    if _state["enabled"]:
+    if _SWITCH.enabled:
         PATCHES.apply(_build)
 
 
 def enable() -> list[str]:
     """Switch CPU mode on (idempotent); returns the ids applied so far (none until diffusers'
     attention dispatcher is imported)."""
-    _state["enabled"] = True
+    _SWITCH.enabled = True
     if "diffusers.models.attention_dispatch" in sys.modules:
         PATCHES.apply(_build)
-    elif not _state["armed"]:
+    elif not _SWITCH.armed:
         import wrapt
 
-        _state["armed"] = True
+        _SWITCH.armed = True
         wrapt.register_post_import_hook(
             _on_attention_dispatch, "diffusers.models.attention_dispatch"
         )
@@ -220,7 +220,7 @@ def enable() -> list[str]:
 
 def disable() -> None:
     """Revert every CPU shim; hooks not yet fired apply nothing. Idempotent."""
-    _state["enabled"] = False
+    _SWITCH.enabled = False
     PATCHES.revert()
 
 

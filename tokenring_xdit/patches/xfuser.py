@@ -19,9 +19,7 @@ PATCHES = PatchSet("xfuser", XFUSER_VERSIONS)
 
 # A child of xDiT's logger, so the line appears in xDiT's own log format and level.
 log = logging.getLogger("xfuser.tokenring_xdit")
-_announced: set = set()  # implementations, and `auto`'s call signatures, already announced
-# xFuserLongContextAttention layers whose ring function we replaced -> the one xDiT chose
-_TAKEN_OVER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_announced = selection.announced()  # implementations, and `auto`'s signatures, announced
 HOST_RING = "xDiT's own ring"
 
 
@@ -147,11 +145,9 @@ def _long_ctx_init(wrapped, instance, args, kwargs):
     if requested == selection.TOKEN_RING:  # chosen in code, like any yunchang ring type
         from ..hosts.xdit import long_ctx_ring_attn
 
-        _TAKEN_OVER[instance] = instance.ring_attn_fn
-        instance.ring_attn_fn = long_ctx_ring_attn
+        _TAKEN_OVER.take(instance, long_ctx_ring_attn)
     elif selected in (selection.TOKEN_RING, selection.AUTO):
-        _TAKEN_OVER[instance] = instance.ring_attn_fn
-        instance.ring_attn_fn = _dispatching_long_ctx(instance.ring_attn_fn)
+        _TAKEN_OVER.take(instance, _dispatching_long_ctx(instance.ring_attn_fn))
 
 
 def _dispatching_long_ctx(own_ring_fn):
@@ -210,11 +206,25 @@ def _long_ctx_call(
     return group, q, call
 
 
-def _give_back_ring_fns() -> None:
-    """Uninstall: layers built while patched run xDiT's own ring function again."""
-    for layer, original in list(_TAKEN_OVER.items()):
-        layer.ring_attn_fn = original
-    _TAKEN_OVER.clear()
+class _TakenOver:
+    """xFuserLongContextAttention layers whose ring function we replaced -> the one xDiT chose
+    (weak: at most the live layers); give_back() is the patch's revert."""
+
+    def __init__(self) -> None:
+        self._layers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def take(self, layer, ring_fn) -> None:
+        self._layers[layer] = layer.ring_attn_fn
+        layer.ring_attn_fn = ring_fn
+
+    def give_back(self) -> None:
+        """Uninstall: layers built while patched run xDiT's own ring function again."""
+        for layer, original in list(self._layers.items()):
+            layer.ring_attn_fn = original
+        self._layers.clear()
+
+
+_TAKEN_OVER = _TakenOver()
 
 
 def _graph_transformer(wrapped, instance, args, kwargs):
@@ -286,7 +296,7 @@ def _build(patches: PatchSet) -> None:
     patches.wrapper(
         "xfuser.long_ctx_ring_fn", long_ctx, "xFuserLongContextAttention.__init__", _long_ctx_init
     )
-    patches.on_revert("xfuser.long_ctx_ring_fn", _give_back_ring_fns)
+    patches.on_revert("xfuser.long_ctx_ring_fn", _TAKEN_OVER.give_back)
     patches.wrapper(
         "xfuser.cuda_graph_transformer",
         base_pipeline,

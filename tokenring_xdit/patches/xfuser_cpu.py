@@ -304,24 +304,35 @@ _HOOKS: dict[str, Callable[[ModuleType, PatchSet], None]] = {
 # ------------------------------------------------------------------------------------------
 # Public switch.
 
-_state: dict[str, Any] = {"enabled": False, "pending": set()}
-_applied: dict[str, PatchSet] = {}  # module name -> its changes, in application order
+
+class _CpuMode:
+    """CPU mode's state: on or off, the hooked modules whose hook is armed but not yet fired
+    (`pending`), and those patched (`applied`: module name -> its changes, in application
+    order). At most one entry per hooked module (_HOOKS); disable() empties `applied`."""
+
+    def __init__(self) -> None:
+        self.enabled = False
+        self.pending: set[str] = set()
+        self.applied: dict[str, PatchSet] = {}
+
+
+_MODE = _CpuMode()
 
 
 def _apply(name: str, mod: ModuleType) -> None:
     """Patch one freshly imported module, all or nothing."""
-    if name in _applied:
+    if name in _MODE.applied:
         return
     patches = PatchSet("xfuser", XFUSER_VERSIONS)
     patches.apply(lambda p: _HOOKS[name](mod, p))  # all or nothing
-    _applied[name] = patches
+    _MODE.applied[name] = patches
 
 
 def _on_import(mod: ModuleType) -> None:
     """wrapt post-import hook: runs right after the module body, before dependents continue."""
     name = mod.__name__
-    _state["pending"].discard(name)
-    if _state["enabled"]:
+    _MODE.pending.discard(name)
+    if _MODE.enabled:
         _apply(name, mod)
 
 
@@ -343,32 +354,32 @@ def enable() -> list[str]:
     patch ids (see CPU_PATCHES) applied or armed, each once, in table order.
     """
     _check_requirements()
-    _state["enabled"] = True
+    _MODE.enabled = True
     for name in _HOOKS:
-        if name in _applied or name in _state["pending"]:
+        if name in _MODE.applied or name in _MODE.pending:
             continue
         if name not in sys.modules:
-            _state["pending"].add(name)
+            _MODE.pending.add(name)
         # wrapt calls the hook at once if the module is already imported.
         wrapt.register_post_import_hook(_on_import, name)
-    return _ids(set(_applied) | _state["pending"])
+    return _ids(set(_MODE.applied) | _MODE.pending)
 
 
 def disable() -> None:
     """Switch CPU mode off: every patched symbol (and alias of it) is the original again, and
     hooks still pending apply nothing. Idempotent."""
-    _state["enabled"] = False
-    for name in reversed(list(_applied)):
-        _applied.pop(name).revert()
+    _MODE.enabled = False
+    for name in reversed(list(_MODE.applied)):
+        _MODE.applied.pop(name).revert()
 
 
 def is_enabled() -> bool:
-    return _state["enabled"]
+    return _MODE.enabled
 
 
 def applied_patches() -> list[str]:
     """Ids of the patch points in effect now (a module is patched once it has been imported)."""
-    return _ids(set(_applied), only_applied=True)
+    return _ids(set(_MODE.applied), only_applied=True)
 
 
 def hooked_modules() -> tuple[str, ...]:
@@ -382,7 +393,7 @@ def _ids(modules: set[str], only_applied: bool = False) -> list[str]:
     for patch in CPU_PATCHES:
         if patch.trigger not in modules or patch.id in ids:
             continue
-        applied = _applied.get(patch.trigger)
+        applied = _MODE.applied.get(patch.trigger)
         if applied is not None and patch.id not in applied.applied:
             continue
         if only_applied and applied is None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import threading
 import traceback
-import weakref
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from .comm.teardown import GRAPH_RELEASERS, ensure_guard
+from .comm.teardown import drop_graphs, ensure_guard, holds_graphs
 
 __all__ = [
     "PACKINGS_KEPT",
@@ -67,7 +66,6 @@ class _Graph:
 
 
 _MISSING = object()
-_LIVE: weakref.WeakSet[GraphCache] = weakref.WeakSet()
 _CAPTURING = threading.local()  # .kept: the list of the capture under way on this thread
 
 
@@ -105,7 +103,6 @@ class GraphCache:
         self._group: dict[Hashable, Any] = {}  # key -> the group it was made in (lru)
         self._pool = None
         self._lock = threading.Lock()
-        _LIVE.add(self)
 
     def __call__(
         self, key: Hashable, leaves: Sequence[Any], run: Callable[[Sequence[Any]], Any], group
@@ -173,6 +170,7 @@ class GraphCache:
         graph, outputs, error, kept = torch.cuda.CUDAGraph(), None, None, []
         if same_key:
             ensure_guard()  # destroy_process_group frees our graphs first (pytorch#115388)
+            holds_graphs(self)  # ... these among them (and the exit hook, and an abort)
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             torch.cuda.synchronize(device)
@@ -316,14 +314,4 @@ def clear_graphs() -> None:
     RING_PACKINGS.clear()
 
 
-def release_all_graphs() -> int:
-    """Drop every graph of every cache in this process (before NCCL teardown); returns how many
-    caches held any."""
-    held = 0
-    for cache in list(_LIVE):
-        held += len(cache) > 0
-        cache.clear()
-    return held
-
-
-GRAPH_RELEASERS.append(release_all_graphs)  # the teardown guard drops them before a destroy
+release_all_graphs = drop_graphs  # every graph of every cache; returns how many caches held any

@@ -6,35 +6,31 @@ GPU and never shares a group with the host's collectives. Caches key on agreed v
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 import torch
 import torch.distributed as dist
 
+from ...caches import Lru
 from ..comm import COUNTERS, RingComms, TokenRingCommError
 from ..comm.groups import describe_peer
-from ..comm.teardown import RELEASE_HOOKS
+from ..comm.teardown import on_release
 from .header import Header
 
-_CACHE: OrderedDict = OrderedDict()
-_CACHE_SIZE = 256
+# what ranks agreed, by the agreed key: the last 256 keys (rings, choices)
+AGREED = Lru(256)
 
 
 def cached(key):
-    hit = _CACHE.get(key)
-    if hit is not None:
-        _CACHE.move_to_end(key)
-    return hit
+    return AGREED.get(key)
 
 
 def remember(key, value) -> None:
-    _CACHE[key] = value
-    if len(_CACHE) > _CACHE_SIZE:
-        _CACHE.popitem(last=False)
+    # keys and rings hold their group: a release lets them go (every group's: the cache is small)
+    on_release(_forget_agreed)
+    AGREED.put(key, value)
 
 
-# keys and rings hold their group: let destroyed ones go (every group's: the cache is small)
-RELEASE_HOOKS.append(lambda group: _CACHE.clear())
+def _forget_agreed(group) -> None:
+    AGREED.clear()
 
 
 def always(validate: str, device_type: str) -> bool:

@@ -39,11 +39,7 @@ import torch.distributed as dist
 from ...config import CommSettings, current, torchrun_attempt, torchrun_restarted_with_shared_store
 from . import teardown
 from .errors import TokenRingCommError
-from .teardown import (
-    _COMMS,
-    _VIEWS,
-    release_ring_comms,
-)
+from .teardown import LIVE, release_ring_comms
 
 __all__ = [
     "RingPosition",
@@ -125,6 +121,9 @@ class RingComms:
     # captured, and each graph key's marks, which a replay of it takes as its own
     captured: list | None = field(default=None, repr=False)
     graph_marks: dict = field(default_factory=dict, repr=False)
+    # lane group -> how it takes posts directly (comm/lanes.py), decided at its first post;
+    # shared with the ring's per-call views, gone with the ring
+    direct: dict = field(default_factory=dict, repr=False)
 
     def fail(self, why: str) -> None:
         teardown.ring_failed()
@@ -153,7 +152,7 @@ class RingComms:
         base = self.base or self
         if base.backend != "gloo":
             seconds = min(seconds, 2 * base.deadline.total_seconds())
-        views = _VIEWS.setdefault(base, {})
+        views = LIVE.views.setdefault(base, {})
         view = views.get(seconds)
         if view is None:
             view = views[seconds] = dataclasses.replace(
@@ -169,9 +168,9 @@ class RingComms:
 def comms_of(group: dist.ProcessGroup, settings: CommSettings | None = None) -> RingComms:
     """The communicators of `group`, made on first use by the ring's members with `settings`
     (None: the defaults); a ring made earlier is returned as it was made."""
-    comms = _COMMS.get(group)
+    comms = LIVE.comms.get(group)
     if comms is None:
-        comms = _COMMS[group] = _make(group, settings or CommSettings())
+        comms = LIVE.comms[group] = _make(group, settings or CommSettings())
     return comms
 
 
@@ -223,11 +222,6 @@ def _restart_hint() -> str:
     )
 
 
-# ring ranks -> how many times this process made communicators for those ranks. Keyed like the
-# communicators torch then makes (by member ranks, in order of creation), not by the group's
-# name: ranks that passed different groups of the same ranks must still meet, so the input
-# check can name the mismatch; a ring made again must not meet its predecessor's keys.
-_ARRIVALS: dict[tuple[int, ...], int] = {}
 _ARRIVAL_POLL_S = 0.05
 
 
@@ -245,8 +239,12 @@ def _members_arrive(ranks: tuple[int, ...], deadline: timedelta) -> None:
         store = dist.distributed_c10d._get_default_store()
     except (RuntimeError, ValueError, AttributeError):
         return  # no store to meet on (a custom init): torch's own wait stays the only one
-    generation = _ARRIVALS.get(ranks, 0)
-    _ARRIVALS[ranks] = generation + 1
+    # Keyed like the communicators torch then makes (by member ranks, in order of creation),
+    # not by the group's name: ranks that passed different groups of the same ranks must still
+    # meet, so the input check can name the mismatch; a ring made again must not meet its
+    # predecessor's keys (the store outlives it: never cleared).
+    generation = LIVE.arrivals.get(ranks, 0)
+    LIVE.arrivals[ranks] = generation + 1
     # keyed by torchrun's attempt too: its store outlives a restarted worker group, whose
     # members would otherwise find their predecessors' keys and not wait for each other
     prefix = f"tokenring/arrive/{torchrun_attempt()}/{'-'.join(map(str, ranks))}/{generation}"

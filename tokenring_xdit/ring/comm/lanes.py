@@ -20,7 +20,6 @@ lane calls `batch_isend_irecv` as before; `DIRECT_P2P = False` forces that (test
 from __future__ import annotations
 
 import time
-import weakref
 from datetime import timedelta
 from typing import NamedTuple, Protocol
 
@@ -170,20 +169,15 @@ class _Direct(NamedTuple):
     device: torch.device | None  # coalesce on this device type; None: one work per op
 
 
-# lane group -> its _Direct, or None where it must take batch_isend_irecv (weak: the ring's
-# teardown destroys the group, the entry goes with it)
-_DIRECT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def _direct_of(group: dist.ProcessGroup, comms: RingComms) -> _Direct | None:
     """The direct issue of `group`'s posts, or None. What batch_isend_irecv would decide for
     the lane's tensors (CUDA on NCCL, CPU on gloo): coalesce where that backend supports it,
     one op at a time where it does not; other backends or group types keep the fallback."""
-    if type(group) is not dist.ProcessGroup:  # a wrapper of torch's (or not weak-referable)
+    if type(group) is not dist.ProcessGroup:  # a wrapper of torch's: the fallback
         return None
-    direct = _DIRECT.get(group, False)
+    direct = comms.direct.get(group, False)  # None: it must take batch_isend_irecv
     if direct is False or (direct is not None and direct.ranks is not comms.ranks):
-        direct = _DIRECT[group] = _decide(group, comms)
+        direct = comms.direct[group] = _decide(group, comms)
     return direct
 
 

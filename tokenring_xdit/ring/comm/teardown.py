@@ -1,30 +1,28 @@
 """The ring's live communicators and their teardown, and the ring's own guard on
-`torch.distributed.destroy_process_group`.
+`torch.distributed.destroy_process_group`. What a process keeps for them is one object, LIVE.
 
 The guard: a CUDA graph that captured NCCL kernels keeps its communicator in use, and torch's
 `destroy_process_group` then waits forever in ncclCommDestroy (pytorch/pytorch#115388; seen on
 2 x H200 with torch 2.11; xDiT's scripts end with `destroy_distributed_env()`). So before a
-group is destroyed, the guard drops every CUDA graph of ours (GRAPH_RELEASERS: ring/graph_cache.py
-registers its caches) and tears down TokenRing's own ring communicators, newest first. The ring
-puts it in place itself (`ensure_guard`), before it makes a ring's first communicators and
-before its first graph capture, so a checkout on PYTHONPATH without install metadata gets it
-too. The patch table lists it (row `torch.destroy_process_group`); patches/
-torch_dist.py reports and reverts it, and `tokenring_xdit.uninstall()` gives torch its own
-function back.
+group is destroyed, the guard drops every CUDA graph of ours (a graph cache registers itself at
+its first capture: `holds_graphs`) and tears down TokenRing's own ring communicators, newest
+first. The ring puts it in place itself (`ensure_guard`), before it makes a ring's first
+communicators and before its first graph capture, so a checkout on PYTHONPATH without install
+metadata gets it too; the exit hook is registered there as well, not at import. The patch table
+lists it (row `torch.destroy_process_group`); patches/torch_dist.py reports and reverts it, and
+`tokenring_xdit.uninstall()` gives torch its own function back.
 
 Teardown and exit. Nothing of ours may keep a process group alive past `destroy_process_group`:
 torch frees a group's gloo threads only when its last reference goes, and a gloo worker thread
 that outlives the start of interpreter finalisation and then drops the last reference to a
 finished collective (whose tensors own Python objects) needs the GIL, is killed by Python, and
 the process aborts ("terminate called without an active exception"). So releasing a ring also
-empties the per-group caches (RELEASE_HOOKS). At exit, in a program that made ring
-communicators, a gloo default group it did not destroy is destroyed here, while the interpreter
-is whole (the same race exists in plain torch:
-about 2 runs in 15 of a program whose last call is a gloo all_gather). Our own NCCL
-communicators are aborted, not finalised: an abort is local and bounded, a finalise can wait
-on peers (pytorch/pytorch#119797); our queued kernels are waited for first, bounded by the
-deadline.
-
+empties the per-group caches (`on_release`: each registers at its first use). At exit, in a
+program that made ring communicators, a gloo default group it did not destroy is destroyed here,
+while the interpreter is whole (the same race exists in plain torch: about 2 runs in 15 of a
+program whose last call is a gloo all_gather). Our own NCCL communicators are aborted, not
+finalised: an abort is local and bounded, a finalise can wait on peers (pytorch/pytorch#119797);
+our queued kernels are waited for first, bounded by the deadline.
 """
 
 from __future__ import annotations
@@ -42,25 +40,66 @@ import torch
 import torch.distributed as dist
 
 __all__ = [
-    "GRAPH_RELEASERS",
-    "RELEASE_HOOKS",
+    "LIVE",
+    "LiveRings",
     "ensure_guard",
     "guard_installed",
+    "holds_graphs",
+    "on_release",
     "release_graphs",
     "release_ring_comms",
     "remove_guard",
 ]
 
-_MADE: list[bool] = []  # non-empty once this process made ring communicators (the exit hook)
-_FAILED: list[bool] = []  # non-empty once a ring of this process failed (a peer gone or stuck)
-# ring group -> its communicators (groups.py fills it); weak keys, so a destroyed group's entry
-# cannot be found again by a new group that reuses its name
-_COMMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-# ring -> {seconds: its view with that deadline}; released with the ring
-_VIEWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-# Each drops every CUDA graph of one kind of cache and returns how many caches held any
-# (ring/graph_cache.py registers its own when it is imported: no graph exists before that).
-GRAPH_RELEASERS: list[Callable[[], int]] = []
+
+class LiveRings:
+    """What this process's rings leave to tear down: one instance, LIVE, owned by this module.
+
+    Weak (bounded by the live groups; a new group reusing a destroyed one's name finds nothing):
+    comms (ring group -> RingComms, groups.py fills it), views (ring -> {seconds: its view with
+    that deadline}), aborted groups, graph_caches (caches that captured a graph: holds_graphs).
+    release_hooks: what per-group state forgets a released group with, one per function
+    (on_release). arrivals: ring ranks -> times this process made their communicators
+    (groups.py; never cleared). made / failed: the exit hook's cues. guard: (torch's
+    destroy_process_group, ours) while ours is in place. clear(): forget every ring."""
+
+    def __init__(self) -> None:
+        self.comms: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.views: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.aborted: weakref.WeakSet = weakref.WeakSet()
+        self.graph_caches: weakref.WeakSet = weakref.WeakSet()
+        self.release_hooks: dict[Callable[[dist.ProcessGroup | None], None], None] = {}
+        self.arrivals: dict[tuple[int, ...], int] = {}
+        self.made = self.failed = self.exit_hooked = False
+        self.guard: tuple[Callable, Callable] | None = None
+
+    def clear(self) -> None:
+        self.comms.clear()
+        self.views.clear()
+
+
+LIVE = LiveRings()
+
+
+def on_release(hook: Callable[[dist.ProcessGroup | None], None]) -> None:
+    """Call hook(group) after every release of ring communicators (idempotent; per-group state
+    registers at its first use: nothing is held before it)."""
+    LIVE.release_hooks[hook] = None
+
+
+def holds_graphs(cache) -> None:
+    """`cache` (clear(), len()) holds CUDA graphs, which the guard, the exit hook and a
+    deadline's abort drop (registered at its first capture)."""
+    LIVE.graph_caches.add(cache)
+
+
+def drop_graphs() -> int:
+    """Drop every CUDA graph of every cache; returns how many caches held any."""
+    held = 0
+    for cache in list(LIVE.graph_caches):
+        held += len(cache) > 0
+        cache.clear()
+    return held
 
 
 # --- the guard -------------------------------------------------------------------------------
@@ -68,7 +107,7 @@ GRAPH_RELEASERS: list[Callable[[], int]] = []
 
 def release_graphs() -> None:
     """Drop every CUDA graph tokenring_xdit holds (TokenRing calls and graphed transformers)."""
-    if sum(release() for release in GRAPH_RELEASERS):
+    if drop_graphs():
         # a graph is destroyed with its last reference; collect only when graphs were dropped:
         # xDiT destroys a dozen groups at exit and a full collection each cost seconds there
         gc.collect()
@@ -94,19 +133,21 @@ def _abort_instead() -> bool:
     replay whose peer hung): destroy_process_group() still blocked 55 s after the error with
     the survivor's GPU idle; aborting every group took 0.5 s and the process exited 1.2 s after
     its error. (torch itself aborts a group it must end without a destroy, in its destructor.)"""
-    return bool(_FAILED) and dist.is_initialized() and "nccl" in str(dist.get_backend()).lower()
+    return LIVE.failed and dist.is_initialized() and "nccl" in str(dist.get_backend()).lower()
 
 
 def _abort_every_group() -> None:
     dist.distributed_c10d._abort_process_group()  # all at once (one NCCL group call)
 
 
-_GUARD: dict[str, Callable] = {}  # "original", "guard" while installed
-
-
 def ensure_guard() -> None:
-    """Put the guard in place (idempotent): under both names torch exports it by."""
-    if _GUARD:
+    """Put the guard in place (idempotent): under both names torch exports it by; and, once per
+    process, the exit hook (here, where rings and graphs first need it, not at import: it still
+    runs before torch's own exit handlers, which torch registered when it was imported)."""
+    if not LIVE.exit_hooked:
+        LIVE.exit_hooked = True
+        atexit.register(_at_exit)
+    if LIVE.guard is not None:
         return
     c10d = dist.distributed_c10d
     original = c10d.destroy_process_group
@@ -114,44 +155,36 @@ def ensure_guard() -> None:
     c10d.destroy_process_group = guard
     if dist.destroy_process_group is original:
         dist.destroy_process_group = guard
-    _GUARD.update(original=original, guard=guard)
+    LIVE.guard = (original, guard)
 
 
 def guard_installed() -> bool:
-    return bool(_GUARD)
+    return LIVE.guard is not None
 
 
 def remove_guard() -> None:
     """Give torch its own destroy_process_group back (where ours is still in place)."""
-    if not _GUARD:
+    if LIVE.guard is None:
         return
     release_graphs()  # the unguarded destroy_process_group would hang on them
-    c10d = dist.distributed_c10d
-    for owner in (c10d, dist):
-        if owner.destroy_process_group is _GUARD["guard"]:
-            owner.destroy_process_group = _GUARD["original"]
-    _GUARD.clear()
+    original, guard = LIVE.guard
+    for owner in (dist.distributed_c10d, dist):
+        if owner.destroy_process_group is guard:
+            owner.destroy_process_group = original
+    LIVE.guard = None
 
 
 def ring_failed() -> None:
     """Note that a ring of this process failed (the exit hook then destroys the groups)."""
-    if not _FAILED:
-        _FAILED.append(True)
+    LIVE.failed = True
 
 
 def made_rings() -> None:
     """Note that this process made ring communicators (the exit hook acts only then)."""
-    if not _MADE:
-        _MADE.append(True)
+    LIVE.made = True
 
 
 # --- teardown --------------------------------------------------------------------------------
-
-
-# Called with the released ring's group (None: every ring) after release_ring_comms drops rings:
-# modules that keep per-group state (the checks' signature cache, a pending backward's ring)
-# forget it, so nothing of ours keeps a destroyed group alive.
-RELEASE_HOOKS: list[Callable[[dist.ProcessGroup | None], None]] = []
 
 
 def release_ring_comms(group: dist.ProcessGroup | None = None) -> None:
@@ -159,22 +192,22 @@ def release_ring_comms(group: dist.ProcessGroup | None = None) -> None:
     first, while torch.distributed is still whole. Safe to call twice; rings made again later
     get fresh communicators."""
     if not dist.is_initialized():
-        _COMMS.clear()
-        _VIEWS.clear()
+        LIVE.clear()
         _forget(group)
         return
-    for ring in reversed(list(_COMMS.keys())):
+    for ring in reversed(list(LIVE.comms.keys())):
         if group is not None and ring is not group:
             continue
-        comms = _COMMS.pop(ring, None)
+        comms = LIVE.comms.pop(ring, None)
         if comms is not None:
-            _VIEWS.pop(comms, None)
+            LIVE.views.pop(comms, None)
             _tear_down(comms)
     _forget(group)
 
 
 def _forget(group: dist.ProcessGroup | None) -> None:
-    for hook in RELEASE_HOOKS:
+    # per-group state (the agreement's cache, a pending backward's ring) lets the group go
+    for hook in list(LIVE.release_hooks):
         hook(group)
 
 
@@ -212,7 +245,6 @@ def _drain(deadline: timedelta) -> None:
 # waits for an abort the deadline's watchdog started, instead of racing it (a process that
 # exits while an abort is half done dies in std::terminate, measured on 2 x H200).
 _ABORTING = threading.Lock()
-_ABORTED: weakref.WeakSet = weakref.WeakSet()  # groups whose abort already ran
 
 
 def abort_together(
@@ -231,7 +263,7 @@ def abort_together(
     own, outside the caller's group. In parallel every flag goes up at once and all stuck
     kernels quit.
     """
-    groups = [g for g in groups if g not in _ABORTED]
+    groups = [g for g in groups if g not in LIVE.aborted]
     if not groups or not _ABORTING.acquire(timeout=timeout_s):
         if started is not None:
             started()  # the aborts are under way already (or done)
@@ -248,7 +280,7 @@ def abort_together(
             started()
         for t in threads:
             t.join(max(end - time.monotonic(), 0.0))
-        _ABORTED.update(groups)
+        LIVE.aborted.update(groups)
         return [g for g, t in zip(groups, threads, strict=True) if t.is_alive()]
     finally:
         _ABORTING.release()
@@ -276,7 +308,7 @@ def _at_exit() -> None:
     gc.collect()
     release_ring_comms()
     # only in programs that used a ring: one that never did keeps torch's own exit behaviour
-    if _MADE and dist.is_initialized() and (dist.get_backend() == "gloo" or _FAILED):
+    if LIVE.made and dist.is_initialized() and (dist.get_backend() == "gloo" or LIVE.failed):
         _destroy_default_group()
 
 
@@ -302,8 +334,3 @@ def _destroy_default_group() -> None:
 
     threading.Thread(target=destroy, name="tokenring-exit", daemon=True).start()
     done.wait(_EXIT_DESTROY_S)
-
-
-# At interpreter exit, before finalisation tears down gloo's threads in no particular order
-# (registered after torch's import, so it runs before torch's own exit handlers).
-atexit.register(_at_exit)

@@ -35,51 +35,95 @@ __all__ = ["watch"]
 
 log = logging.getLogger("tokenring_xdit")
 _POLL_S = 0.002
-_items: deque = deque()  # (event, device, deadline, comms, what), oldest first
-# Items the watchdog is done with. Their events are dropped by the next watch(), in the
-# calling thread, never in the watchdog's: cudaEventDestroy waits for a driver lock, and a graph
-# launch blocked behind a stuck replay (most likely for room in the launch queue) held it, so a
-# watchdog destroying an event there waited for the replay to end, which needed the watchdog's
-# abort (measured, 4 x H200, native stacks: main thread in cuGraphLaunch, watchdog in
-# cuEventDestroy; the survivor never raised). Its event queries did not wait there.
-_spent: list = []
-# device -> events of finished calls, recorded again by the next watch() on that device: in
-# steady state no call creates or destroys an event (each did both, a few microseconds of
-# host time per ring call).
-_reuse: dict[int, list] = {}
 _REUSE_MAX = 64  # per device; more in flight at once is rare (events beyond it are dropped)
-_cv = threading.Condition()
-_thread: list[threading.Thread] = []
 
 
-def watch(comms: RingComms, what: str) -> None:
-    """Bound the NCCL work this call queued (everything on the current stream so far)."""
-    device = torch.cuda.current_device()
-    with _cv:
-        _recycle()
-        free = _reuse.get(device)
-        event = free.pop() if free else torch.cuda.Event()
-    event.record()
-    marks, comms.marks = comms.marks, []
-    with _cv:
-        _items.append(
-            (event, device, time.monotonic() + comms.deadline.total_seconds(), comms,
-             (what, marks))
-        )  # fmt: skip
-        if not _thread:
-            _thread.append(threading.Thread(target=_run, name="tokenring-watchdog", daemon=True))
-            _thread[0].start()
-        _cv.notify()
+class _Watchdog:
+    """The deadline's thread and what it watches; one instance (its `watch` is the module's),
+    guarded by its condition `cv`; at most the calls in flight and _REUSE_MAX events a device.
+    clear(): drop the spent and reusable events (not the calls in flight)."""
+
+    def __init__(self) -> None:
+        self.cv = threading.Condition()
+        self.items: deque = deque()  # (event, device, deadline, comms, what), oldest first
+        # Items the watchdog is done with. Their events are dropped by the next watch(), in the
+        # calling thread, never in the watchdog's: cudaEventDestroy waits for a driver lock, and
+        # a graph launch blocked behind a stuck replay (most likely for room in the launch
+        # queue) held it, so a watchdog destroying an event there waited for the replay to end,
+        # which needed the watchdog's abort (measured, 4 x H200, native stacks: main thread in
+        # cuGraphLaunch, watchdog in cuEventDestroy; the survivor never raised). Its event
+        # queries did not wait there.
+        self.spent: list = []
+        # device -> events of finished calls, recorded again by the next watch() on that device:
+        # in steady state no call creates or destroys an event (each did both, a few
+        # microseconds of host time per ring call).
+        self.reuse: dict[int, list] = {}
+        self.thread: threading.Thread | None = None
+
+    def clear(self) -> None:
+        with self.cv:
+            self.spent.clear()
+            self.reuse.clear()
+
+    def watch(self, comms: RingComms, what: str) -> None:
+        """Bound the NCCL work this call queued (everything on the current stream so far)."""
+        device = torch.cuda.current_device()
+        with self.cv:
+            self._recycle()
+            free = self.reuse.get(device)
+            event = free.pop() if free else torch.cuda.Event()
+        event.record()
+        marks, comms.marks = comms.marks, []
+        with self.cv:
+            self.items.append(
+                (event, device, time.monotonic() + comms.deadline.total_seconds(), comms,
+                 (what, marks))
+            )  # fmt: skip
+            if self.thread is None:
+                self.thread = threading.Thread(
+                    target=self._run, name="tokenring-watchdog", daemon=True
+                )
+                self.thread.start()
+            self.cv.notify()
+
+    def _recycle(self) -> None:
+        """Under the lock, in the calling thread: the watchdog's finished items give their
+        events back for reuse; an expired call's event (its work may never finish) is dropped."""
+        for event, device, _, _, _, done in self.spent:
+            free = self.reuse.setdefault(device, [])
+            if done and len(free) < _REUSE_MAX:
+                free.append(event)
+        self.spent.clear()
+
+    def _run(self) -> None:
+        if not thread_local_capture_mode():
+            log.debug("TokenRing watchdog: could not set the thread-local capture mode")
+        items = self.items
+        while True:
+            with self.cv:
+                while not items:
+                    self.cv.wait()
+                event, _, deadline, comms, what = items[0]
+            done = event.query()
+            expired = not done and time.monotonic() > deadline
+            if expired:
+                _expire(comms, what)
+            with self.cv:  # this thread's references go first, under the lock (see spent)
+                del event, what
+                if done:
+                    self.spent.append((*items.popleft(), True))
+                elif expired:
+                    self.spent.extend((*i, False) for i in items if i[3] is comms)
+                    kept = [i for i in items if i[3] is not comms]
+                    items.clear()
+                    items.extend(kept)
+                    del kept
+            if not (done or expired):
+                time.sleep(_POLL_S)
 
 
-def _recycle() -> None:
-    """Under the lock, in the calling thread: the watchdog's finished items give their events
-    back for reuse; an expired call's event (its work may never finish) is dropped."""
-    for event, device, _, _, _, done in _spent:
-        free = _reuse.setdefault(device, [])
-        if done and len(free) < _REUSE_MAX:
-            free.append(event)
-    _spent.clear()
+WATCHDOG = _Watchdog()
+watch = WATCHDOG.watch
 
 
 # CUstreamCaptureMode: CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
@@ -95,32 +139,6 @@ def thread_local_capture_mode() -> bool:
         return driver.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode)) == 0
     except (OSError, AttributeError):
         return False
-
-
-def _run() -> None:
-    if not thread_local_capture_mode():
-        log.debug("TokenRing watchdog: could not set the thread-local capture mode")
-    while True:
-        with _cv:
-            while not _items:
-                _cv.wait()
-            event, _, deadline, comms, what = _items[0]
-        done = event.query()
-        expired = not done and time.monotonic() > deadline
-        if expired:
-            _expire(comms, what)
-        with _cv:  # this thread's references go first, under the lock (see _spent)
-            del event, what
-            if done:
-                _spent.append((*_items.popleft(), True))
-            elif expired:
-                _spent.extend((*i, False) for i in _items if i[3] is comms)
-                kept = [i for i in _items if i[3] is not comms]
-                _items.clear()
-                _items.extend(kept)
-                del kept
-        if not (done or expired):
-            time.sleep(_POLL_S)
 
 
 def _expire(comms: RingComms, call: tuple[str, list]) -> None:

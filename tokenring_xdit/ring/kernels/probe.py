@@ -17,6 +17,7 @@ from collections.abc import Hashable
 
 import torch
 
+from ...caches import Seen
 from ..packed.pick import Segment
 from ..tensor_layout import BHSD, Layout
 from .base import HALF, BlockKernel, Kernel, row_delta
@@ -101,7 +102,7 @@ _RUNS = {
     "gqa-pair": _gqa_pair,
 }
 
-_RAN: set[Hashable] = set()
+_RAN = Seen(256)  # keys of the host kernels that ran once (one per host kernel and device)
 
 
 def runs_once(kernel: BlockKernel, key: Hashable, q, k, v, scale, layout: Layout) -> None:
@@ -113,4 +114,4 @@ def runs_once(kernel: BlockKernel, key: Hashable, q, k, v, scale, layout: Layout
     first = slice(0, 1)
     with torch.no_grad():
         kernel(*(layout.seq_slice(x, first).contiguous() for x in (q, k, v)), scale, layout)
-    _RAN.add(key)
+    _RAN.put(key)

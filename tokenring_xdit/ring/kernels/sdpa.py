@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from ...caches import Lru
 from ..tensor_layout import Layout
 from .standin import out_standin_bhsd
 from .base import Kernel, from_bhsd, lse_bhs
@@ -28,7 +29,7 @@ def _bhsd_args(dout, q, k, v, out, delta, layout):
     return dob, qb, kb, vb, ob
 
 
-_NO_RNG: dict[torch.device, torch.Tensor] = {}
+_NO_RNG = Lru(16)  # device -> its philox state (a few devices at most)
 
 
 def no_rng(device) -> torch.Tensor:
@@ -41,7 +42,7 @@ def no_rng(device) -> torch.Tensor:
         return found
     made = torch.zeros((), dtype=torch.int64, device=device)
     if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
-        _NO_RNG[device] = made  # (a few devices at most)
+        _NO_RNG.put(device, made)
     return made
 
 

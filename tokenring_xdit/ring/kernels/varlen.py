@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ...caches import Lru
 from ..packed.doc_split import Segment, segment_runs
 from ..graph_cache import keep_alive
 from ..tensor_layout import BHSD, Layout
@@ -21,10 +22,9 @@ def _rows(x: torch.Tensor, i: int, sl: slice, layout: Layout) -> torch.Tensor:
     return x[i, sl] if layout.seq_dim == 1 else x[i, :, sl].transpose(0, 1)
 
 
-# (offsets, device) -> the offsets on that device. Offsets come from the agreed documents, so
-# a packed batch reuses them every layer and call.
-_OFFSETS: dict[tuple, torch.Tensor] = {}
-_OFFSETS_SIZE = 1024
+# (offsets, device) -> the offsets on that device, the last 1024. Offsets come from the agreed
+# documents, so a packed batch reuses them every layer and call.
+_OFFSETS = Lru(1024)
 
 
 def _device_offsets(offsets: tuple[int, ...], device: torch.device) -> torch.Tensor:
@@ -47,9 +47,7 @@ def _device_offsets(offsets: tuple[int, ...], device: torch.device) -> torch.Ten
         # (the call's eager run before its capture has normally cached the offsets already)
         keep_alive(host, hit)
         return hit
-    if len(_OFFSETS) >= _OFFSETS_SIZE:
-        _OFFSETS.clear()
-    _OFFSETS[key] = hit
+    _OFFSETS.put(key, hit)
     return hit
 
 

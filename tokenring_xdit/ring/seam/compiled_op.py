@@ -36,6 +36,8 @@ call with one gets a NotImplementedError saying so. The real side decodes the op
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 
 from .prepare import CallOptions, op_args, prepare
@@ -43,7 +45,7 @@ from ..inference.run import infer
 from ..tensor_layout import get_layout
 from ..training.run import train_backward, train_forward
 
-__all__ = ["compiled_attn", "count_host", "count_host_calls_with"]
+__all__ = ["HOST_CALLS", "HostCalls", "compiled_attn", "count_host"]
 
 _TAGS = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()
 _OPTIONS = op_args()  # (name, OpArg) in the operator's order
@@ -52,22 +54,21 @@ _INDEX = {name: i for i, (name, _) in enumerate(_OPTIONS)}
 # the host the call is counted for (`tokenring_xdit.calls_by_host()`), a validate override
 _EXTRA = (("train", "bool"), ("host", "str"), ("validate", "str"))
 _ARGS = ", ".join(f"{op.schema} {name}" for name, op in _OPTIONS)
-# hosts/calls.count_call, registered by the host adapters (ring/ imports no host code). A host
-# counts its compiled calls here, at run time: a counter bumped in traced code would be a
-# guard on its value, and every call would recompile.
-_HOST_COUNTERS: list = []
 
 
-def count_host_calls_with(counter) -> None:
-    """Count calls made on behalf of a host with counter(host) (idempotent)."""
-    if counter not in _HOST_COUNTERS:
-        _HOST_COUNTERS.append(counter)
+class HostCalls(Counter):
+    """Ring calls run in this process on behalf of each host adapter, by the `host` label it
+    passes (`tokenring_xdit.calls_by_host()` reads them): one entry per label (the adapters pass
+    three). Compiled calls count here at run time: a counter bumped in traced code would be a
+    guard on its value, and every call would recompile."""
+
+    def count(self, host: str) -> None:
+        if host:  # "": no host
+            self[host] += 1
 
 
-def count_host(host: str) -> None:
-    """One call made on behalf of `host` ("": none)."""
-    for counter in _HOST_COUNTERS if host else ():
-        counter(host)
+HOST_CALLS = HostCalls()
+count_host = HOST_CALLS.count  # one call made on behalf of `host` ("": none)
 
 
 def compiled_attn(qkv: tuple[torch.Tensor, ...], options: CallOptions, host: str, validate: str):

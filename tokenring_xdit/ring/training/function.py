@@ -14,11 +14,11 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from .forward import BlockCall
-from ..seam.prepare import PreparedCall
-from ..comm.teardown import RELEASE_HOOKS
 from ..agreed_ring import Ring
 from .backward import fold_lse_grad
+from ..comm.teardown import on_release
+from ..seam.prepare import PreparedCall
+from .forward import BlockCall
 from .run import train_backward, train_forward
 
 __all__ = ["TokenRingAttention", "train_attn"]
@@ -26,31 +26,28 @@ __all__ = ["TokenRingAttention", "train_attn"]
 
 class _Held:
     """The ring a pending backward will use. Released with the ring's communicators
-    (RELEASE_HOOKS): an output kept past destroy_process_group or to interpreter exit must
-    not keep the group, and its gloo threads, alive (they aborted the process at exit)."""
+    (teardown.on_release): an output kept past destroy_process_group or to interpreter exit must
+    not keep the group, and its gloo threads, alive (they aborted the process at exit).
+    `pending`: those not yet run or dropped (weak: bounded by the live outputs)."""
 
     __slots__ = ("ring", "__weakref__")
+    pending: weakref.WeakSet[_Held] = weakref.WeakSet()
 
     def __init__(self, ring: Ring):
         self.ring: Ring | None = ring
-        _PENDING.add(self)
+        on_release(_Held.release)  # registered with the first pending backward
+        _Held.pending.add(self)
 
-
-_PENDING: weakref.WeakSet[_Held] = weakref.WeakSet()
-
-
-def _release(group: dist.ProcessGroup | None) -> None:
-    world = dist.group.WORLD if dist.is_initialized() else None
-    for held in list(_PENDING):
-        ring = held.ring
-        if ring is None:
-            continue
-        mine = ring.pos.group if ring.pos.group is not None else world
-        if group is None or mine is None or mine is group:
-            held.ring = None
-
-
-RELEASE_HOOKS.append(_release)
+    @staticmethod
+    def release(group: dist.ProcessGroup | None) -> None:
+        world = dist.group.WORLD if dist.is_initialized() else None
+        for held in list(_Held.pending):
+            ring = held.ring
+            if ring is None:
+                continue
+            mine = ring.pos.group if ring.pos.group is not None else world
+            if group is None or mine is None or mine is group:
+                held.ring = None
 
 
 class TokenRingAttention(torch.autograd.Function):

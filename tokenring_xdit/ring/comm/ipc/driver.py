@@ -10,6 +10,7 @@ and both operations can be captured into CUDA graphs.
 
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass
 
@@ -33,23 +34,20 @@ class IpcUnavailable(RuntimeError):
     """The IPC transport cannot run here (no cuda-bindings, no CUDA, no stream memory ops)."""
 
 
-_DRIVER = None
 _TLS = threading.local()
 
 
+@functools.cache  # the module, once found (a failed import is tried again)
 def driver():
     """The `cuda.bindings.driver` module, or IpcUnavailable with the fix."""
-    global _DRIVER
-    if _DRIVER is None:
-        try:
-            from cuda.bindings import driver as cu
-        except ImportError as exc:
-            raise IpcUnavailable(
-                "The ipc transport (TOKENRING_XDIT_TRANSPORT=ipc) needs the `cuda-bindings` "
-                f"package (pip install cuda-bindings matching your CUDA major version): {exc}"
-            ) from exc
-        _DRIVER = cu
-    return _DRIVER
+    try:
+        from cuda.bindings import driver as cu
+    except ImportError as exc:
+        raise IpcUnavailable(
+            "The ipc transport (TOKENRING_XDIT_TRANSPORT=ipc) needs the `cuda-bindings` "
+            f"package (pip install cuda-bindings matching your CUDA major version): {exc}"
+        ) from exc
+    return cu
 
 
 def available() -> bool:

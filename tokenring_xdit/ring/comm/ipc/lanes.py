@@ -30,7 +30,7 @@ from ..lanes import transfer_error
 from ..step_marks import mark_captured_step, stalled_step
 from . import driver as drv
 from .protocol import READY, TAKEN, pack
-from .state import _RINGS, IpcRing, _by_peer, _count, _nbytes, _poll, _Work
+from .state import IpcRing, _by_peer, _count, _nbytes, _poll, _Work
 
 __all__ = ["IpcLane", "IpcRing", "ipc_finished", "ipc_lanes"]
 
@@ -40,10 +40,10 @@ LANE_NAMES = ("Q", "return")
 def ipc_lanes(comms: RingComms, rank: int) -> tuple[IpcLane, IpcLane]:
     """(Q lane, return lane) over CUDA IPC for one ring call; the ring's buffers and flags are
     set up by its members' first call (collectively, on the ring's CPU group)."""
-    ring = _RINGS.get(comms)
+    ring = IpcRing.of.get(comms)
     if ring is None:
         device = torch.cuda.current_device() if torch.cuda.is_available() else -1
-        ring = _RINGS[comms] = IpcRing(comms, rank, device)
+        ring = IpcRing.of[comms] = IpcRing(comms, rank, device)
     ring.check_usable()
     return IpcLane(ring, 0), IpcLane(ring, 1)
 
@@ -53,7 +53,7 @@ def ipc_finished(comms: RingComms, what: str) -> None:
     the call's GPU work so far is done. Eager calls have waited at every step already; for a
     CUDA-graph replay this is the only wait. A peer that never answered: TokenRingCommError,
     our streams released, the ring unusable. No-op inside a capture."""
-    ring = _RINGS.get(comms)
+    ring = IpcRing.of.get(comms)
     if ring is None or torch.cuda.is_current_stream_capturing():
         return
     marks, comms.marks = comms.marks, []  # a replay's captured steps (step_marks.py)

@@ -23,9 +23,6 @@ __all__ = ["IpcRing"]
 _TAG = 0x7E10  # gloo tags of the inbox handshakes (plus the lane index)
 
 
-_RINGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
@@ -52,7 +49,13 @@ class _Work:
 
 
 class IpcRing:
-    """One process's IPC state for one ring group: flag pages, inboxes, streams."""
+    """One process's IPC state for one ring group: flag pages, inboxes, streams.
+
+    `of`: the IpcRing of each RingComms (a ring, or a per-call deadline view) that ran over IPC,
+    made by its first call (ipc/lanes.py); weak keys, at most one per such ring or view. An
+    IpcRing holds its comms, so an entry in fact lasts as long as the process."""
+
+    of: weakref.WeakKeyDictionary[RingComms, IpcRing] = weakref.WeakKeyDictionary()
 
     def __init__(self, comms: RingComms, rank: int, device: int):
         self.comms, self.rank, self.size, self.device = comms, rank, len(comms.ranks), device
