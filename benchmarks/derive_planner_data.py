@@ -168,7 +168,7 @@ def overlap_us_per_mb(bench_dir: Path) -> tuple[float, list[float]]:
 
     Each row: kernel time inside the ring minus the same kernels alone, where "the same kernels"
     is corrected with the measured block table for the last block being cut into pieces (the
-    session-2 code: one piece per 1024 local queries, at most 4); divided by the bytes the rank
+    original code: one piece per 1024 local queries, at most 4); divided by the bytes the rank
     sent while its kernels ran: Q (step 0) and all pieces of the last partial but the last one.
     Returns the median and the per-row values (microseconds per 1e6 bytes).
     """

@@ -1,4 +1,4 @@
-"""Why cuDNN per document segment failed exactness (issue 42 item 4): a one-GPU repro vs fp64.
+"""Why cuDNN per document segment failed exactness: a one-GPU repro vs fp64.
 
     python benchmarks/diagnostics/cudnn_segments_repro.py --out cudnn_segments_repro.json
 

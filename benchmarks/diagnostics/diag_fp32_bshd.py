@@ -1,13 +1,13 @@
-"""Diagnostic for the fp32 (b, s, h, d) CUDA discrepancy of session 1 (docs/performance.md).
+"""Diagnostic for the fp32 (b, s, h, d) CUDA discrepancy first seen on 2 x H200 (docs/performance.md).
 
   [DIAG_ADMIT_FP32=0] torchrun --nproc_per_node=N benchmarks/diagnostics/diag_fp32_bshd.py
 Prints TokenRing's max |err| vs fp64 exact attention per rank for fused merge on/off, CUDA graph
 on/off, both layouts, fp32 and bf16, uneven local lengths. On 2xH200 (2026-11-22) rank 1 showed
 2.8e-2..3.8e-2 for fp32 bshd wherever the Triton merge ran; every other line was <= 1.5e-3
-(bf16) / 1.5e-6 (fp32). Cause, found in session 3 on 4xH200: a race in the Triton merge when
+(bf16) / 1.5e-6 (fp32). Cause, found on 4xH200: a race in the Triton merge when
 lse_out aliases lse_a (fixed by a CTA barrier; see fused_merge.py). Graphed lines report a replay
-(before session 3 they reported the eager warm-up call). DIAG_ADMIT_FP32=0 keeps fp32 partials off
-the Triton merge, as sessions 2 and 3 had it before the fix.
+(before the fix they reported the eager warm-up call). DIAG_ADMIT_FP32=0 keeps fp32 partials off
+the Triton merge, as the code had it before the fix.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def main() -> None:
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     setup_token_ring_group(dist.group.WORLD)
     admit_fp32 = os.environ.get("DIAG_ADMIT_FP32", "1") == "1"
-    if not admit_fp32:  # keep fp32 partials off the Triton merge (as in sessions 2-3)
+    if not admit_fp32:  # keep fp32 partials off the Triton merge (as before the fix)
         fused_merge.SERVED_DTYPES = tuple(
             t for t in fused_merge.SERVED_DTYPES if t != torch.float32
         )

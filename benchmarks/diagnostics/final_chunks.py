@@ -3,7 +3,7 @@
 
   torchrun --nproc_per_node=N benchmarks/diagnostics/final_chunks.py --out $OUT/final_chunks.json
 `default` in each row is the piece count a call without `final_chunks` used when it ran (the
-rule of sessions 1-3: one piece per 1024 local queries, at most 4; since then 1, or
+original rule: one piece per 1024 local queries, at most 4; since then 1, or
 TOKENRING_XDIT_FINAL_CHUNKS). Shapes and timing as in ring_sweep.py.
 """
 

@@ -2,7 +2,7 @@
 run under `torch.cuda.set_sync_debug_mode("error")`, which raises on every synchronising CUDA
 call (a blocking copy, `.item()`, `.tolist()` of a GPU tensor, a stream synchronize).
 
-Why it matters (issue 44): inside a ring call the stream waits on the ring's transfers; a host
+Why it matters: inside a ring call the stream waits on the ring's transfers; a host
 wait there, before the call reaches its deadline's watch, holds the host for as long as a dead
 peer stays dead (measured on 2 x H200: the packed path's cu_seqlens copy did so).
 

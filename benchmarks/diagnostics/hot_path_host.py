@@ -14,7 +14,7 @@ cProfile (a count does not depend on the machine's load) and lists the functions
 own time (`--top`). Made for "the eager path must never get slower": run it with
 PYTHONPATH=<old checkout> and <new checkout>, alternating.
 
-`--path packed` times whole packed training calls (issue 42): `token_ring_attn_func(q, k, v,
+`--path packed` times whole packed training calls: `token_ring_attn_func(q, k, v,
 causal=True, cu_seqlens=cu)` forward + backward over 4 gloo ranks, the documents of
 benchmarks/packed_varlen.py's default 32768-token row (seed 0, 7 documents) scaled to
 --packed-tokens, zigzag shards (--layout: another of shard's), GQA 4/1 heads of 16 (tiny, so the
@@ -32,7 +32,7 @@ of each op, NCCL's P2P issue and cuDNN's included, shows as that builtin's own t
 Runs 2 gloo ranks on CPU (the host side is the same whatever the device) at the smallest sweep
 shape (PixArt 1024 px: 16 x 72, 4096 tokens), validate "signature" (what NCCL rings use), and
 times, per call: the input check from its cache, building the call and the graph key, and the
-graph-cache lookup. Works on the code before issue 21 (`checks.check_inputs`) and after
+graph-cache lookup. Works on the code before the agreed ring (`checks.check_inputs`) and after
 (`checks.agree`), so one machine compares both.
 """
 
@@ -98,7 +98,7 @@ def _worker(rank: int, n: int, report) -> dict:
         one_call()
         times.append(time.perf_counter() - t0)
     return {
-        "version": "agreed ring (issue 21)" if new else "before issue 21",
+        "version": "agreed ring" if new else "before the agreed ring",
         "package": str(Path(tokenring_xdit.__file__).parent),
         "median_us": statistics.median(times) * 1e6,
         "p90_us": sorted(times)[int(0.9 * len(times))] * 1e6,

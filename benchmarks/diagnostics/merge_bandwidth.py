@@ -7,7 +7,7 @@ torch-op merge vs plain copies scaled to as many bytes (the memory-bandwidth ref
 GPU time per merge, replayed from a CUDA graph as in the ring. Shapes: the partials a ring-2
 rank merges at DiT shapes (half its queries: the held-back split makes two such merges per
 call), in (b, h, s, d) storage and in (b, s, h, d) storage (xDiT's since the wire layout).
-`--old`: time another version of the kernel file beside it (issue 34: the merge before its
+`--old`: time another version of the kernel file beside it (e.g. the merge before its
 16-byte accesses). TUNING: queries per program and warps tried beside the default.
 """
 

@@ -1,4 +1,4 @@
-"""Where does the host time of a lane's post go? (issue 42: under cProfile, hot_path_host.py put
+"""Where does the host time of a lane's post go? (Under cProfile, hot_path_host.py put
 ~2.7 ms of ring 4's packed training call in its 12 lane posts; timed without the profiler,
 `--time-posts`, a post of that call costs 82-231 us.)
 

@@ -1,4 +1,4 @@
-"""Is the packed ring's extra dK/dV error the bf16 rounding of its partials? (issue 42 item 5)
+"""Is the packed ring's extra dK/dV error the bf16 rounding of its partials?
 
 CPU only, no kernel: every gradient term is exact (fp64); only the roundings the ring's data
 path does are emulated. Per (rank, step) block of the causal zigzag schedule (the plan the ring

@@ -1,5 +1,5 @@
-"""A peer that dies, hangs or raises in the middle of a TokenRing loop: what the survivor sees
-(issue 44), per path x fault x launcher, on GPUs (NCCL) or CPU (gloo).
+"""A peer that dies, hangs or raises in the middle of a TokenRing loop: what the survivor sees,
+per path x fault x launcher, on GPUs (NCCL) or CPU (gloo).
 
 Two ranks run benchmarks/diagnostics/peer_worker.py (its docstring: the paths and faults); rank
 1 faults at call `--fault-at`, rank 0 keeps calling and exits 3 when it catches
@@ -107,7 +107,7 @@ GPU_MATRIX = (
     # communicators are made with it; the calls from the fault on have the 8 s deadline)
     *(_g("compiled", f, fault_at=10, warmup_deadline=60.0, wall=150.0) for f in ("die", "hang")),
     # torchrun keeps its store across restarts and torch can hand the restarted workers the
-    # previous attempt's addresses (pytorch#135712; call 1 of the ninth session: the restarted
+    # previous attempt's addresses (pytorch#135712; measured on 4 x H200, 2026-11-27: the restarted
     # ring's gloo set-up was refused): run it as docs/troubleshooting.md tells users to
     _g("train", "die", "torchrun", max_restarts=1, wall=120.0, env=SEPARATE_STORES),
     *(_g("infer_graphed", f, **REPLAY) for f in ("die", "hang", "raise_exit", "raise_stay")),
@@ -303,12 +303,12 @@ def run_many(
     return [results[i] for i in range(len(scenarios))]
 
 
-SLACK_S = 6.0  # the survivor's error may come this long after the deadline (issue 44)
+SLACK_S = 6.0  # the survivor's error may come this long after the deadline
 EXIT_S = 10.0  # then it is gone within this (measured 0.3-3 s; a stuck teardown waits 30 s)
 
 
 def problems(result: dict) -> list[str]:
-    """What issue 44 asks that this result does not show (empty: all of it). Plain processes:
+    """What the failure contract asks that this result does not show (empty: all of it). Plain processes:
     every survivor raises TokenRingCommError in its own thread within deadline + SLACK_S, naming
     the faulty rank and the step, and exits with the program's code (3) within EXIT_S, no
     SIGABRT or core.

@@ -1,4 +1,4 @@
-"""One rank of a peer-fault scenario (issue 44); benchmarks/diagnostics/peer_death.py starts two.
+"""One rank of a peer-fault scenario; benchmarks/diagnostics/peer_death.py starts two.
 
 Both ranks loop TokenRing calls on one path (`--path`); rank `--faulty` (1) injects `--fault`
 at call `--fault-at`, the other ("survivor") keeps calling. Every event worth timing is one

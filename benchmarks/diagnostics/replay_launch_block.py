@@ -1,5 +1,5 @@
 """Does a CUDA-graph launch block the host while an earlier launch of it is still running, and
-does an event query from another thread block meanwhile? One GPU, no NCCL (issue 44).
+does an event query from another thread block meanwhile? One GPU, no NCCL.
 
 With replay step marks on (`TOKENRING_XDIT_REPLAY_STEP_MARKS=1`: an external event record node
 after every lane wait of a captured ring call), a survivor whose peer stopped never raised: its

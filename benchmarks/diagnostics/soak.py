@@ -1,5 +1,5 @@
 """Soak: many TokenRing calls over cycling lengths, inference (CUDA graphs on) and training mixed;
-does memory stay flat? (issue 44, item 3)
+does memory stay flat?
 
 One cycle = for each of the 5 lengths, `--infer` inference calls (replays of that length's graph
 after the first) then `--train` training calls (forward + backward: one call each), so with the

@@ -1,5 +1,5 @@
 """A correct program that uses TokenRing exits with code 0, whatever its last collective was and
-whether or not it calls destroy_process_group (issue 30; docs/troubleshooting.md promises it).
+whether or not it calls destroy_process_group (docs/troubleshooting.md promises it).
 
 Before, a program whose last collective was an ordinary one after a TokenRing call (an
 all_gather, a barrier, `unshard`) died of SIGABRT ("terminate called without an active

@@ -275,7 +275,7 @@ def _assert_named_on_live_ranks(outcomes, mode):
         assert "recover" in again, again
 
 
-# ------------------------------------------------------------ a call's own deadline (issue 30)
+# ------------------------------------------------------------ a call's own deadline
 
 CALL_TIMEOUT_S = 2  # the call's RingConfig.timeout, far below the group's 30 s
 

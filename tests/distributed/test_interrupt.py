@@ -1,4 +1,4 @@
-"""A rank waiting for a missing peer on its first TokenRing call stops on Ctrl-C (issue 43 item 1).
+"""A rank waiting for a missing peer on its first TokenRing call stops on Ctrl-C.
 
 The first call makes the ring's communicators; torch makes them inside C++ waits where Python's
 signal handlers cannot run, so a rank whose peer never called ignored Ctrl-C for the whole

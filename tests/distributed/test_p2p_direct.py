@@ -1,4 +1,4 @@
-"""The lanes' direct issue (issue 42) moves the same bytes as torch's batch_isend_irecv.
+"""The lanes' direct issue moves the same bytes as torch's batch_isend_irecv.
 
 TorchLane.post issues a step's sends and receives straight on the lane's process group (gloo:
 one op at a time, as torch's own non-coalescing path; NCCL: one coalesced batch, checked on GPUs

@@ -1,4 +1,4 @@
-"""The host work of a packed training call (issue 42), measured by
+"""The host work of a packed training call, measured by
 benchmarks/diagnostics/hot_path_host.py --path packed for real on 4 gloo ranks at a few calls:
 every call runs both loops through the per-segment wrapper (what cuDNN per segment runs on a
 GPU), and what depends only on the agreed layout is made once, not per call: the cu_seqlens

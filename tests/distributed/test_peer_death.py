@@ -1,6 +1,6 @@
 """A peer that dies, hangs or raises mid-loop on CPU (gloo): every survivor raises one
 TokenRingCommError in the thread that called, within the deadline (3 s) + 6 s, naming the faulty
-rank and the step, and exits with the program's code (3), no SIGABRT (issue 44). Under torchrun:
+rank and the step, and exits with the program's code (3), no SIGABRT. Under torchrun:
 a peer that exits is named by torchrun's report as the root cause (the agent stops the survivor),
 a peer that hangs is stopped after the survivor raised and exited 3.
 

@@ -1,4 +1,4 @@
-"""Zigzag shards cut ahead of their calls keep their proof (issue 43 item 7).
+"""Zigzag shards cut ahead of their calls keep their proof.
 
 A prefetching loader (or eval batches between training batches) cuts several sequences, of
 several lengths, with `shard(x, causal=True)` before any of them reaches attention. Each cut

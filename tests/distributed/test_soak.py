@@ -67,7 +67,7 @@ def test_verdict_judges_what_is_held_not_the_allocators_cache():
         import soak
     finally:
         sys.path.pop(0)
-    # the eighth/ninth sessions' GPU soak: allocated flat, the pool 1.7 -> 5.3 GB, back to 1.2 GB
+    # the GPU soak on 4 x H200 (2026-11-27): allocated flat, the pool 1.7 -> 5.3 GB, back to 1.2 GB
     cached = [_sample(500, 712, 1700), _sample(2500, 712, 4700), _sample(20000, 712, 5300)]
     assert soak.verdict(cached, 500, 1200)["verdict"] == "flat"
     assert soak.verdict(cached, 500, 1200)["growth"]["gpu_reserved"] > 2  # reported

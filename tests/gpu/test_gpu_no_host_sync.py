@@ -1,6 +1,6 @@
 """No TokenRing call blocks the host on the GPU once warm (2 GPUs, NCCL): a host wait inside a
 ring call sits behind the ring's transfers, out of reach of the deadline's watch, so a peer
-that dies there would hold the survivor forever (issue 44; the packed path's cu_seqlens copy
+that dies there would hold the survivor forever (the packed path's cu_seqlens copy
 did, measured on 2 x H200). benchmarks/diagnostics/host_sync.py runs each path under
 `torch.cuda.set_sync_debug_mode("error")`."""
 

@@ -1,4 +1,4 @@
-"""The lanes' direct NCCL issue (issue 42) equals torch's batch_isend_irecv (marker `gpu`):
+"""The lanes' direct NCCL issue equals torch's batch_isend_irecv (marker `gpu`):
 
 python -m pytest -m gpu tests/gpu/test_gpu_p2p_direct.py -q
 

@@ -70,7 +70,7 @@ def test_auto_picks_the_cost_models_kernel_for_the_row(dtype):
     dev = torch.device("cuda")
     args = (dev, dtype, 128, 128)
     record = {"flash_varlen": "flash_varlen", "cudnn": "cudnn+segments"}
-    measured = (0, 7429, 11096, 17817, 25621, 29578, 30421, 32768)  # issue 42's 32k row
+    measured = (0, 7429, 11096, 17817, 25621, 29578, 30421, 32768)  # a measured 32k row
     rows = [(measured, "zigzag"), (measured, "documents"), ((0, 40000, 65536), "zigzag")]
     picked = set()
     for bounds, split in rows:
@@ -84,7 +84,7 @@ def test_auto_picks_the_cost_models_kernel_for_the_row(dtype):
 
 def _doc_pair(name, args):
     """The packed-documents record of `name`; "cudnn+segments" is cuDNN per segment built
-    directly (as doc_pair("cudnn") builds it; issue 42 item 4, docs/kernels-cudnn-segments.md)."""
+    directly (as doc_pair("cudnn") builds it; docs/kernels-cudnn-segments.md)."""
     from tokenring_xdit.ring.kernels import doc_pair, segments_pair, select_pair
 
     if name == "cudnn+segments":
@@ -94,7 +94,7 @@ def _doc_pair(name, args):
 
 def test_cudnn_per_segment_is_offered_by_name():
     """cuDNN per document segment is exact once one-token blocks go to torch flash (the cases
-    below, issue 42 item 4): packed documents accept kernel='cudnn' by name."""
+    below): packed documents accept kernel='cudnn' by name."""
     from tokenring_xdit.ring.kernels import doc_pair, select_pair
 
     dev, dtype = torch.device("cuda"), torch.bfloat16
@@ -356,7 +356,7 @@ def test_public_api_on_a_real_ring_in_both_layouts():
       position's m partials once (the kernel returns bf16) before its fp32 sum, each rounding
       at most half an ulp of the partial's size, which for these inputs is at most about the
       total's. A fixed 1.5x is no bound of that: the CPU emulation of these same roundings
-      (benchmarks/diagnostics/packed_partials_rounding.py, exact partials, issue 42 item 5)
+      (benchmarks/diagnostics/packed_partials_rounding.py, exact partials)
       gives 2.0-2.2x the per-document error for dk on some ranks in both layouts, and on
       4 x H200 the zigzag's rank 1 measured 2.3x (7.65e-3 vs 3.34e-3).
     """

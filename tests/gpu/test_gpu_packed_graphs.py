@@ -1,4 +1,4 @@
-"""Packed training through the ring's CUDA graphs (ring/training/run.py, issue 42; marker `gpu`):
+"""Packed training through the ring's CUDA graphs (ring/training/run.py; marker `gpu`):
 
 python -m pytest -m gpu tests/gpu/test_gpu_packed_graphs.py -q -s -rA
 

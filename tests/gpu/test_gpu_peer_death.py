@@ -1,7 +1,7 @@
 """A peer that dies, hangs or raises mid-loop on NCCL (2 GPUs): every survivor raises one
 TokenRingCommError in the thread that called, within the deadline (8 s) + 6 s, naming the faulty
 rank and the step, and exits with the program's code (3), no SIGABRT; under torchrun the agent's
-report names the right rank (issue 44). One test per scenario of peer_death.py's GPU_MATRIX
+report names the right rank. One test per scenario of peer_death.py's GPU_MATRIX
 (path x fault x launcher; the rules: `peer_death.problems`), all run once for the module, six
 at a time (about 6 minutes). Without 2 GPUs every case is skipped (a skip is not a pass).
 
@@ -12,11 +12,11 @@ every survivor raised TokenRingCommError 8.0-10.2 s after the fault in the calli
 (compiled 12 s), naming the rank and the step; the packed path's host used to block inside the
 call (a cu_seqlens copy behind the dead peer's transfers: fixed); 9 of 12 plain survivors then
 died in std::terminate at exit (SIGABRT), fixed by ending the groups at exit after a ring failed.
-CUDA-graph replays (seventh and eighth sessions): NCCL's abort waits until every graph that
+CUDA-graph replays (4 x H200, 2026-11-27): NCCL's abort waits until every graph that
 captured the communicator is destroyed (the watchdog drops our graphs once the aborts are under
 way); a destroy_process_group after a stopped peer waited for it (now aborted instead); and with
 replay step marks the watchdog blocked in cuEventDestroy while a graph launch was blocked behind
-the stuck replay (it no longer destroys events). Eighth session, twice: every scenario passed
+the stuck replay (it no longer destroys events). Measured twice after that: every scenario passed
 (error 8.0-8.9 s after the fault, exit 1.2-3.0 s after the error). Graph replays name their
 peers, not their step, unless TOKENRING_XDIT_REPLAY_STEP_MARKS=1 (the "-marks" scenarios check
 the step).
@@ -49,7 +49,7 @@ def results() -> dict[str, dict]:
 
 def _case(name: str):
     if name in XFAIL:
-        reason = f"issue 44, open: {XFAIL[name]}"
+        reason = f"known, open: {XFAIL[name]}"
         return pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=reason))
     return name
 

@@ -5,7 +5,7 @@ python -m pytest -m gpu tests/gpu/test_gpu_scripts.py -q -rA [-k NAME]
 Each launch is a real `torchrun --nproc_per_node=2` of the script as a user types it, with sizes
 cut so the whole file runs in a few minutes. A launch passes when it exits 0 and exits within
 EXIT_S seconds of its last line of output (a process that finished its work and then sits in
-`destroy_process_group` or at interpreter exit is a failure: issue 34 saw 110 s there). A launch
+`destroy_process_group` or at interpreter exit is a failure: one was measured at 110 s there). A launch
 that overruns is dumped with py-spy (when installed) before it is killed, so the failure says where
 each rank was. Skipped with fewer than 2 GPUs; nothing here runs in CI.
 """
@@ -33,7 +33,7 @@ pytestmark = [
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
-EXIT_S = 5.0  # issue 34: every script exits within 5 s of its last output
+EXIT_S = 5.0  # every script exits within 5 s of its last output
 LAUNCH_TIMEOUT_S = float(os.environ.get("SCRIPTS_TIMEOUT_S", "150"))
 
 
@@ -46,7 +46,7 @@ def _gpu_pairs() -> list[str]:
 
 PAIRS = _gpu_pairs()
 # Default: one launch per GPU pair at a time, so the exit-time assertion is measured with nothing
-# else on the launch's GPUs (issue 34: 12 launches sharing two GPUs pushed 4 past 5 s).
+# else on the launch's GPUs (measured: 12 launches sharing two GPUs pushed 4 past 5 s).
 CONCURRENCY = int(os.environ.get("SCRIPTS_CONCURRENCY", str(max(1, len(PAIRS)))))
 # where each launch's whole output and a one-line summary go as soon as it ends (optional)
 LOG_DIR = os.environ.get("SCRIPTS_LOG_DIR")

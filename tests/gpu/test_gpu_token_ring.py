@@ -142,7 +142,7 @@ def test_cuda_graph_replay_equals_eager():
     ):
         assert graphs == (1 if n > 1 else 0), (rank, graphs)
         # the graph merges with Triton, eager with torch ops: equal up to bf16 rounding (outputs
-        # here are < 0.25: one ulp <= 1e-3; the lse race of session 3 gave 1e-2..1.5e-2)
+        # here are < 0.25: one ulp <= 1e-3; the since-fixed lse race gave 1e-2..1.5e-2)
         assert worst <= 2e-3, (rank, worst)
 
 

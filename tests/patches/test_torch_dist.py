@@ -89,7 +89,7 @@ GUARD_CODE = textwrap.dedent(
 def test_the_destroy_guard_is_the_rings_own():
     """The ring puts its teardown guard in place itself before it makes a ring's communicators
     (ring/comm/teardown.py), without the patch layer: a checkout on PYTHONPATH without install
-    metadata gets it too (issue 34: ring_sweep.py hung in destroy), and a destroy frees our
+    metadata gets it too (ring_sweep.py once hung in destroy), and a destroy frees our
     graphs and communicators first."""
     done = subprocess.run(
         [sys.executable, "-c", GUARD_CODE], capture_output=True, text=True, timeout=120

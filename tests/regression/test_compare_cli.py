@@ -251,7 +251,7 @@ def test_diffusers_path_check_uses_its_own_ring_counter():
     assert len(problems) == 2 and problems[0].startswith("diffusers CP + TokenRing rank 0")
 
 
-# ------------------------------------------------ issue 43: long CPU runs, SIGTERM
+# ------------------------------------------------ long CPU runs, SIGTERM
 
 
 def test_sigterm_cleans_up_as_ctrl_c_does(tmp_path):

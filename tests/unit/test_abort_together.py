@@ -1,4 +1,4 @@
-"""The ring's NCCL lanes are aborted at once (issue 44): measured on 2 x H200, an abort waits for
+"""The ring's NCCL lanes are aborted at once: measured on 2 x H200, an abort waits for
 its communicator's queued work, which can wait on the other lane's stuck transfer, so aborts made
 one after the other hung. These check the concurrency contract with stand-in groups (the NCCL
 part itself is checked by tests/gpu/test_gpu_peer_death.py)."""

@@ -1,4 +1,4 @@
-"""The before/after tools of issue 41 on CPU: plot_before_after's ratios from the committed
+"""The before/after tools on CPU: plot_before_after's ratios from the committed
 4 x H200 runs (train_sweep and ring_sweep rows, the control columns), and hot_path_host's eager
 mode run for real on 2 gloo ranks at a few calls."""
 
@@ -44,7 +44,7 @@ def test_ratios_of_packed_real_rings():
     new = [runs / "packed4_new_1.json", runs / "packed4_new_2.json"]
     points = ratio_points(old, new, "auto", "token_ring")  # a packed method by --column
     assert set(points) == {"32k 7 docs ring 4", "128k 28 docs ring 4"}
-    # 11.19 / 11.65 ms: new run 1 / old run 1 at 32k (calls_s8 README)
+    # 11.19 / 11.65 ms: new run 1 / old run 1 at 32k (the runs' README)
     assert abs(points["32k 7 docs ring 4"][0] - 11.1926 / 11.6544) < 0.002, points
     control = ratio_points(old, new, "dense_causal", "dense_causal")
     assert set(control) == set(points) and control != points

@@ -1,4 +1,4 @@
-"""The command-line edges a newcomer hit (issue 25): closed pipes, argument validation with
+"""The command-line edges a newcomer hit: closed pipes, argument validation with
 one-line errors, mistyped subcommands, `plan --validate` outside the checkout, a GPU without a
 kernel table, and one wording of the planner's pick score everywhere."""
 
@@ -194,7 +194,7 @@ def test_validate_wording_is_the_readme_and_planner_docs_wording(capsys):
         assert "exactly right" not in text  # one meaning of "right": within 5 % of the best
 
 
-# ------------------------------------------------------------------- issue 30: plot, one rank
+# ------------------------------------------------------------------- plot, one rank
 
 
 def test_plan_plot_without_matplotlib_fails_before_the_table():
@@ -223,7 +223,7 @@ def test_the_examples_output_dir_is_git_ignored():
     assert defaults and all(f"{d}/" in ignored for d in defaults), (defaults, ignored)
 
 
-# ------------------------------------------------------------- issue 30: compare's failures
+# ------------------------------------------------------------- compare's failures
 
 
 def test_an_unknown_option_of_a_subcommand_points_at_its_help(capsys):
@@ -269,7 +269,7 @@ def test_a_rank_failure_prints_its_innermost_frames_unwrapped():
     assert "34 outer frames left out (--verbose shows them)" in text or verbose
 
 
-# ---------------------------------------------- issue 43: demo's prefix, a zero timeout
+# ---------------------------------------------- demo's prefix, a zero timeout
 
 
 def test_a_bad_demo_value_is_one_prefixed_line(capsys):

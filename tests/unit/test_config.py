@@ -57,7 +57,7 @@ def test_values_that_parse():
     assert RingConfig.from_env({}) == RingConfig()
 
 
-# ---------------------------------------------------------------- issue 30: one parser, typos
+# ---------------------------------------------------------------- one parser, typos
 
 
 @pytest.mark.parametrize("text", ["1", "true", "ON", " yes ", "0", "false", "off", "no", ""])

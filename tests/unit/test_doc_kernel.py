@@ -40,7 +40,7 @@ def test_cuda_half_runs_the_models_fastest_kernel_for_the_layout(tokens, dtype):
     plan per segment shape (measured 50-145 ms a call over 8-16 layers against flash_varlen's
     10-34): auto picks flash_varlen for every layout, and the contiguous layout (measured
     9.31 / 27.06 ms against the zigzag's 11.28 / 33.43 with flash_varlen; cuDNN per segment,
-    plans built, 7.09 / 19.06: tenth session)."""
+    plans built, 7.09 / 19.06: 4 x H200, 2026-11-27)."""
     docs = Documents(ROWS[tokens])
     warm = {k: dataclasses.replace(c, plan_ms=0.0) for k, c in load_kernels().items()}
     assert documents.pick_kernel(docs, 4, True, ROW, cost=warm) == "cudnn"

@@ -154,8 +154,8 @@ def test_documents_layout_spread_at_most_1_10(row, n):
     assert report["layouts"][DOCUMENTS]["pairs_total"] == sum(x * (x + 1) // 2 for x in lengths)
 
 
-def test_the_row_of_issue_42_balanced_by_documents_but_auto_weighs_time():
-    """The documents layout evens the pairs of issue 42's row (spread 1.84 -> 1.01), but its 7
+def test_a_measured_row_balanced_by_documents_but_auto_weighs_time():
+    """The documents layout evens the pairs of a measured row (spread 1.84 -> 1.01), but its 7
     documents cut in 16 pieces each cost more time than the imbalance (short pieces, 2 varlen
     calls per block, no block skipped): auto keeps the row's zigzag; asked, it cuts documents."""
     cu = [0, 1000, 9000, 9500, 20000, 26000, 30000, 32768]

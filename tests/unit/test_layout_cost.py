@@ -94,8 +94,8 @@ BEFORE = {"auto": "flash_varlen", "cudnn": "cudnn+segments"}  # --kernel -> the 
 
 def _measured() -> dict:
     """{(cu_seqlens, ring): {(layout, kernel): ms}} over every committed real ring. An entry
-    names its layout (`L` or `L/K`; "auto" layouts repeat one and are left out) and, from this
-    session on, the record that ran (`kernel_used`); before, the file's --kernel said it (its
+    names its layout (`L` or `L/K`; "auto" layouts repeat one and are left out) and, in later
+    runs, the record that ran (`kernel_used`); before, the file's --kernel said it (its
     "auto" was flash_varlen then). A pair measured twice keeps its first entry."""
     rows: dict = {}
     for path in sorted(RESULTS.glob("packed_ring_*.json")):
@@ -119,7 +119,7 @@ def test_every_committed_real_ring_is_compared():
     # ring 2: 32k, 128k; ring 4: 32k, 128k, long documents 64k, 128k (ring 4: both kernels)
     assert len(COMPARED) == 6
     assert sum(len(MEASURED[k]) >= 4 for k in COMPARED) == 4
-    # ring 4, 32k and 128k: the contiguous layout too (tenth session), both kernels
+    # ring 4, 32k and 128k: the contiguous layout too, both kernels
     assert sum(len(MEASURED[k]) == 6 for k in COMPARED) == 2
 
 
@@ -132,7 +132,7 @@ def test_auto_picks_the_pair_that_ran_fastest_on_the_real_rings(key):
     segment on a row's few segments, and auto picks it among all pairs. On a new packing (a
     training step) auto picks flash_varlen on rows of many documents, in the layout that ran
     fastest with it (the contiguous layout at ring 4: 9.31 / 27.06 ms against the zigzag's
-    11.28 / 33.43, tenth session), cuDNN on a few long ones."""
+    11.28 / 33.43, 4 x H200), cuDNN on a few long ones."""
     cu, n = key
     ms = MEASURED[key]
     report = document_work(list(cu), n, causal=True)

@@ -43,7 +43,7 @@ def test_a_permutation_never_predicted_slower_and_deterministic(n, causal, split
 @pytest.mark.parametrize(("row", "gain"), [(0, 0.10), (1, 0.10)])
 def test_the_committed_rows_in_contiguous_shards_are_predicted_faster(row, gain):
     """Ring 4, flash_varlen (auto's kernel on a new packing): 32k 7.47 -> 6.59 ms predicted
-    for the slowest contiguous shard, 128k 23.84 -> 21.39 (measured, call 6 of the tenth session:
+    for the slowest contiguous shard, 128k 23.84 -> 21.39 (measured on 4 x H200, 2026-11-27:
     8.36 -> 7.86 and 24.47 -> 22.39 ms a call)."""
     lengths = _lengths(row)
     kw = dict(kernel="flash_varlen", split="contiguous")

@@ -1,7 +1,7 @@
 """The README's test command must reach every test folder.
 
 pytest skips folders matching `norecursedirs` (by default 'dist', 'build', 'venv', ...) without a
-word: tests/dist was silently never collected until session 3 renamed it tests/distributed.
+word: tests/dist was silently never collected until it was renamed tests/distributed.
 """
 
 from __future__ import annotations

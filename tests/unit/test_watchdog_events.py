@@ -1,4 +1,4 @@
-"""The deadline's watchdog never destroys a CUDA event in its own thread (issue 44): on 4 x H200
+"""The deadline's watchdog never destroys a CUDA event in its own thread: on 4 x H200
 a survivor whose replay was stuck never raised because the watchdog sat in cuEventDestroy,
 waiting for a driver lock while the main thread's cuGraphLaunch was blocked behind the stuck
 replay. The calling thread's next watch() takes finished calls' events back for reuse (no

@@ -172,7 +172,7 @@ def sweep_options(time: str) -> RingOptions:
 
 
 def old_final_pieces(q_len: int) -> int:
-    """Pieces of the last block in sessions 1-3 (every committed sweep_*.json): one per 1024
+    """Pieces of the last block in the original code (every committed sweep_*.json): one per 1024
     local queries, at most 4. The code now returns it in 1 piece (docs/performance.md)."""
     return min(4, max(1, q_len // 1024))
 

@@ -11,7 +11,7 @@ ours with LOG_LEVEL=debug (the variable the examples already pass on to xDiT's l
 After a successful main() the process ends with `os._exit` once the exit handlers have run
 (the process groups are gone, the output flushed): what it skips is the interpreter's
 finalisation, tearing down every module torch, diffusers and xDiT loaded, which took 1-4 s per
-rank after the last output (measured in issue 43; torchrun waits for the slowest rank).
+rank after the last output (measured; torchrun waits for the slowest rank).
 """
 
 from __future__ import annotations

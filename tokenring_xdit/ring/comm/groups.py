@@ -137,7 +137,7 @@ class RingComms:
         failed = self.failed if self.base is None else (self.base.failed or self.failed)
         if failed is not None:
             # an abort the deadline started finishes first: a caller that exits on this error
-            # must not race it (std::terminate at exit, measured on graphed calls, issue 44)
+            # must not race it (std::terminate at exit, measured on graphed calls)
             teardown.wait_for_aborts(self.deadline.total_seconds())
             raise TokenRingCommError(
                 f"TokenRing: the ring of global ranks {list(self.ranks)} is unusable after an "

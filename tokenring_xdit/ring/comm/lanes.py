@@ -6,8 +6,8 @@ NCCL: the stream waits and comm/watchdog.py bounds the call). Any other transpor
 same three members. A failure marks the ring unusable and raises TokenRingCommError naming this
 rank, the peers, the step and the lane.
 
-A post runs at every step of every ring call, so its host cost bounds small or many-step calls
-(issue 42). It issues what `dist.batch_isend_irecv` would, straight on the lane's process group:
+A post runs at every step of every ring call, so its host cost bounds small or many-step calls.
+It issues what `dist.batch_isend_irecv` would, straight on the lane's process group:
 on NCCL one coalesced batch (start coalescing, each send and receive, end coalescing: one NCCL
 group and one work, as torch's coalescing manager does), on gloo (no coalescing) one work per
 op, as torch's own fallback does. Same C++ calls, same streams, under CUDA-graph capture too;

@@ -8,7 +8,7 @@ group is destroyed, the guard drops every CUDA graph of ours (GRAPH_RELEASERS: r
 registers its caches) and tears down TokenRing's own ring communicators, newest first. The ring
 puts it in place itself (`ensure_guard`), before it makes a ring's first communicators and
 before its first graph capture, so a checkout on PYTHONPATH without install metadata gets it
-too (issue 34). The patch table lists it (row `torch.destroy_process_group`); patches/
+too. The patch table lists it (row `torch.destroy_process_group`); patches/
 torch_dist.py reports and reverts it, and `tokenring_xdit.uninstall()` gives torch its own
 function back.
 
@@ -90,7 +90,7 @@ def _guarded(destroy: Callable) -> Callable:
 def _abort_instead() -> bool:
     """After a ring of this process failed on NCCL, ending every group aborts it instead of
     destroying it: torch's destroy finalises each NCCL communicator, which waits for its peers,
-    and a peer that is alive but stopped never comes. Measured (2 x H200, issue 44, a graph
+    and a peer that is alive but stopped never comes. Measured (2 x H200, a graph
     replay whose peer hung): destroy_process_group() still blocked 55 s after the error with
     the survivor's GPU idle; aborting every group took 0.5 s and the process exited 1.2 s after
     its error. (torch itself aborts a group it must end without a destroy, in its destructor.)"""
@@ -210,7 +210,7 @@ def _drain(deadline: timedelta) -> None:
 
 # Held while ring communicators are being aborted: teardown at exit (or destroy_process_group)
 # waits for an abort the deadline's watchdog started, instead of racing it (a process that
-# exits while an abort is half done dies in std::terminate, measured in issue 44).
+# exits while an abort is half done dies in std::terminate, measured on 2 x H200).
 _ABORTING = threading.Lock()
 _ABORTED: weakref.WeakSet = weakref.WeakSet()  # groups whose abort already ran
 
@@ -225,7 +225,7 @@ def abort_together(
     Why at once: an NCCL abort raises its communicator's abort flag and then waits for that
     communicator's queued GPU work, which can wait (through the compute stream) on ANOTHER
     communicator's stuck transfer. Aborted one after the other, the first abort waits on a
-    kernel whose abort flag is only raised by the second: measured on 2 x H200 (issue 44), the
+    kernel whose abort flag is only raised by the second: measured on 2 x H200, the
     first abort of an eager causal ring hung until torch's own timeout, then torch took the
     process down. One NCCL group call does not help: torch runs each abort on a thread of its
     own, outside the caller's group. In parallel every flag goes up at once and all stuck
@@ -287,7 +287,7 @@ def _destroy_default_group() -> None:
     """End what the program left, bounded. After a ring failed on NCCL, a survivor that
     exited at once ended in std::terminate ("terminate called without an active exception")
     in torch's teardown of the groups left at interpreter finalisation: measured on 2 x H200,
-    torch 2.11 (issue 44), 11 of 22 plain fault scenarios; destroying the groups first (0.3 s)
+    torch 2.11, 11 of 22 plain fault scenarios; destroying the groups first (0.3 s)
     or a 3 s pause made 4 of 4 exits clean each, and this hook 5 of 5. Aborted rather than
     destroyed there (`_abort_instead`): a destroy waited 30 s (this bound) for a stopped peer."""
     done = threading.Event()

@@ -11,7 +11,7 @@ deadline (comm/groups.py), so this fires first.
 
 The polling thread runs in the thread-local stream-capture mode, as torch's own NCCL watchdog
 does (pytorch#148594): in CUDA's default (global) mode an event query from another thread during
-a capture can invalidate that capture. (Not reproduced on CUDA 13 / H200, issue 34: a pending
+a capture can invalidate that capture. (Not reproduced on CUDA 13 / H200: a pending
 event polled all through a capture left it intact either way; kept as torch keeps it.)
 """
 
@@ -134,7 +134,7 @@ def _expire(comms: RingComms, call: tuple[str, list]) -> None:
     comms.fail(message)
     log.error("%s", message)
     # Frees the GPU from the stuck transfers: both lanes at once (teardown.abort_together says
-    # why). Measured (issue 44, 2 x H200, deadline 8 s): eager training and eager inference
+    # why). Measured (2 x H200, deadline 8 s): eager training and eager inference
     # then raise in the calling thread about 8.1 s after the peer died.
     # NCCL's abort raises its flag (the stuck kernels quit), then waits until every CUDA graph
     # that captured the communicator is destroyed (commDestroySync polls its persistent

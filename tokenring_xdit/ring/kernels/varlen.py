@@ -31,7 +31,7 @@ def _device_offsets(offsets: tuple[int, ...], device: torch.device) -> torch.Ten
     """`offsets` as int32 on `device`, never blocking the host: a plain host-to-device copy
     waits for the stream, and inside a ring call the stream waits on the ring's transfers, so
     a peer that died would hold the host there, before the call reaches its deadline's watch
-    (issue 44, measured on 2 x H200). Pinned memory and a non-blocking copy only queue."""
+    (measured on 2 x H200). Pinned memory and a non-blocking copy only queue."""
     key = (offsets, device)
     hit = _OFFSETS.get(key)
     if hit is not None:  # no CUDA query on this path (every varlen call of every layer)

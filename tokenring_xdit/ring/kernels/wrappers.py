@@ -85,7 +85,7 @@ class ExpandedBackward:
 
 # A record is frozen and its wrappers keep no state: every call's `prepare` asks for the same
 # wrapped record, so it is made once (a dataclasses.replace per call was a quarter of a packed
-# call's prepare; issue 42). Keyed by the record's value, bounded.
+# call's prepare). Keyed by the record's value, bounded.
 @functools.lru_cache(maxsize=64)
 def expanded(kernel: Kernel) -> Kernel:
     """`kernel` on K/V expanded per block, its dK/dV folded back (same name and family)."""

@@ -8,7 +8,7 @@ five kernels and two fp32 temporaries. Any (b, h, s, d) strides: both layouts ar
 
 Memory-bound, so what matters is the width of each load. Triton proves alignment from what it
 sees: a head size like 72 or a row stride like 72 passed as a plain integer proves nothing, and
-every access became a 2-byte one (76 us for a 57 MB merge on H200, about 0.75 TB/s; issue 34's
+every access became a 2-byte one (76 us for a 57 MB merge on H200, about 0.75 TB/s in a
 PixArt profile). So the head size is a compile-time constant and the b/h/s strides arrive
 divided by `VEC` (multiplied back inside), which proves `VEC`-element alignment: 16-byte
 accesses wherever the tensors allow them.

@@ -13,7 +13,7 @@ class PartialMerge:
 
     The math is always fp32: new_lse = logaddexp(lse, block_lse) and each side weighs
     exp(its_lse - new_lse) (= sigmoid(block_lse - lse) for the block: the stable form of
-    ring-flash-attention PR #34). Storage follows the work left: with more than one merge to
+    zhuzilin/ring-flash-attention#34). Storage follows the work left: with more than one merge to
     come the running out is an fp32 accumulator; the last merge of each query (`last=True`)
     writes the caller's dtype directly, so a 2-rank ring never materialises fp32 at all.
     In a captured CUDA graph (or with `eager_fused`) each merge is one Triton pass (fused_merge;

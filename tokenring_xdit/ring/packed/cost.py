@@ -16,7 +16,7 @@ block and no skipped block. So a rank's forward + backward through a packed kern
 - rows: the query rows of every block that attends (its partial merged, its gradients summed).
 
 A new packing adds per-shape set-up on its first call: cuDNN builds a plan for every segment
-shape it has not met (forward and backward), ~140 ms a shape on H200 (ninth session, a new
+shape it has not met (forward and backward), ~140 ms a shape on H200 (4 x H200, a new
 packing per step, 8-16 layers: a call took 50-145 ms where the same packing, its plans built,
 took 8-24 ms), while flash_varlen needs none. A training step packs a new batch and every layer
 runs it, so `fresh_ms` prices that set-up over LAYERS_PER_PACKING calls (each segment counted

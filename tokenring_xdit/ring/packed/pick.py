@@ -15,7 +15,7 @@ that kernel's constants (layout_cost.py) and `auto` takes the fastest pair; anot
 (AUTO_LAYOUTS) only where it beats the row's best pair by AUTO_MARGIN (the model ranks from a
 few measured rows; a near tie keeps the zigzag). The model prices kernels, not transfers: on
 rows of many documents the contiguous layout, which moves the least, won by more than the
-model says (4 x H200, docs/performance.md "Tenth session").
+model says (4 x H200, docs/performance.md, packed training).
 
 The layout is picked when `shard(..., layout="auto")` cuts the row (`pick_layout`, from the
 documents and the ring's size: shard does not know the call's dtype, so it assumes every kernel

@@ -26,7 +26,7 @@ __all__ = ["TokenRingAttention", "train_attn"]
 class _Held:
     """The ring a pending backward will use. Released with the ring's communicators
     (RELEASE_HOOKS): an output kept past destroy_process_group or to interpreter exit must
-    not keep the group, and its gloo threads, alive (they aborted the process at exit: issue 30)."""
+    not keep the group, and its gloo threads, alive (they aborted the process at exit)."""
 
     __slots__ = ("ring", "__weakref__")
 

@@ -2,7 +2,7 @@
 
 At ring 4 an eager training call launches dozens of kernels and NCCL batches per step, and a
 per-rank profile put 7-12 points of the ideal into the launch gaps between them
-(docs/performance.md, "Ring 4 on 4 x H200, fifth session"). With `RingConfig.train_cuda_graph`
+(docs/performance.md, training). With `RingConfig.train_cuda_graph`
 (TOKENRING_XDIT_TRAIN_CUDA_GRAPH=1, agreed across the ring in the call's header) each half runs
 through the ring's graph cache (`Ring.graphed`, graphs.py) under its own key: the forward
 run(q, k, v) -> (out, lse), the backward run(dout, q, k, v, out, lse) -> (dq, dk, dv). A key's
@@ -19,8 +19,7 @@ step and half a packing runs eagerly once, is captured once and replays for the 
 The ring keeps the graphs of its last `graphs.PACKINGS_KEPT` packings and drops older ones when
 a new packing comes (on every rank at the same call: the keys are agreed).
 
-Not graphed (eager as before): a ring of one (a single kernel), the IPC transport (`_run`),
-a call met inside someone else's capture or on a non-CUDA device (`graphs_wanted`), a call
+Not graphed (eager as before): a ring of one (a single kernel), a call met inside someone else's capture or on a non-CUDA device (`graphs_wanted`), a call
 autograd records through (a backward with create_graph=True). `ring.finished` follows every
 call, replayed or not (a replay's deadline error names its step only with
 TOKENRING_XDIT_REPLAY_STEP_MARKS=1).
@@ -61,14 +60,7 @@ def _run(
     graphs: bool,
 ) -> tuple[torch.Tensor, ...]:  # fmt: skip
     key = None
-    # not over IPC: graphed causal MHA calls there gave wrong gradients on one H200 (69-120x
-    # the largest gradient, out/lse bitwise right; cause not found), so those stay eager
-    if (
-        graphs
-        and ring.size > 1
-        and ring.transport != "ipc"
-        and graphs_wanted(True, inputs[0].device)
-    ):
+    if graphs and ring.size > 1 and graphs_wanted(True, inputs[0].device):
         # (autograd recording through the call, a backward with create_graph, stays eager)
         if not (torch.is_grad_enabled() and any(x.requires_grad for x in inputs)):
             key = train_graph_key(ring, call, half, inputs)

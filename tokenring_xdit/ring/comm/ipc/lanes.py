@@ -146,10 +146,10 @@ class IpcLane:
             base = ring.outbox[(lane, peer)][0]
             for t, off in zip(ts, offsets, strict=True):
                 drv.memcpy(stream, base + off, t.data_ptr(), _nbytes(t))
-                if not capturing:  # a capture's pool keeps its tensors
+                if not capturing:  # in a capture the work keeps them (_Work.keep)
                     t.record_stream(stream)
             drv.write_value(stream, ring.word(peer, lane, ring.rank, READY), 1)
-        return self._record(stream, about, capturing)
+        return self._record(stream, about, capturing, out)
 
     def _receive(self, into: dict, current, about: tuple, capturing: bool) -> _Work:
         """On the receive stream, per peer: wait for READY, copy out, free the inbox."""
@@ -167,14 +167,17 @@ class IpcLane:
                 if not capturing:
                     t.record_stream(stream)
             drv.write_value(stream, ring.word(peer, lane, ring.rank, TAKEN), 0)
-        return self._record(stream, about, capturing)
+        return self._record(stream, about, capturing, into)
 
-    def _record(self, stream: torch.cuda.Stream, about: tuple, capturing: bool) -> _Work:
+    def _record(
+        self, stream: torch.cuda.Stream, about: tuple, capturing: bool, tensors: dict
+    ) -> _Work:
         event = torch.cuda.Event()
         event.record(stream)
         if not capturing:
             self.ring.outstanding.append(event)
-        return _Work(event, about)
+            return _Work(event, about)
+        return _Work(event, about, tuple(t for ts in tensors.values() for t in ts))
 
     def wait(self, works: list | None = None) -> None:
         """Wait for `works` (one post's handles), or for everything posted on this lane."""

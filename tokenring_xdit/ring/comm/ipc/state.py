@@ -45,6 +45,10 @@ def _poll(event: torch.cuda.Event, deadline: float) -> bool:
 class _Work:
     event: torch.cuda.Event
     about: tuple  # (what, step, send peers, receive peers), for the error message
+    # inside a capture: the posted tensors, alive until the caller's stream has joined the
+    # copies (record_stream cannot be used there; freed sooner, a later allocation of the same
+    # capture reuses their memory, which a replay overwrites before the side stream copies it)
+    keep: tuple = ()
 
 
 class IpcRing:
