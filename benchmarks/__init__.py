@@ -16,7 +16,8 @@ SWEEPS: dict[str, tuple[str, str]] = {
     "ring_sweep": (
         "torchrun",
         "one attention call vs tokens: TokenRing vs xDiT's/yunchang's rings and ulysses, time "
-        "and exactness (docs/benchmarks/sweep_*.json; `plan --validate` scores them)",
+        "and exactness (docs/benchmarks/inference-ring-call-h200-2026-11-22/sweep_*.json; "
+        "`plan --validate` scores them)",
     ),
     "train_sweep": (
         "torchrun",

@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import subprocess
 import time
+from pathlib import Path
 
 import torch
 
@@ -59,6 +61,13 @@ def time_block(fn, q, k, v, scale, iters: int, warmup: int) -> float:
     return start.elapsed_time(end) / iters
 
 
+def _commit() -> str:
+    """The checkout's commit the table was measured on (provenance), or "unknown"."""
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parent)  # fmt: skip
+    return done.stdout.strip() if done.returncode == 0 else "unknown"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -98,6 +107,8 @@ def main() -> None:
         "layout": "bhsd, batch 1, non-causal",
         "timing": f"CUDA events, {args.warmup} warm-up calls excluded",
         "command": "python benchmarks/calibrate_blocks.py",
+        "commit": _commit(),
+        "machine": f"one {torch.cuda.get_device_name()}",
         "host": platform.node(),
         "time": time.strftime("%Y-%m-%d %H:%M:%S"),
         "seconds": round(time.monotonic() - t_start, 1),

@@ -4,18 +4,24 @@ part of the installed package; run it from the repository root on any machine, n
     python benchmarks/derive_planner_data.py          # rewrites tokenring_xdit/planner/data/*
 
 Writes:
-  blocks_h200_derived.json  a kernel table derived from the single-GPU columns of
-                            docs/benchmarks/sweep_*.json (full S x S attention on one H200) and
-                            the N x N block-splitting efficiencies measured on one H100 (shared
-                            notes, anchors.md): a two-parameter wave model is fitted per head
+  blocks_h200_derived.json  a kernel table derived from the single-GPU columns of the ring
+                            sweeps (docs/benchmarks/inference-ring-call-h200-2026-11-22/
+                            sweep_*.json: full S x S attention on one H200) and the N x N
+                            block-splitting efficiencies measured on one H100 (BLOCK_EFFICIENCY
+                            below): a two-parameter wave model is fitted per head
                             dim and evaluated on the calibration grid. Marked "source": "derived";
                             a table from benchmarks/calibrate_blocks.py replaces it.
   fabrics.json              latency/bandwidth per pattern fitted from nccl_peers_*.json
   params.json               overlap cost per MB and host costs (see params.py)
   ceiling_<gpu>.json        the split-block model (planner/ceiling.py) fitted per mask, pass and
-                            heads to the kernel ceilings of docs/benchmarks/ceiling/*.json
+                            heads to the kernel ceilings of
+                            docs/benchmarks/kernel-ceiling-h200-2026-11-26/*.json
                             (benchmarks/ceiling.py's output; a "seed" file only where no probe
                             file covers the same mask and pass)
+
+Each file records its provenance: this command, and the machine, date and commit of the
+measurements it was derived from (MEASURED below; docs/benchmarks/README.md has each folder's
+commands).
 """
 
 from __future__ import annotations
@@ -37,16 +43,42 @@ from tokenring_xdit.planner.fabric import fit_nccl_peers
 
 __all__ = ["wave_ms", "fit_wave_model", "derived_ceilings", "main"]
 
+COMMAND = "python benchmarks/derive_planner_data.py"
+# the committed measurements each file is derived from (folders of docs/benchmarks/)
+SWEEPS = "inference-ring-call-h200-2026-11-22"  # ring sweeps, link probes, ring-call profiles
+E2E = "end-to-end-h200-2026-11-22"  # PixArt end to end and its profiler tables
+PIECES = "last-return-pieces-h200-2026-11-22"  # the last return in 1-16 pieces
+CEILING = "kernel-ceiling-h200-2026-11-26"  # kernel ceilings of split attention
+MEASURED = {
+    SWEEPS: {"machine": "2 x H200 and 4 x H200, NVLink NV18, torch 2.11.0+cu130",
+             "date": "2026-11-22", "commit": "9270ea3 (2 x H200), 841433f (4 x H200)"},
+    E2E: {"machine": "2 x H200, NVLink NV18, torch 2.11.0+cu130", "date": "2026-11-22",
+          "commit": "2771f3c"},
+    PIECES: {"machine": "4 x H200, NVLink NV18, torch 2.11.0+cu130", "date": "2026-11-22",
+             "commit": "4a96765"},
+    CEILING: {"machine": "one H200, torch 2.11.0+cu130", "date": "2026-11-26",
+              "commit": "de64655"},
+}  # fmt: skip
+
+
+def provenance(*folders: str) -> dict:
+    """How a derived file is made again, and where, when and on what code its inputs ran."""
+    return {
+        "command": COMMAND,
+        "measured": [{"folder": f"docs/benchmarks/{f}", **MEASURED[f]} for f in folders],
+    }
+
+
 SMS = 132  # H100/H200 SXM streaming multiprocessors
 Q_TILE = 128  # query rows per CTA in the Hopper attention kernels
 GRID_LENS = [256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536]
 GRID_HEADS = [8, 16, 24, 32, 40]
 GRID_DIMS = [64, 72, 128]
 # flash (torch's flash kernel, yunchang's torch backend) vs cuDNN at d=128, both returning lse,
-# bf16, one H200: 265-358 vs 450-680 TFLOP/s (anchors.md); ratio of the midpoints.
+# bf16, one H200: 265-358 vs 450-680 TFLOP/s (a one-off probe); ratio of the midpoints.
 FLASH_OVER_CUDNN_128 = (450 + 680) / (265 + 358)
 # Per-rank compute efficiency of splitting one attention into N x N blocks (one H100, cuDNN, bf16,
-# Flux 24 x 128; anchors.md): tokens -> {N: single / (N^2 * block)}.
+# Flux 24 x 128; a one-off probe): tokens -> {N: single / (N^2 * block)}.
 BLOCK_EFFICIENCY = {
     4096: {2: 0.92, 4: 0.61, 8: 0.36},
     16384: {2: 1.06, 4: 0.94, 8: 0.88, 16: 0.63},
@@ -70,7 +102,7 @@ def wave_ms(q_len: float, kv_len: float, heads: int, t0: float, c: float, a: flo
 def _single_rows(bench_dir: Path) -> list[tuple[int, int, int, float]]:
     """(heads, head_dim, tokens, ms) of every single-GPU column, averaged per shape."""
     seen: dict[tuple[int, int, int], list[float]] = {}
-    for path in sorted(glob.glob(str(bench_dir / "sweep_*.json"))):
+    for path in sorted(glob.glob(str(bench_dir / SWEEPS / "sweep_*.json"))):
         with open(path) as f:
             data = json.load(f)
         if "H200" not in data.get("meta", {}).get("gpu", ""):
@@ -139,14 +171,16 @@ def derived_table(bench_dir: Path) -> dict:
         "dtype": "bfloat16",
         "layout": "bhsd, batch 1",
         "derived_from": [
-            "single_ms columns of docs/benchmarks/sweep_*.json (one H200, full S x S, cuDNN)",
-            "N x N block-splitting efficiencies, one H100, cuDNN (shared notes anchors.md)",
-            "flash/cuDNN rate ratio at d=128 (anchors.md), flash pads d to 32/64/96/128",
+            f"single_ms columns of docs/benchmarks/{SWEEPS}/sweep_*.json (one H200, full S x S, "
+            "cuDNN)",
+            "N x N block-splitting efficiencies, one H100, cuDNN (a one-off probe)",
+            "flash/cuDNN rate ratio at d=128 (a one-off probe), flash pads d to 32/64/96/128",
         ],
         "model": "ms = t0 + ceil(heads * ceil(q/128) / 132) * (a + c[d] * kv / 1e6)",
         "fit": {str(d): {"t0_ms": t0, "c_ms": c, "a_ms": a} for d, (t0, c, a) in model.items()},
         "fit_max_rel_error_single_rows": round(max(abs(r) for r in resid), 4),
         "note": "derived, not measured: replace with benchmarks/calibrate_blocks.py output",
+        "provenance": provenance(SWEEPS),
     }
     return {"meta": meta, "rows": rows}
 
@@ -176,8 +210,8 @@ def overlap_us_per_mb(bench_dir: Path) -> tuple[float, list[float]]:
     from tokenring_xdit.planner.schedules import LSE_BYTES, old_final_pieces
 
     table = load_table("NVIDIA H200")
-    files = [bench_dir / "ring_call_profile_2xH200.json"]
-    files += sorted((bench_dir / "nccl_ctas").glob("ring_call_profile_ctas_*.json"))
+    files = [bench_dir / SWEEPS / "ring_call_profile_2xH200.json"]
+    files += sorted((bench_dir / SWEEPS / "nccl_ctas").glob("ring_call_profile_ctas_*.json"))
     values = []
     for path in files:
         with open(path) as f:
@@ -199,10 +233,10 @@ def overlap_us_per_mb(bench_dir: Path) -> tuple[float, list[float]]:
 
 def derived_params(bench_dir: Path) -> dict:
     beta, per_row = overlap_us_per_mb(bench_dir)
-    profiles = bench_dir / "profiles"
+    profiles = bench_dir / E2E / "profiles"
     one = profiles / "profile_pixart1024_one_gpu.txt"
     first = json.loads(one.read_text().splitlines()[0])
-    with open(bench_dir / "e2e_pixart_2xH200.json") as f:
+    with open(bench_dir / E2E / "e2e_pixart_2xH200.json") as f:
         e2e = next(r for r in json.load(f)["rows"] if r["size"] == 1024)
     # the profiler slows the host; measure how much on the same run without it
     profiler_slowdown = (first["wall_s"] / first["steps"]) / (e2e["one_gpu_s"] / e2e["steps"])
@@ -227,9 +261,11 @@ def derived_params(bench_dir: Path) -> dict:
             "overlap_us_per_mb": "ring_call_profile_2xH200.json + nccl_ctas/*.json: kernel time "
             "in the ring - the same kernels alone (piece-corrected with the measured table), per "
             "MB sent under them; median of the rows",
-            "host_us": "CPU time avg per call, docs/benchmarks/profiles/*.txt / profiler_slowdown",
+            "host_us": f"CPU time avg per call, docs/benchmarks/{E2E}/profiles/*.txt / "
+            "profiler_slowdown",
             "profiler_slowdown": "profiled one-GPU PixArt step / unprofiled (e2e_pixart_2xH200)",
         },
+        "provenance": provenance(SWEEPS, E2E),
     }
 
 
@@ -238,7 +274,7 @@ def device_latency_ms(bench_dir: Path) -> float:
     partial in 16 pieces instead of 1 (final_chunks/*.json, smallest shapes, where the data
     moved is small): (t16 - t1) / 15, median. An upper bound (it includes a kernel split)."""
     slopes = []
-    for path in sorted(glob.glob(str(bench_dir / "final_chunks" / "final_chunks_*xH200.json"))):
+    for path in sorted(glob.glob(str(bench_dir / PIECES / "final_chunks_*xH200.json"))):
         with open(path) as f:
             for row in json.load(f)["rows"]:
                 if row["tokens"] <= 4608 and row.get("chunks_16_ms"):
@@ -257,13 +293,14 @@ def derived_fabrics(bench_dir: Path) -> dict:
     fabrics = []
     latency = device_latency_ms(bench_dir)
     for name, file in names.items():
-        fab = fit_nccl_peers(bench_dir / file, name=name, latency_ms=latency)
+        fab = fit_nccl_peers(bench_dir / SWEEPS / file, name=name, latency_ms=latency)
         entry = fab.to_dict()
         entry["source"] = (
-            f"bandwidth: docs/benchmarks/{file}; latency: final_chunks (graphed extra transfer)"
+            f"bandwidth: docs/benchmarks/{SWEEPS}/{file}; latency: {PIECES} (graphed extra "
+            "transfer)"
         )
         fabrics.append(entry)
-    return {"fabrics": fabrics}
+    return {"fabrics": fabrics, "provenance": provenance(SWEEPS, PIECES)}
 
 
 def derived_ceilings(bench_dir: Path) -> dict[str, dict]:
@@ -271,7 +308,7 @@ def derived_ceilings(bench_dir: Path) -> dict[str, dict]:
     (probe rows first: a seed file's rows count only for keys no probe file has)."""
     groups: dict[tuple, list] = {}
     seeds: dict[tuple, list] = {}
-    for path in sorted(glob.glob(str(bench_dir / "ceiling" / "*.json"))):
+    for path in sorted(glob.glob(str(bench_dir / CEILING / "*.json"))):
         data = json.loads(Path(path).read_text())
         meta = data.get("meta", data)
         device = meta.get("device", "NVIDIA H200")
@@ -308,7 +345,8 @@ def derived_ceilings(bench_dir: Path) -> dict[str, dict]:
             "gpu": tag.upper(),
             "model": "block cost in pair units = pairs + lam * (q_len + kv_len) + mu; ceiling = "
             "whole / N / busiest rank's sum over rank_blocks (tokenring_xdit/planner/ceiling.py)",
-            "command": "python benchmarks/derive_planner_data.py",
+            "command": COMMAND,
+            "provenance": provenance(CEILING),
         }
     for table in tables.values():  # "pass" is the JSON key (pass_ above: a Python keyword)
         table["fits"] = [{("pass" if k == "pass_" else k): v for k, v in f.items()}

@@ -28,7 +28,10 @@ from tokenring_xdit.ring.packed.cost import DATA, KERNELS, TERMS, fit, plan_work
 from tokenring_xdit.ring.schedules import block_schedule
 
 ROOT = Path(__file__).resolve().parent.parent
-REPLAYS = "docs/benchmarks/packed_ring_h200/packed_varlen_layouts.json"
+REPLAYS = "docs/benchmarks/packed-replays-h200-2026-11/packed_varlen_layouts.json"
+# where, when and on what code the committed replays ran (docs/benchmarks/README.md)
+MEASURED = {REPLAYS: {"machine": "one H200 of 4 x H200, torch 2.11.0+cu130", "date": "2026-11-26",
+                      "commit": "92787d1"}}  # fmt: skip
 TILE = 128
 # the table's kernel -> the name of its pair in packed_varlen.py's keys
 PAIRS = {"flash_varlen": "flash_varlen", "cudnn": "cudnn+segments"}
@@ -109,6 +112,14 @@ def table(report: dict, source: str, tile: int = TILE) -> dict:
     }
 
 
+def provenance(replays: list[str]) -> dict:
+    """The command that refits the table, and each replay file's machine, date and commit."""
+    command = "python benchmarks/fit_layout_cost.py"
+    if replays != [REPLAYS]:
+        command += " --replays " + " ".join(replays)
+    return {"command": command, "measured": [{"file": r, **MEASURED.get(r, {})} for r in replays]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
@@ -121,7 +132,8 @@ def main() -> None:
         path = Path(name)
         reports.append(json.loads((path if path.is_absolute() else ROOT / path).read_text()))
     pooled = {"meta": reports[0].get("meta", {}), "rows": [r for x in reports for r in x["rows"]]}
-    out = table(pooled, ", ".join(args.replays))
+    fitted = table(pooled, ", ".join(args.replays))
+    out = {"source": fitted.pop("source"), "provenance": provenance(args.replays), **fitted}
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     summary = {k: {"constants": v["constants"], "fit": v["fit"]} for k, v in out["kernels"].items()}
     print(json.dumps(summary, indent=1))

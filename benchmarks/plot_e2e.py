@@ -1,7 +1,8 @@
 """Plot e2e_pipeline.py results: seconds per image (20 steps) per setting, one panel per row.
 
-  python benchmarks/plot_e2e.py docs/benchmarks/e2e_pixart_2xH200.json \
-      docs/benchmarks/e2e_flux_2xH200.json --out docs/benchmarks/e2e_2xH200.png
+  python benchmarks/plot_e2e.py docs/benchmarks/end-to-end-h200-2026-11-22/e2e_pixart_2xH200.json \
+      docs/benchmarks/end-to-end-h200-2026-11-22/e2e_flux_2xH200.json \
+      --out docs/benchmarks/end-to-end-h200-2026-11-22/e2e_2xH200.png
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Plot a multi-node stand-in folder: training and forward ms per call per method, one column
 per launch (nodes x GPUs per node, link setting), the measured link in each column's title.
 
-    python -m benchmarks plot_multi_node docs/benchmarks/multi_node_standin
-    python -m benchmarks plot_multi_node docs/benchmarks/multi_node_standin_4gpu
+    python -m benchmarks plot_multi_node docs/benchmarks/across-nodes-standin-2xh200-2026-11-26
+    python -m benchmarks plot_multi_node docs/benchmarks/across-nodes-standin-4xh200-2026-11-26
 
 Reads train_<setting>.json (multi_node_train or train_sweep), sweep_<setting>.json (ring_sweep)
 for every <setting> present, and for each the nccl_peers*.json launched with the same settings

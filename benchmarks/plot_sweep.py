@@ -1,6 +1,7 @@
 """Plot ring_sweep.py results: time per call and efficiency vs tokens, one panel per model.
 
-  python benchmarks/plot_sweep.py docs/benchmarks/sweep_2xH200_nvlink.json [more.json ...]
+  python benchmarks/plot_sweep.py \
+      docs/benchmarks/inference-ring-call-h200-2026-11-22/sweep_2xH200_nvlink.json [more ...]
 Writes <json>.png next to each input.
 """
 

@@ -21,6 +21,7 @@ _LAZY = {
     "token_ring_attn": "tokenring_xdit.ring.api",
     "token_ring_attn_func": "tokenring_xdit.ring.api",
     "token_ring_attn_qkvpacked_func": "tokenring_xdit.ring.api",
+    "add_attention_sink": "tokenring_xdit.ring.merge.sink",
     "setup_token_ring_group": "tokenring_xdit.ring.comm",
     "shard": "tokenring_xdit.ring.split.sharding",
     "unshard": "tokenring_xdit.ring.split.sharding",

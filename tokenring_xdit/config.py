@@ -259,8 +259,8 @@ class RingConfig:
         False,
         "`1`: training (and causal) calls replay their forward and their backward as one CUDA "
         "graph each per input signature (after one eager call and a capture), instead of "
-        "launching every step's kernels and transfers; same results (ring/training/run.py; not with "
-        "packed documents or the IPC transport; a call's `cuda_graph=` overrides it). Ring 4 on "
+        "launching every step's kernels and transfers; same results (ring/training/run.py; a "
+        "call's `cuda_graph=` overrides it). Ring 4 on "
         "H200 at 4k tokens per GPU: causal GQA 9.07 -> 6.05 ms, from 8k per GPU ~1 % slower",
         _flag,
     )

@@ -6,8 +6,8 @@ The check of an NCCL ring runs on a CPU (gloo) communicator of the same ranks: i
 time, the same whatever device the tensors are on, so it is measured here on N CPU processes
 (gloo) with the shapes of the smallest sweep rows (PixArt 1024 px: 16 x 72, 4096 tokens; Flux
 1024 px: 24 x 128, 4608 tokens; local length = tokens / N). It is reported next to the
-committed TokenRing call times at those rows (docs/benchmarks/sweep_2xH200_nvlink.json,
-sweep_4xH200_nvlink.json), as a fraction of one call.
+committed TokenRing call times at those rows (docs/benchmarks/inference-ring-call-h200-2026-11-22/
+sweep_2xH200_nvlink.json, sweep_4xH200_nvlink.json), as a fraction of one call.
 """
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ def _worker(rank: int, n: int, report) -> dict:
 
 def _call_ms(n: int) -> dict:
     """Committed TokenRing call times (ms) at the two shapes, graph replay, NVLink."""
-    path = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
+    root = Path(__file__).resolve().parents[2]
+    path = root / "docs" / "benchmarks" / "inference-ring-call-h200-2026-11-22"
     file = path / ("sweep_2xH200_nvlink.json" if n == 2 else "sweep_4xH200_nvlink.json")
     if not file.exists():
         return {}

@@ -11,8 +11,7 @@ relative max error of dq/dk/dv vs fp64 autograd (b 2, h 4, d 128):
 - permuted_o_*: the first call passes the real O and dO with (b, s, h, d) memory (same values,
   same footprint, other strides), the next ones pass the dense X, the dense real O, and X with
   the permuted strides (a first version used O/dO sliced from a longer tensor: the reused plan
-  then read past the dense tensors, an illegal memory access, see
-  docs/benchmarks/one_gpu_ipc_training/diag_cudnn_backward_stale_plan_1xH100.txt);
+  then read past the dense tensors, an illegal memory access on one H100);
 - pair_standin_after_permuted: the `cudnn` pair (stand-in, out=None) on a key that a raw call
   with permuted O/dO planned first (torch's cache is process-wide: the pair cannot undo that);
 - dense_o_then_standin: real O (dense) first, then X with the same strides;

@@ -1,4 +1,4 @@
-"""Diagnostic for the fp32 (b, s, h, d) CUDA discrepancy first seen on 2 x H200 (docs/performance.md).
+"""Diagnostic for the fp32 (b, s, h, d) CUDA discrepancy first seen on 2 x H200 (since fixed).
 
   [DIAG_ADMIT_FP32=0] torchrun --nproc_per_node=N benchmarks/diagnostics/diag_fp32_bshd.py
 Prints TokenRing's max |err| vs fp64 exact attention per rank for fused merge on/off, CUDA graph

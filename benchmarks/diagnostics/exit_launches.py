@@ -2,7 +2,7 @@
 and count exit codes (issue: a correct program must never abort at exit).
 
     python benchmarks/diagnostics/exit_launches.py --launches 100 \
-        --out docs/benchmarks/one_gpu_ipc_training/exit_launches.json
+        --out docs/benchmarks/one-gpu-h100-2026-11-25/exit_launches.json
 """
 
 from __future__ import annotations

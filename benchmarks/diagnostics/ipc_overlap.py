@@ -10,7 +10,7 @@ Two processes on cuda:0 (gloo world group, CUDA IPC for data):
    side stream of the attention's own process (the situation of a real ring rank).
 
 python benchmarks/diagnostics/ipc_overlap.py \
-    --out docs/benchmarks/one_gpu_ipc_training/ipc_overlap_1xH100.json
+    --out docs/benchmarks/one-gpu-h100-2026-11-25/ipc_overlap_1xH100.json
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ import json
 
 import torch
 
-from tokenring_xdit.ring.merge import fused as fused_merge
+from tokenring_xdit.ring.merge.partials import fused as fused_merge
 from tokenring_xdit.ring.tensor_layout import BHSD
 from tokenring_xdit.ring.merge.partials import PartialMerge
 

@@ -1,7 +1,7 @@
-"""Ring 8 and 16 predicted from what ring 4 measured (no 8-GPU machine has been lent; no GPU).
+"""Ring 8 and 16 predicted from what ring 4 measured (no 8-GPU machine was measured; no GPU).
 
     python benchmarks/diagnostics/predict_rings.py \
-        --out docs/benchmarks/predictions_ring8_16/predictions.json
+        --out docs/benchmarks/ring8-ring16-predictions-2026-11-26/predictions.json
 
 For training (causal GQA 32/8 and non-causal 32 heads, d 128) and the forward (non-causal 24
 heads) at 16k / 32k / 128k global tokens and at 4k tokens per GPU, two predictions per ring:
@@ -33,7 +33,9 @@ from tokenring_xdit.planner.workload import Workload, one_gpu_ms, ring_ceiling, 
 
 HERE = Path(__file__).resolve()
 DEFAULT_MEASURED = (
-    HERE.parents[2] / "docs/benchmarks/predictions_ring8_16/measured_ring2_ring4.json"
+    HERE.parents[2]
+    / "docs/benchmarks/ring8-ring16-predictions-2026-11-26"
+    / "measured_ring2_ring4.json"
 )
 TOKENS = (16384, 32768, 131072)
 PER_GPU = 4096
@@ -126,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         command="python benchmarks/diagnostics/predict_rings.py " + " ".join(sys.argv[1:]),
         time=time.strftime("%Y-%m-%d %H:%M"),
         measured=Path(args.measured).name,
-        caveat="predictions: no 8-GPU machine has been lent; ceilings at ring 8/16 come from the "
-        "split-block model fitted to the measured ceilings (docs/benchmarks/ceiling/)",
+        caveat="predictions: no 8-GPU machine was measured; ceilings at ring 8/16 come from the "
+        "split-block model fitted to the measured ceilings "
+        "(docs/benchmarks/kernel-ceiling-h200-2026-11-26/)",
     )
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     return 0

@@ -53,7 +53,7 @@ def test_disagreeing_position_ids_and_cu_seqlens_are_refused_on_every_rank():
     # the agreeing pair keeps the given (per-document) positions, zigzag-cut
     assert results[0][0][0] == [[0, 1, 2, 3, 4, 5, 6, 7]]
     assert results[1][0][0] == [[4, 0, 1, 2, 0, 1, 2, 3]]
-    # the documents layout (docs/training.md's rule: pieces 2 1 1 1 | 0 1 1 1 | 2 2 2 2);
+    # the documents layout (docs/training-internals.md's rule: pieces 2 1 1 1 | 0 1 1 1 | 2 2 2 2);
     # the position ids follow the tokens
     assert results[0][3][0] == [[0, 1, 8, 9, 4, 7, 14, 15]]
     assert results[1][3][0] == [[2, 5, 10, 11, 3, 6, 12, 13]]

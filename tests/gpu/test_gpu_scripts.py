@@ -5,9 +5,9 @@ python -m pytest -m gpu tests/gpu/test_gpu_scripts.py -q -rA [-k NAME]
 Each launch is a real `torchrun --nproc_per_node=2` of the script as a user types it, with sizes
 cut so the whole file runs in a few minutes. A launch passes when it exits 0 and exits within
 EXIT_S seconds of its last line of output (a process that finished its work and then sits in
-`destroy_process_group` or at interpreter exit is a failure: one was measured at 110 s there). A launch
-that overruns is dumped with py-spy (when installed) before it is killed, so the failure says where
-each rank was. Skipped with fewer than 2 GPUs; nothing here runs in CI.
+`destroy_process_group` or at interpreter exit is a failure: one was measured at 110 s there). A
+launch that overruns is dumped with py-spy (when installed) before it is killed, so the failure
+says where each rank was. Skipped with fewer than 2 GPUs; nothing here runs in CI.
 """
 
 from __future__ import annotations

@@ -154,7 +154,7 @@ def test_fused_merge_equals_torch_merge(layout, d, dtype, seq):
     """In place (out aliases a, lse_out aliases lse_a), as in the ring's merges. d=72 splits
     tile rows across warps, where the barrier-less kernel raced on lse (timing-dependent: the
     ring tests on 4 GPUs caught it, this one did not)."""
-    from tokenring_xdit.ring.merge import fused as fused_merge
+    from tokenring_xdit.ring.merge.partials import fused as fused_merge
     from tokenring_xdit.ring.tensor_layout import get_layout
     from tokenring_xdit.ring.merge.partials import PartialMerge
 

@@ -13,7 +13,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.plot_before_after import ratio_points  # noqa: E402
 from tests.harness import hot_path_host  # noqa: E402
 
-RUNS = ROOT / "docs" / "benchmarks" / "ring4_h200x4" / "before_after_s6"
+RUNS = ROOT / "docs" / "benchmarks" / "before-after-ring4-h200-2026-11"
 
 
 def test_ratios_of_alternated_training_runs():
@@ -39,12 +39,12 @@ def test_ratios_of_sweep_columns():
 
 
 def test_ratios_of_packed_real_rings():
-    runs = ROOT / "docs" / "benchmarks" / "calls_s8" / "call5"
+    runs = RUNS
     old = [runs / "packed4_old_1.json", runs / "packed4_old_2.json"]
     new = [runs / "packed4_new_1.json", runs / "packed4_new_2.json"]
     points = ratio_points(old, new, "auto", "token_ring")  # a packed method by --column
     assert set(points) == {"32k 7 docs ring 4", "128k 28 docs ring 4"}
-    # 11.19 / 11.65 ms: new run 1 / old run 1 at 32k (the runs' README)
+    # 11.19 / 11.65 ms: new run 1 / old run 1 at 32k (docs/benchmarks/README.md)
     assert abs(points["32k 7 docs ring 4"][0] - 11.1926 / 11.6544) < 0.002, points
     control = ratio_points(old, new, "dense_causal", "dense_causal")
     assert set(control) == set(points) and control != points

@@ -16,7 +16,7 @@ BENCH = ROOT / "docs" / "benchmarks"
 
 
 def test_the_four_gpu_folder_has_a_column_per_launch_with_its_network():
-    cols = {c.setting: c for c in columns(BENCH / "multi_node_standin_4gpu")}
+    cols = {c.setting: c for c in columns(BENCH / "across-nodes-standin-4xh200-2026-11-26")}
     assert set(cols) == {"2x2_u2_default", "2x2_u2_wide", "4x1_wide"}
     # 2 GPUs per node: the probe's pairs are NVLink (~50 GB/s); the title gives the network
     wide = cols["2x2_u2_wide"]
@@ -37,7 +37,7 @@ def test_the_four_gpu_folder_has_a_column_per_launch_with_its_network():
 
 
 def test_the_two_gpu_folder_still_plots_with_its_repeat_runs():
-    cols = {c.setting: c for c in columns(BENCH / "multi_node_standin")}
+    cols = {c.setting: c for c in columns(BENCH / "across-nodes-standin-2xh200-2026-11-26")}
     assert {"socket_default", "socket_wide", "socket_default_run2"} <= set(cols)
     assert "link 4.3 GB/s one way" in cols["socket_default"].title
     assert "link 4.3 GB/s one way" in cols["socket_default_run2"].title  # matched by launch

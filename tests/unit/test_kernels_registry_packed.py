@@ -21,7 +21,8 @@ from tokenring_xdit.ring.kernels.registry import auto_doc_kernel
 from tokenring_xdit.ring.tensor_layout import BSHD
 from tokenring_xdit.ring.packed.cost import load_kernels
 
-RESULTS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "packed_ring_h200"
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "docs" / "benchmarks" / "packed-replays-h200-2026-11"
 ROWS = {r["tokens"]: tuple(r["cu_seqlens"])
         for r in json.loads((RESULTS / "packed_ring_4gpu.json").read_text())["rows"]}  # fmt: skip
 

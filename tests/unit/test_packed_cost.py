@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import fit_layout_cost  # noqa: E402
 
-RESULTS = ROOT / "docs" / "benchmarks" / "packed_ring_h200"
+RESULTS = ROOT / "docs" / "benchmarks" / "packed-replays-h200-2026-11"
 
 
 def _json(name: str) -> dict:

@@ -16,7 +16,7 @@ import pytest
 from tokenring_xdit.ring.packed.pack_order import balanced_order, row_ms
 
 ROOT = Path(__file__).resolve().parents[2]
-RING4 = ROOT / "docs" / "benchmarks" / "packed_ring_h200" / "packed_ring_4gpu.json"
+RING4 = ROOT / "docs" / "benchmarks" / "packed-replays-h200-2026-11" / "packed_ring_4gpu.json"
 
 
 def _lengths(i: int) -> list[int]:

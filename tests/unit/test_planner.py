@@ -23,11 +23,11 @@ from tokenring_xdit.planner.schedules import (
     sweep_options,
     token_ring,
 )
-from tokenring_xdit.planner.validate import MAX_MEDIAN_ERROR, MIN_PICK_RATE, validate
+from tokenring_xdit.planner.validate import MAX_MEDIAN_ERROR, MIN_PICK_RATE, SWEEPS_DIR, validate
 from tokenring_xdit.tools import plan_cli as cli
 
 ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "docs" / "benchmarks"
+BENCH = ROOT / SWEEPS_DIR
 
 
 def _parse(*argv: str) -> argparse.Namespace:

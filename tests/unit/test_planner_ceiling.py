@@ -30,7 +30,8 @@ TRAIN_CAUSAL = Workload(causal=True, train=True)
 
 def test_causal_training_at_4k_per_gpu_on_4_gpus_picks_ulysses_and_says_why():
     # measured: ring 4 causal zigzag at 16k tokens (4k per GPU) measured 0.464 vs ulysses 0.843.
-    # The ceiling measured on one H200 (docs/benchmarks/ceiling/) is 0.84 there, so the ring
+    # The ceiling measured on one H200 (docs/benchmarks/kernel-ceiling-h200-2026-11-26/) is 0.84
+    # there, so the ring
     # loses to its per-step costs, not its kernels: the plan picks ulysses on the predictions,
     # names the best ring split, its prediction and its ceiling
     m = make_machine(4)

@@ -16,10 +16,15 @@ from tokenring_xdit.planner.machine import make_machine
 from tokenring_xdit.planner.validate import MAX_MEDIAN_ERROR, report, validate
 from tokenring_xdit.tools import cli
 
-STANDIN = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "multi_node_standin"
+STANDIN = (
+    Path(__file__).resolve().parents[2]
+    / "docs"
+    / "benchmarks"
+    / "across-nodes-standin-2xh200-2026-11-26"
+)
 PROBE = {s: STANDIN / f"nccl_peers_socket_{s}.json" for s in ("default", "wide")}
 # 4 GPUs: 2 "nodes" x 2 GPUs (P2P inside, sockets across) and 4 one-GPU "nodes"
-STANDIN4 = STANDIN.with_name("multi_node_standin_4gpu")
+STANDIN4 = STANDIN.with_name("across-nodes-standin-4xh200-2026-11-26")
 
 
 def test_a_given_link_has_its_bandwidth_latency_and_shared_nic():
@@ -80,7 +85,7 @@ def test_a_fitted_latency_is_never_above_the_fastest_call_of_its_pattern():
 def test_validate_predicts_the_two_level_stand_in_as_ulysses_inside_ring_across():
     checks, picks = validate(STANDIN4)
     assert {c.file for c in checks} == {
-        f"multi_node_standin_4gpu/sweep_{s}.json"
+        f"across-nodes-standin-4xh200-2026-11-26/sweep_{s}.json"
         for s in ("2x2_u2_default", "2x2_u2_wide", "4x1_wide")
     }
     assert len(checks) == 120 and len(picks) == 24
@@ -116,7 +121,7 @@ def test_same_fabric_inside_and_between_nodes_stays_two_links():
 def test_validate_on_the_stand_in_meets_the_error_target():
     checks, picks = validate(STANDIN)
     assert {c.file for c in checks} == {
-        f"multi_node_standin/sweep_socket_{s}.json"
+        f"across-nodes-standin-2xh200-2026-11-26/sweep_socket_{s}.json"
         for s in ("default", "default_run2", "wide", "wide_run2")
     }
     assert len(checks) == 160 and len(picks) == 32

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tokenring_xdit.planner.validate import default_bench_dir, validate
+from tokenring_xdit.planner.validate import SWEEPS_DIR, default_bench_dir, validate
 from tokenring_xdit.tools import cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -135,7 +135,7 @@ def test_a_gpu_without_its_kernel_table_is_warned_about(capsys):
 
 
 def test_validate_defaults_to_the_checkout_then_the_shipped_copy(tmp_path):
-    assert default_bench_dir() == ROOT / "docs" / "benchmarks"
+    assert default_bench_dir() == ROOT / SWEEPS_DIR
     installed = tmp_path / "site" / "tokenring_xdit"
     sweeps = installed / "planner" / "data" / "sweeps"
     sweeps.mkdir(parents=True)
@@ -170,7 +170,7 @@ def test_validate_runs_from_a_built_wheel_outside_the_checkout(tmp_path):
         names = zf.namelist()
         zf.extractall(site)
     shipped = sorted(n for n in names if n.startswith("tokenring_xdit/planner/data/sweeps/"))
-    committed = sorted((ROOT / "docs" / "benchmarks").glob("sweep_*.json"))
+    committed = sorted((ROOT / SWEEPS_DIR).glob("sweep_*.json"))
     assert [Path(n).name for n in shipped] == [p.name for p in committed]
     assert "tokenring_xdit/planner/derive.py" not in names  # the development tool stays out
     env = {**os.environ, "PYTHONPATH": str(site), "TOKENRING_XDIT_AUTOPATCH": "0"}

@@ -42,10 +42,11 @@ __all__ = [
 ]
 
 # One-GPU cuDNN time of forward + backward over forward alone (full S x S), and of causal over
-# full, both measured on one H200 at 32 heads x 128 (docs/benchmarks/multi_gpu_h200x4/
-# train_ring1.json vs the calibration table's forward block: 28.4 / 6.91 ms at 16k, 111.5 / 27.5
-# at 32k; causal / full training 13.6 / 28.4 and 57.1 / 111.5). The planner's training
-# predictions weigh the all-to-alls against kernels with them.
+# full, both measured on one H200 at 32 heads x 128 (docs/benchmarks/
+# training-ring2-ring4-h200-2026-11-26/train_ring1.json vs the calibration table's forward
+# block: 28.4 / 6.91 ms at 16k, 111.5 / 27.5 at 32k; causal / full training 13.6 / 28.4 and
+# 57.1 / 111.5). The planner's training predictions weigh the all-to-alls against kernels
+# with them.
 TRAIN_OVER_FORWARD = 4.08
 CAUSAL_OVER_FULL = 0.49
 

@@ -9,7 +9,8 @@ that are NOT the ring timings the validation predicts:
   host_us            CPU cost of issuing one op from Python (eager): per-call "CPU total" of the
                      attention op, of a NCCL call (record_param_comms), of an elementwise op, and
                      of a CUDA-graph launch, from the torch.profiler tables under
-                     docs/benchmarks/profiles/, divided by the profiler's own slow-down
+                     docs/benchmarks/end-to-end-h200-2026-11-22/profiles/, divided by the
+                     profiler's own slow-down
                      (profiled vs unprofiled one-GPU PixArt step time, e2e_pixart_2xH200.json)
 Memory-bound ops (merges, layout copies) use the GPU's HBM bandwidth from its data sheet.
 """

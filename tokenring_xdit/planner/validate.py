@@ -1,8 +1,9 @@
 """`plan --validate`: predict every committed ring-sweep row and score the predictions.
 
 Every `sweep_*.json` (ring_sweep.py's format; new files are picked up by the glob) of the
-checkout's `docs/benchmarks/` is read (the multi-node stand-in's, with `--bench-dir
-docs/benchmarks/multi_node_standin`), or, in an installed copy, of the snapshot the wheel ships
+checkout's `docs/benchmarks/inference-ring-call-h200-2026-11-22/` is read (the multi-node
+stand-in's, with `--bench-dir docs/benchmarks/across-nodes-standin-2xh200-2026-11-26`), or, in an
+installed copy, of the snapshot the wheel ships
 under planner/data/sweeps/ (hatch_build.py copies them at build time); `--bench-dir` picks another
 folder. Each row's machine is rebuilt from its meta (GPU, ranks, NCCL_P2P_DISABLE) with the fabric
 fitted from the nccl_peers file of the same host kind; a multi-node sweep (meta "multi_node",
@@ -36,6 +37,7 @@ __all__ = [
     "validate",
     "report",
     "default_bench_dir",
+    "SWEEPS_DIR",
     "MAX_MEDIAN_ERROR",
     "MIN_PICK_RATE",
     "PICK_TOLERANCE",
@@ -47,7 +49,7 @@ PICK_TOLERANCE = 0.05
 PICK_METHODS = ("token_ring", "torch_ag", "yunchang_p2p", "ulysses")
 TIMED = ("token_ring", "token_ring_eager", "torch_ag", "yunchang_p2p", "ulysses")
 # TokenRing returned its last block in min(4, q_local // 1024) pieces until commit 4a96765
-# (docs/performance.md, "The last return"); sweeps timed before it are predicted with that rule
+# (docs/performance.md, design decisions); sweeps timed before it are predicted with that rule
 ONE_PIECE_SINCE = "2026-11-22 07:10"
 
 
@@ -126,14 +128,18 @@ def _machine(path: str, meta: dict, ranks: int):
 
 def _label(path: str) -> str:
     p = Path(path)
-    return f"{p.parent.name}/{p.name}" if p.parent.name.startswith("multi_node_") else p.name
+    return f"{p.parent.name}/{p.name}" if p.parent.name.startswith("across-nodes-") else p.name
+
+
+# the checkout's ring sweeps that `plan --validate` scores by default (hatch_build.py ships them)
+SWEEPS_DIR = Path("docs", "benchmarks", "inference-ring-call-h200-2026-11-22")
 
 
 def default_bench_dir(package_dir: Path = PACKAGE_DIR) -> Path:
     """The sweeps `plan --validate` reads without --bench-dir: the checkout the package runs from
     (source tree or editable install), else the copy shipped in the wheel."""
     candidates = (
-        package_dir.parent / "docs" / "benchmarks",
+        package_dir.parent / SWEEPS_DIR,
         package_dir / "planner" / "data" / "sweeps",
     )
     for candidate in candidates:
@@ -141,7 +147,7 @@ def default_bench_dir(package_dir: Path = PACKAGE_DIR) -> Path:
             return candidate
     raise FileNotFoundError(
         f"no sweep_*.json in {' or '.join(map(str, candidates))}: this copy ships no sweeps; "
-        "pass --bench-dir <checkout>/docs/benchmarks (git clone of tokenring-xdit)"
+        f"pass --bench-dir <checkout>/{SWEEPS_DIR.as_posix()} (git clone of tokenring-xdit)"
     )
 
 

@@ -5,8 +5,8 @@ JSON: rows of shape, heads, head_dim, seq, causal, world, impl, ms) with the tra
 A folder is scored when it holds `train_ring1.json` (the one-GPU run, the efficiency reference)
 beside runs on more GPUs (`train_*.json` with world > 1; USP splits carry ulysses / ring). Error
 is |predicted / measured - 1| per (row, method), as for the forward sweeps; nothing is fitted on
-these rows (the ceilings come from docs/benchmarks/ceiling/, the kernels from the calibration
-table, the forward overheads from the simulation)."""
+these rows (the ceilings come from docs/benchmarks/kernel-ceiling-h200-2026-11-26/, the kernels
+from the calibration table, the forward overheads from the simulation)."""
 
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ _LAZY = {
     "token_ring_attn": "api",
     "token_ring_attn_func": "api",
     "token_ring_attn_qkvpacked_func": "api",
+    "add_attention_sink": "merge.sink",
     "setup_token_ring_group": "comm",
     "COUNTERS": "comm",
     "shard": "split.sharding",

@@ -5,7 +5,7 @@ stream is ready at the same moment and, first in line, takes every SM, so NCCL's
 starts only as that kernel's last wave drains and the partial travels in the open. A pause of
 a few microseconds on the compute stream (a sleeping one-thread kernel, captured in CUDA graphs
 like any other) lets NCCL's blocks take their SMs first. Measured on 4 x H200 (docs/performance.md,
-"Ring 2 after the head start"): NCCL time in the open per call 0.26-0.56 -> 0.04-0.08 ms at
+design decisions): NCCL time in the open per call 0.26-0.56 -> 0.04-0.08 ms at
 16-64k tokens; calls 1-4 % faster at ring 2 from 16k tokens, up to 8 % at ring 4.
 """
 

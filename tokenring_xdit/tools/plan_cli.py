@@ -55,8 +55,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--bench-dir",
-        help="--validate: folder of sweep_*.json (default: the checkout's docs/benchmarks, "
-        "else the copy shipped with the package)",
+        help="--validate: folder of sweep_*.json (default: the checkout's "
+        "docs/benchmarks/inference-ring-call-h200-2026-11-22, else the copy shipped with the "
+        "package)",
     )
     p.add_argument("--verbose", action="store_true", help="--validate: one line per prediction")
     p.add_argument("--causal", action="store_true", help="causal attention (zigzag rings)")

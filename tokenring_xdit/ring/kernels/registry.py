@@ -155,7 +155,7 @@ def _trained(record: Kernel, dtype: torch.dtype) -> Kernel:
 def _say_trained_as(name: str, stand_in: str) -> None:
     log.warning(
         "TokenRing: kernel %r has no usable ring backward; training runs %r in its place (same "
-        "attention, exact; docs/training.md, Kernels)",
+        "attention, exact; docs/training-internals.md, Kernels)",
         name,
         stand_in,
     )

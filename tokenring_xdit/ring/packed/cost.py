@@ -1,10 +1,11 @@
 """What one ring rank's packed-documents block work costs in time: the model `auto` picks with.
 
-Attended (query, key) pairs alone mislead. On one H200 (docs/benchmarks/packed_ring_h200/) the
-documents layout's balanced ranks (24.6M pairs each, ring 4, 32k tokens, 7 documents) replayed
-in 12.1 ms, the row zigzag's worst rank (32.5M pairs) in 9.3 ms: cutting every document into 2N
-pieces makes short pieces (partly filled kernel tiles), many segments, two varlen calls per
-block and no skipped block. So a rank's forward + backward through a packed kernel is modelled as
+Attended (query, key) pairs alone mislead. On one H200
+(docs/benchmarks/packed-replays-h200-2026-11/) the documents layout's balanced ranks (24.6M pairs
+each, ring 4, 32k tokens, 7 documents) replayed in 12.1 ms, the row zigzag's worst rank (32.5M
+pairs) in 9.3 ms: cutting every document into 2N pieces makes short pieces (partly filled kernel
+tiles), many segments, two varlen calls per block and no skipped block. So a rank's forward +
+backward through a packed kernel is modelled as
 
     ms = tile_ms * tiles + segment_ms * segments + call_ms * calls + row_ms * rows / 1000
 

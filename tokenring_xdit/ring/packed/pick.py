@@ -10,9 +10,9 @@ precision, through one of two exact kernels: `flash_varlen` (torch flash with cu
 call per run of segments) or `cudnn` (cuDNN once per segment).
 Neither wins everywhere: measured on 4 x H200, cuDNN per segment runs the zigzag's few segments
 per rank in ~0.6x flash_varlen's time and the documents layout's 63-252 segments 1.5-3x slower
-(docs/benchmarks/packed_ring_h200/). So every (layout, kernel) pair's slowest rank is priced with
-that kernel's constants (layout_cost.py) and `auto` takes the fastest pair; another layout
-(AUTO_LAYOUTS) only where it beats the row's best pair by AUTO_MARGIN (the model ranks from a
+(docs/benchmarks/packed-replays-h200-2026-11/). So every (layout, kernel) pair's slowest rank is
+priced with that kernel's constants (layout_cost.py) and `auto` takes the fastest pair; another
+layout (AUTO_LAYOUTS) only where it beats the row's best pair by AUTO_MARGIN (the model ranks from a
 few measured rows; a near tie keeps the zigzag). The model prices kernels, not transfers: on
 rows of many documents the contiguous layout, which moves the least, won by more than the
 model says (4 x H200, docs/performance.md, packed training).

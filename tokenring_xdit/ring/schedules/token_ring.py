@@ -95,7 +95,7 @@ def chunk_bounds(length: int, chunks: int) -> list[tuple[int, int]]:
 
 # defer_own=None ("auto"): the share of the own block held back, by a rank's query count:
 # (at least this many queries, share), largest first. Measured at ring 2 on 4 x H200 with the
-# head start on (docs/performance.md, "Ring 2 after the head start"): a quarter held back was
+# head start on (docs/performance.md, design decisions): a quarter held back was
 # 5-9 % faster at 2048-4096 local queries (half: up to 4 % slower there), half 3-8 % faster
 # from 8192; below 2048 not measured at ring 2, so nothing is held back.
 AUTO_DEFER = ((8192, 0.5), (2048, 0.25))

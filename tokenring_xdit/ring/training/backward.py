@@ -16,6 +16,7 @@ from .block_loop import BlockCall, run_blocks
 from ..comm import COUNTERS
 from .hold_back import Piece
 from ..kernels import row_delta
+from ..kernels.standin import out_standin_bhsd
 from ..agreed_ring import Ring
 from ..schedules.blocks import BlockStep, Part, sub_slice
 
@@ -38,6 +39,15 @@ def block_backward(
     COUNTERS.kernel_calls += 1
     args = (dout, q, k, v, out, lse, None, call.scale, call.layout, mask)
     return call.pair.run_backward(*args)
+
+
+def fold_lse_grad(dout, out, dlse, layout) -> torch.Tensor:
+    """O for a backward that also has a gradient of lse (an attention sink applied after the
+    ring, a loss on lse): d lse_i / d s_ij = p_ij adds dlse_i * p_ij to dS_ij, the same as
+    delta_i - dlse_i in place of delta_i = rowsum(dO_i * O_i); the kernels read O only through
+    delta, so its stand-in for that delta (kernels/standin.py) carries it."""
+    delta = row_delta(dout, out, layout) - dlse.float()
+    return layout.from_bhsd(out_standin_bhsd(layout.to_bhsd(dout), delta))
 
 
 class _Backward:

@@ -18,6 +18,7 @@ from .forward import BlockCall
 from ..seam.prepare import PreparedCall
 from ..comm.teardown import RELEASE_HOOKS
 from ..agreed_ring import Ring
+from .backward import fold_lse_grad
 from .run import train_backward, train_forward
 
 __all__ = ["TokenRingAttention", "train_attn"]
@@ -62,12 +63,16 @@ class TokenRingAttention(torch.autograd.Function):
         out, lse = train_forward(call, ring, q_lens, q, k, v, graphs)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.call, ctx.held, ctx.q_lens, ctx.graphs = call, _Held(ring), q_lens, graphs
-        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # a gradient of lse is rare: None, not zeros
         return out, lse
 
     @staticmethod
-    def backward(ctx, dout, _dlse):
+    def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(out)
+        if dlse is not None:  # lse is differentiable (an attention sink, a loss on lse)
+            out = fold_lse_grad(dout, out, dlse, ctx.call.layout)
         ring = ctx.held.ring
         if ring is None:
             raise RuntimeError(
