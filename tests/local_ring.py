@@ -1,7 +1,7 @@
 """A ring of N as seen by ONE of its ranks: the real loops run that rank's work, with lanes that
 send nothing and fill each receive buffer from a random pool (one copy, what the transfer would
-write). benchmarks/replay_rank.py times a rank this way; tests/unit/test_benchmarks_ceiling.py records the
-kernel calls the loops make."""
+write). benchmarks/replay_rank.py times a rank this way; tests/unit/test_benchmarks_ceiling.py
+records the kernel calls the loops make."""
 
 from __future__ import annotations
 
