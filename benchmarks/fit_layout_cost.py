@@ -13,7 +13,7 @@ recomputed from the row's cu_seqlens and the layout its `work_N[_layout]` ran; t
 (`dense_causal`: SDPA cuDNN, the row as a single segment, which anchors cuDNN's tile rate on
 large blocks: the dense causal ring `document_work` reports is priced with it). The output
 records each kernel's constants, its samples' residuals and their source, so the table can be
-checked against the JSON it came from (tests/unit/test_layout_cost.py does).
+checked against the JSON it came from (tests/unit/test_packed_cost.py does).
 """
 
 from __future__ import annotations

@@ -66,7 +66,10 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from replay_rank import LocalRing, _timed  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from replay_rank import _timed  # noqa: E402
+
+from tests.local_ring import LocalRing  # noqa: E402
 
 H, HK, D = 32, 8, 128
 

@@ -31,34 +31,15 @@ import functools
 import json
 import platform
 import statistics
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-
-class LocalLane:
-    """Stands in for a P2P lane on one GPU (same post/wait/step interface)."""
-
-    def __init__(self, pool: dict):
-        self.step = 0
-        self._pool = pool
-
-    def post(self, sends, recvs, what):
-        for t, _peer in recvs:  # what the transfer would write
-            t.copy_(_from_pool(self._pool, t))
-        return []
-
-    def wait(self, works=None) -> None:
-        return None
-
-
-def _from_pool(pool: dict, t: torch.Tensor) -> torch.Tensor:
-    src = pool.get(t.dtype)
-    if src is None or src.numel() < t.numel():
-        gen = torch.Generator(device=t.device).manual_seed(len(pool))
-        src = pool[t.dtype] = torch.randn(t.numel(), device=t.device, generator=gen).to(t.dtype)
-    return src[: t.numel()].view(t.shape)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.local_ring import LocalRing  # noqa: E402
 
 
 def _timed(fn, warmup: int, iters: int) -> float:
@@ -72,16 +53,6 @@ def _timed(fn, warmup: int, iters: int) -> float:
         if i >= warmup:
             times.append(start.elapsed_time(end))
     return statistics.median(times)
-
-
-class LocalRing:
-    """What the training loops use of a ring (rank, size, lanes()), with local lanes."""
-
-    def __init__(self, rank: int, size: int):
-        self.rank, self.size, self._pool = rank, size, {}
-
-    def lanes(self):
-        return LocalLane(self._pool), LocalLane(self._pool)
 
 
 def _replay_fn(call, rank, n, q, k, v, do):

@@ -1,5 +1,5 @@
 """An example under torchrun with a mistake of ours: one line per rank, no rank traceback
-(tokenring_xdit/tools/rank_exit.py; tests/unit/test_rank_exit.py has the pieces)."""
+(tokenring_xdit/tools/rank_exit.py; tests/unit/test_tools_rank_exit.py has the pieces)."""
 
 from __future__ import annotations
 

@@ -4,11 +4,11 @@ rank and the step, and exits with the program's code (3), no SIGABRT. Under torc
 a peer that exits is named by torchrun's report as the root cause (the agent stops the survivor),
 a peer that hangs is stopped after the survivor raised and exited 3.
 
-The scenarios are peer_death.py's CPU_MATRIX (paths x faults x launchers, real gloo ranks, tiny
+The scenarios are tests/peer_faults/scenarios.py's CPU_MATRIX (paths x faults x launchers, real gloo ranks, tiny
 sizes), run once for the module: the plain-process ones forked from one server that imported
 torch once (the same worker program, `python -c` costs ~2 s of CPU per rank), eight at a time,
 next to the torchrun ones and one `python -c` pair. Each test asserts one scenario's verdict
-(`peer_death.problems`: the rules above). On a slow or busy machine the deadline, the slack, the
+(`scenarios.problems`: the rules above). On a slow or busy machine the deadline, the slack, the
 exit bound and the wall all grow by its measured slowness (tests/speed.py).
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.diagnostics.peer_death import CPU_MATRIX, Scenario, run_many  # noqa: E402
+from tests.peer_faults.scenarios import CPU_MATRIX, Scenario, run_many  # noqa: E402
 from tests.speed import slowness  # noqa: E402
 
 

@@ -228,7 +228,7 @@ API_DOCS = [0, 1, 2900, 2901, 3333, 4100, 4101, 6144]  # a long one, lengths 1, 
 def _blockwise(q, k, v, do, cu, n, layout, kernels=None):
     """The ring's own block decomposition of the call, run on this GPU without the ring: every
     segment of every (key rank, step) block that `doc_plan` schedules (enumerated by
-    benchmarks/diagnostics/packed_partials_rounding.blocks) through SDPA's flash op (K/V expanded
+    tests/packed_blocks.blocks) through SDPA's flash op (K/V expanded
     for GQA), bf16 outputs; out merged over the segments by lse in fp32; the backward fed the
     merged out and the global lse, dQ/dK/dV partials added per block in bf16 (the kernel
     wrappers' buffers), dK/dV folded over each GQA group in fp32, every block's partial summed
@@ -236,7 +236,7 @@ def _blockwise(q, k, v, do, cu, n, layout, kernels=None):
     single rounding). The error this gives is the decomposition's own: what the ring should
     match. Returns (out, dq, dk, dv), (1, h or hk, total, d) in q's dtype. `kernels`: another
     (forward, backward) pair of kernels.sdpa's signature (the CPU check of this function)."""
-    from benchmarks.diagnostics.packed_partials_rounding import blocks
+    from tests.packed_blocks import blocks
     from tokenring_xdit.ring.kernels.sdpa import flash_backward, flash_forward
     from tokenring_xdit.ring.tensor_layout import BHSD
 
@@ -293,7 +293,7 @@ def _api_worker(rank, n):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from benchmarks.diagnostics.packed_partials_rounding import blocks, max_partials
+    from tests.packed_blocks import blocks, max_partials
     from tokenring_xdit import shard, token_ring_attn_func
     from tokenring_xdit.ring import setup_token_ring_group
     from tokenring_xdit.ring.split.sharding import shard_positions

@@ -1,8 +1,8 @@
 """A peer that dies, hangs or raises mid-loop on NCCL (2 GPUs): every survivor raises one
 TokenRingCommError in the thread that called, within the deadline (8 s) + 6 s, naming the faulty
 rank and the step, and exits with the program's code (3), no SIGABRT; under torchrun the agent's
-report names the right rank. One test per scenario of peer_death.py's GPU_MATRIX
-(path x fault x launcher; the rules: `peer_death.problems`), all run once for the module, six
+report names the right rank. One test per scenario of tests/peer_faults/scenarios.py's GPU_MATRIX
+(path x fault x launcher; the rules: `scenarios.problems`), all run once for the module, six
 at a time (about 6 minutes). Without 2 GPUs every case is skipped (a skip is not a pass).
 
 XFAIL lists the scenarios expected to fail, strict: a fixed one then fails as XPASS and its
@@ -31,7 +31,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.diagnostics.peer_death import GPU_MATRIX, run_many  # noqa: E402
+from tests.peer_faults.scenarios import GPU_MATRIX, run_many  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,

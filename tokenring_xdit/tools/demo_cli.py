@@ -27,7 +27,7 @@ from .cli_args import (
 
 __all__ = ["add_arguments", "run", "KERNEL_CHOICES", "METHOD_CHOICES"]
 
-# Kept in sync with tokenring_xdit.ring.kernels.KERNELS by tests/unit/test_cli.py (no torch here).
+# Kept in sync with tokenring_xdit.ring.kernels.KERNELS by tests/unit/test_tools_cli.py (no torch here).
 KERNEL_CHOICES = (
     "auto",
     "flash_attn",

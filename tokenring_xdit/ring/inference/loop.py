@@ -14,13 +14,13 @@ from dataclasses import dataclass
 
 import torch
 
+from ..agreed_ring import Ring
 from ..comm import COUNTERS, Lane
 from ..head_start import head_start
 from ..kernels import BlockKernel, run_block
-from ..tensor_layout import Layout
 from ..merge.partials import PartialMerge, SplitMerge
-from ..agreed_ring import Ring
 from ..schedules import chunk_bounds, held_back
+from ..tensor_layout import Layout
 
 __all__ = ["RingCall", "ring_forward", "local_forward", "held_back"]
 
@@ -89,16 +89,14 @@ def ring_forward(
     q_lane, out_lane = ring.lanes()
     own_kv = call.join(k, v, joint_kv)
     b, _, h, d = layout.dims(q)
-    held_q = q.contiguous()
-    held = held_back(q_lens[rank], call.defer_own)
-    split = q_lens[rank] - held
-    tail_q = layout.seq_slice(held_q, slice(split, q_lens[rank])) if held else None
+    own_q = held_q = q.contiguous()
+    own_len = q_lens[rank]
+    held = held_back(own_len, call.defer_own)
+    split = own_len - held
     # One receive buffer pair for our own partials, reused: each merge is ordered before the
     # next receive is posted (same stream on CUDA, synchronous on gloo).
-    ret = (
-        layout.empty(b, q_lens[rank], h, v.shape[3], like=q),
-        torch.empty(b, h, q_lens[rank], dtype=torch.float32, device=q.device),
-    )
+    ret_out = layout.empty(b, own_len, h, v.shape[3], like=q)
+    ret = ret_out, torch.empty(b, h, own_len, dtype=torch.float32, device=q.device)
     merge = prev = None
     for st in call.schedule.steps(rank, n):
         q_lane.step = out_lane.step = st.step  # named in transfer errors
@@ -107,15 +105,12 @@ def ring_forward(
             next_q = layout.empty(b, q_lens[st.q_recv_owner], h, d, like=q)
             q_lane.post([(held_q, st.q_send_to)], [(next_q, st.q_recv_from)], "q")
         if st.ret_send_to is not None:
-            out_lane.post(
-                [(prev[0], st.ret_send_to), (prev[1], st.ret_send_to)],
-                [(ret[0], st.ret_recv_from), (ret[1], st.ret_recv_from)],
-                "partial",
-            )
+            to, frm = st.ret_send_to, st.ret_recv_from
+            out_lane.post([(prev[0], to), (prev[1], to)], [(ret[0], frm), (ret[1], frm)], "partial")
         if st.step == n - 1:
             pending = ret if st.ret_send_to is not None else None
+            tail = (layout.seq_slice(own_q, slice(split, own_len)), own_kv) if held else None
             final = _Final(call, rank, n, q_lens, q_lane, out_lane)
-            tail = (tail_q, own_kv) if held else None
             return final.run(held_q, k, v, merge, pending, q.dtype, tail)
         if st.ret_send_to is not None:
             head_start(call.head_start_us, layout, held_q, k)
@@ -125,17 +120,20 @@ def ring_forward(
             block = call.block(held_q, *(own_kv if st.step == 0 else (k, v)))
         q_lane.wait()
         out_lane.wait()
-        if merge is None:
-            # step 0: our own Q against our own K/V; n-1 partials of it are still to come
-            if held:
-                merge = SplitMerge(*block, q_lens[rank], layout, q.dtype, n - 1, call.fused_merge)
-            else:
-                merge = PartialMerge(*block, layout, q.dtype, updates=n - 1, fused=call.fused_merge)
+        if merge is None:  # step 0: our own Q against our own K/V; n-1 partials of it to come
+            merge = _own_merge(call, block, held, own_len, q.dtype, n - 1)
         elif st.ret_send_to is not None:
             merge.update(*ret)
         prev = block if st.step > 0 else None
         held_q = next_q
     raise AssertionError("unreachable: the last step returns")
+
+
+def _own_merge(call: RingCall, block, held: int, length: int, dtype, updates: int):
+    """The merge that starts from the step-0 block (in two parts when its tail is held back)."""
+    if held:
+        return SplitMerge(*block, length, call.layout, dtype, updates, call.fused_merge)
+    return PartialMerge(*block, call.layout, dtype, updates=updates, fused=call.fused_merge)
 
 
 @dataclass

@@ -24,55 +24,7 @@ __all__ = ["row_delta_bhsd", "out_standin_bhsd"]
 
 @functools.cache
 def _kernels():
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def rowdot(
-        a, b, out, H, S, D,
-        sa_b, sa_h, sa_s, sa_d, sb_b, sb_h, sb_s, sb_d, so_b, so_h, so_s,
-        BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-    ):  # fmt: skip
-        pid_bh, pid_s = tl.program_id(0), tl.program_id(1)
-        ib, ih = pid_bh // H, pid_bh % H
-        rows = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
-        cols = tl.arange(0, BLOCK_D)
-        row_ok = rows < S
-        mask = row_ok[:, None] & (cols[None, :] < D)
-        xa = tl.load(
-            a + ib * sa_b + ih * sa_h + rows[:, None] * sa_s + cols[None, :] * sa_d,
-            mask=mask, other=0.0,
-        ).to(tl.float32)  # fmt: skip
-        xb = tl.load(
-            b + ib * sb_b + ih * sb_h + rows[:, None] * sb_s + cols[None, :] * sb_d,
-            mask=mask, other=0.0,
-        ).to(tl.float32)  # fmt: skip
-        tl.store(out + ib * so_b + ih * so_h + rows * so_s, tl.sum(xa * xb, axis=1), mask=row_ok)
-
-    @triton.jit
-    def standin(
-        do, delta, x, H, S, D,
-        sd_b, sd_h, sd_s, sd_d, sl_b, sl_h, sl_s, sx_b, sx_h, sx_s, sx_d,
-        BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-    ):  # fmt: skip
-        pid_bh, pid_s = tl.program_id(0), tl.program_id(1)
-        ib, ih = pid_bh // H, pid_bh % H
-        rows = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
-        cols = tl.arange(0, BLOCK_D)
-        row_ok = rows < S
-        mask = row_ok[:, None] & (cols[None, :] < D)
-        g = tl.load(
-            do + ib * sd_b + ih * sd_h + rows[:, None] * sd_s + cols[None, :] * sd_d,
-            mask=mask, other=0.0,
-        ).to(tl.float32)  # fmt: skip
-        dl = tl.load(delta + ib * sl_b + ih * sl_h + rows * sl_s, mask=row_ok, other=0.0)
-        norm2 = tl.sum(g * g, axis=1)
-        c = tl.where(norm2 > 0.0, dl / tl.where(norm2 > 0.0, norm2, 1.0), 0.0)
-        tl.store(
-            x + ib * sx_b + ih * sx_h + rows[:, None] * sx_s + cols[None, :] * sx_d,
-            (g * c[:, None]).to(x.dtype.element_ty),
-            mask=mask,
-        )
+    from .standin_triton import rowdot, standin  # imports triton: only once a pass asks for it
 
     return rowdot, standin
 
@@ -86,11 +38,17 @@ def _use_triton(x: torch.Tensor) -> bool:
     return x.is_cuda and x.dtype in (torch.float16, torch.bfloat16, torch.float32) and _triton_ok()
 
 
-def _grid(shape) -> tuple[tuple[int, int], int, int]:
-    b, h, s, d = shape
+def _launch(kernel: int, a: torch.Tensor, b: torch.Tensor, res: torch.Tensor) -> None:
+    """Pass `kernel` (0: rowdot, 1: standin) over the rows of (b, h, s, d) `a` and `b`, writing
+    `res`: a program per (batch x head, block of rows)."""
+    bsz, h, s, d = a.shape
     block_d = max(16, 1 << (d - 1).bit_length())
     block_s = max(1, min(128, 4096 // block_d))
-    return (b * h, (s + block_s - 1) // block_s), block_s, block_d
+    grid = (bsz * h, (s + block_s - 1) // block_s)
+    _kernels()[kernel][grid](
+        a, b, res, h, s, d, *a.stride(), *b.stride(), *res.stride(),
+        BLOCK_S=block_s, BLOCK_D=block_d,
+    )  # fmt: skip
 
 
 def row_delta_bhsd(dout: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -100,11 +58,7 @@ def row_delta_bhsd(dout: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         acc = torch.float64 if dout.dtype == torch.float64 else torch.float32
         return (dout.to(acc) * out.to(acc)).sum(-1).float()
     res = torch.empty(b, h, s, dtype=torch.float32, device=dout.device)
-    grid, block_s, block_d = _grid(dout.shape)
-    _kernels()[0][grid](
-        dout, out, res, h, s, d, *dout.stride(), *out.stride(), *res.stride(),
-        BLOCK_S=block_s, BLOCK_D=block_d,
-    )  # fmt: skip
+    _launch(0, dout, out, res)
     return res
 
 
@@ -130,9 +84,5 @@ def out_standin_bhsd(
         norm2 = (do * do).sum(-1, keepdim=True)
         c = torch.where(norm2 > 0, delta.to(acc).unsqueeze(-1) / norm2, torch.zeros_like(norm2))
         return x.copy_(do * c)
-    grid, block_s, block_d = _grid(dout.shape)
-    _kernels()[1][grid](
-        dout, delta, x, h, s, d, *dout.stride(), *delta.stride(), *x.stride(),
-        BLOCK_S=block_s, BLOCK_D=block_d,
-    )  # fmt: skip
+    _launch(1, dout, delta, x)
     return x

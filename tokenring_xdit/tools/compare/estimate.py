@@ -31,7 +31,7 @@ class Shape:
     joint_text: bool  # Flux attends over text + image tokens; PixArt's text is cross-attention
 
 
-# Checked against tools/pipelines.py by tests/unit/test_compare_estimate.py
+# Checked against tools/pipelines.py by tests/unit/test_tools_compare_estimate.py
 SHAPES = {
     ("pixart", "tiny"): Shape(53_376, 43_711, 2, 32, 2, 4, False),
     ("pixart", "full"): Shape(611_349_152, 83_653_863, 28, 1152, 2, 16, False),

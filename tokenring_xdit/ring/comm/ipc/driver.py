@@ -163,23 +163,21 @@ def tensor_at(ptr: int, nbytes: int, device: int) -> torch.Tensor:
 def write_value(stream: torch.cuda.Stream, addr: int, value: int) -> None:
     """Enqueue `*addr = value` on `stream`, after everything before it (memory fence)."""
     cu = driver()
-    _ensure_context(stream.device.index)
     flags = cu.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT
-    _check(
-        cu.cuStreamWriteValue32(cu.CUstream(stream.cuda_stream), addr, value, flags),
-        "cuStreamWriteValue32",
-    )
+    _value_op(cu, cu.cuStreamWriteValue32, stream, addr, value, flags)
 
 
 def wait_value(stream: torch.cuda.Stream, addr: int, value: int) -> None:
     """Enqueue on `stream`: nothing after this runs before `*addr == value`."""
     cu = driver()
-    _ensure_context(stream.device.index)
     flags = cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_EQ
-    _check(
-        cu.cuStreamWaitValue32(cu.CUstream(stream.cuda_stream), addr, value, flags),
-        "cuStreamWaitValue32",
-    )
+    _value_op(cu, cu.cuStreamWaitValue32, stream, addr, value, flags)
+
+
+def _value_op(cu, op, stream: torch.cuda.Stream, addr: int, value: int, flags) -> None:
+    """One stream memory operation on a 32-bit word (op: cuStreamWriteValue32 / WaitValue32)."""
+    _ensure_context(stream.device.index)
+    _check(op(cu.CUstream(stream.cuda_stream), addr, value, flags), op.__name__)
 
 
 def memcpy(stream: torch.cuda.Stream, dst: int, src: int, nbytes: int) -> None:

@@ -23,7 +23,7 @@ from benchmarks.ceiling import (  # noqa: E402
     main,
     rank_blocks,
 )
-from benchmarks.replay_rank import LocalRing  # noqa: E402
+from tests.local_ring import LocalRing  # noqa: E402
 from tokenring_xdit.ring.training.backward import block_backward
 from tokenring_xdit.ring.training.forward import BlockCall, block_forward
 from tokenring_xdit.ring.packed.pick import doc_plan

@@ -1,6 +1,6 @@
 """The documents layout without a process group: the piece rule, the balance it promises
 (spread <= 1.10) on realistic rows, and the kernels' merge of a query piece that meets two key
-pieces in one block (the plan's coverage of every pair: tests/unit/test_documents.py)."""
+pieces in one block (the plan's coverage of every pair: tests/unit/test_packed_documents.py)."""
 
 from __future__ import annotations
 
@@ -146,7 +146,7 @@ def test_documents_layout_spread_at_most_1_10(row, n):
     docs_spread = report["layouts"][DOCUMENTS]["spread"]
     assert docs_spread <= 1.10, (row, n, docs_spread)
     zigzag = report["layouts"]["zigzag"]["spread"]
-    # auto follows the predicted time of the slowest rank, not the spread (test_layout_cost.py)
+    # auto follows the predicted time of the slowest rank, not the spread (test_packed_cost.py)
     assert report["auto"] == _auto_rule(report), report["choices"]
     assert report["layout"] == "zigzag" and report["spread"] == zigzag  # the default: unchanged
     # the pairs are the documents' own, in either layout

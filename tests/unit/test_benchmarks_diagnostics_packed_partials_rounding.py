@@ -9,6 +9,7 @@ import json
 import torch
 
 from benchmarks.diagnostics import packed_partials_rounding as diag
+from tests.packed_blocks import blocks, max_partials
 
 DOCS = (0, 1, 29, 30, 45, 64)  # a long document over several zigzag chunks, one-token ones
 
@@ -25,11 +26,11 @@ def test_partial_counts_follow_the_schedule():
     """The row's zigzag at ring 4: rank 1 holds chunks 1 and 6 of 8 (8 tokens each); its keys
     in chunk 1 (inside document 1: tokens 1..28) meet query chunks 1, 2, 3 (3 partials). At
     ring 2 no key gets more than 2 blocks' partials in the zigzag."""
-    bl, pos = diag.blocks(DOCS, 4, "zigzag")
+    bl, pos = blocks(DOCS, 4, "zigzag")
     assert pos[1].tolist() == [*range(8, 16), *range(48, 56)]
-    assert diag.max_partials(bl, 1, 16) == 3
-    bl2, _ = diag.blocks(DOCS, 2, "zigzag")
-    assert max(diag.max_partials(bl2, r, 32) for r in range(2)) == 2
+    assert max_partials(bl, 1, 16) == 3
+    bl2, _ = blocks(DOCS, 2, "zigzag")
+    assert max(max_partials(bl2, r, 32) for r in range(2)) == 2
 
 
 def test_script_writes_its_json(tmp_path):

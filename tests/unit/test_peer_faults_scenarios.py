@@ -1,4 +1,4 @@
-"""The verdict rules of benchmarks/diagnostics/peer_death.py (`problems`), on which the CPU and
+"""The verdict rules of tests/peer_faults/scenarios.py (`problems`), on which the CPU and
 GPU peer-fault tests rest: each rule flags what it should, and the GPU test's xfail table names
 only scenarios of the GPU matrix."""
 
@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.diagnostics.peer_death import GPU_MATRIX, Scenario, problems  # noqa: E402
+from tests.peer_faults.scenarios import GPU_MATRIX, Scenario, problems  # noqa: E402
 
 MESSAGE = (
     "TokenRing partial transfer at step 2 on the return lane (send to ring rank 1 (global rank "

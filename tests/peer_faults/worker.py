@@ -1,4 +1,4 @@
-"""One rank of a peer-fault scenario; benchmarks/diagnostics/peer_death.py starts two.
+"""One rank of a peer-fault scenario; tests/peer_faults/scenarios.py starts two.
 
 Both ranks loop TokenRing calls on one path (`--path`); rank `--faulty` (1) injects `--fault`
 at call `--fault-at`, the other ("survivor") keeps calling. Every event worth timing is one
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
 
     cuda = args.device == "cuda"
     t0 = time.time()
-    # the harness asks a rank still running at its wall for its stacks (peer_launch.py)
+    # the harness asks a rank still running at its wall for its stacks (launch.py)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     timeout = None if from_env else timedelta(seconds=args.deadline)
     dist.init_process_group("nccl" if cuda else "gloo", timeout=timeout)

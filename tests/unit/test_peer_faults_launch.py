@@ -1,5 +1,5 @@
 """A rank still running at its scenario's wall prints every thread's stack before it is killed
-(benchmarks/diagnostics/peer_launch.py): where a survivor that never raised was stuck."""
+(tests/peer_faults/launch.py): where a survivor that never raised was stuck."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import textwrap
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.diagnostics import peer_launch  # noqa: E402
+from tests.peer_faults import launch as peer_launch  # noqa: E402
 
 STUCK = textwrap.dedent(
     """

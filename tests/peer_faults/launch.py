@@ -1,4 +1,4 @@
-"""How peer_death.py starts a scenario's two ranks, and stops what is left of them.
+"""How scenarios.py starts a scenario's two ranks, and stops what is left of them.
 
 - plain: `python -c` per rank (tests/harness.plain_ranks): no launcher to stop the survivor
   when its peer exits;
@@ -26,11 +26,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.harness import plain_ranks  # noqa: E402
+from tests.harness import plain_ranks
 
 REPO = Path(__file__).resolve().parents[2]
-WORKER = Path(__file__).with_name("peer_worker.py")
+WORKER = Path(__file__).with_name("worker.py")
 AFTER_SURVIVORS_S = 1.0  # then a rank still alive is a hung peer: killed
 DUMP_WAIT_S = 1.5  # a rank alive at the wall gets this long to print its stacks
 NATIVE_WAIT_S, NATIVE_CHARS = 20.0, 30000  # py-spy's bound per rank, and what is kept
@@ -67,7 +66,7 @@ def _drain(proc: subprocess.Popen, sink: list[str]) -> threading.Thread:
 
 
 def launch_plain(scenario, argv: list[str], folder: Path) -> Launched:
-    program = f"from benchmarks.diagnostics.peer_worker import main\nmain({argv!r})\n"
+    program = f"from tests.peer_faults.worker import main\nmain({argv!r})\n"
     env = _env(scenario)
     env = {k: v for k, v in env.items() if k not in os.environ or os.environ[k] != v}
     procs = plain_ranks(program, 2, env, merge_stderr=True)
@@ -163,7 +162,7 @@ def _supervise(
 
 
 def _dump_stacks(procs: list) -> None:
-    """Ask ranks still running at the wall for every thread's Python stack (peer_worker
+    """Ask ranks still running at the wall for every thread's Python stack (worker.py
     registers faulthandler on SIGUSR1; it writes without the GIL, so a rank blocked in a C
     call holding it still answers): where a survivor that never raised is stuck."""
     for p in procs:
@@ -211,7 +210,7 @@ def _kill(proc: subprocess.Popen, group: bool) -> None:
 FORK_SERVER = r"""
 import gc, json, os, signal, sys, time
 import torch, torch.distributed, torch._dynamo, tokenring_xdit  # once; each rank is a fork
-from benchmarks.diagnostics.peer_worker import main
+from tests.peer_faults.worker import main
 gc.freeze()  # the children's collections then leave the shared pages alone (copy-on-write)
 jobs, wall, at_once = json.loads(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
 keys = list(dict.fromkeys(j["key"] for j in jobs))
