@@ -1,12 +1,7 @@
-"""Every kernel's name in one table that imports no torch: the CLI checks `--kernel` with it
-before loading torch, and registry.py, the host adapters, the packed cost model and the pack
-order take their names from it.
-
-One line per kernel: the name users pass (`kernel="cudnn"`), where its `Kernel` record lives
-(`module.RECORD` in this package; registry.py imports it from there), the device types it runs
-on, and whether it serves packed documents only (it takes their segments itself). Adding a
-kernel: its module here (forward, backward, the record) and its line below; `auto` picks it
-only once it is also placed in `AUTO`.
+"""Every kernel's name in one table that imports no torch (the CLI checks `--kernel` with it
+before torch loads); registry.py, the host adapters, the packed cost model and the pack order
+take their names from it. Adding a kernel: its module here (forward, backward, `Kernel` record)
+and its line below; `auto` picks it once it also has a place in `AUTO`.
 """
 
 from __future__ import annotations
@@ -68,15 +63,12 @@ PRICED = _names(_K.FLASH_VARLEN, _K.CUDNN)
 # (Inference keeps flash-attn first on Hopper too: not measured against cuDNN there.) `fa4` is
 # by name only (H200: forward slower than cuDNN on 2k-4k blocks, fwd+bwd ~10 % faster only from
 # 8k-token blocks; a beta with seconds of JIT per configuration; docs/kernels-fa4.md).
-AUTO = MappingProxyType(
-    {
-        "inference": _names(
-            _K.FLASH_ATTN, _K.CUDNN, _K.TORCH_FLASH, _K.TORCH_EFFICIENT, _K.CPU_FLASH, _K.MATH
-        ),
-        "training": _names(_K.FLASH_ATTN, _K.TORCH_FLASH, _K.CUDNN, _K.CPU_FLASH, _K.MATH),
-        "training-sm90": _names(_K.CUDNN, _K.FLASH_ATTN, _K.TORCH_FLASH, _K.CPU_FLASH, _K.MATH),
-    }
-)
+AUTO = MappingProxyType({
+    "inference": _names(_K.FLASH_ATTN, _K.CUDNN, _K.TORCH_FLASH, _K.TORCH_EFFICIENT, _K.CPU_FLASH,
+                        _K.MATH),
+    "training": _names(_K.FLASH_ATTN, _K.TORCH_FLASH, _K.CUDNN, _K.CPU_FLASH, _K.MATH),
+    "training-sm90": _names(_K.CUDNN, _K.FLASH_ATTN, _K.TORCH_FLASH, _K.CPU_FLASH, _K.MATH),
+})  # fmt: skip
 
 
 def runs_on(device_type: str) -> tuple[str, ...]:
