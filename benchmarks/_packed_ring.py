@@ -229,7 +229,7 @@ def _row(total, args, documents, device, dtype, heads, layouts) -> dict:
     return row
 
 
-# record name -> the cost table's kernel (layout_cost.KERNELS)
+# record name -> the cost table's kernel (kernels.names.PRICED)
 PRICED = {"flash_varlen": "flash_varlen", "cudnn+segments": "cudnn"}
 
 

@@ -6,7 +6,7 @@
 
 --replays: benchmarks/packed_varlen.py's JSONs (--layout zigzag,documents[,auto]; several are
 pooled, e.g. the committed rows and longer documents' rows). Each kernel of the table
-(`layout_cost.KERNELS`) is fitted on its own samples: every rank of every
+(`kernels.names.PRICED`) is fitted on its own samples: every rank of every
 `replay_N[_layout]_<pair>` (`flash_varlen`, or `cudnn+segments` for `cudnn`), its Work
 recomputed from the row's cu_seqlens and the layout its `work_N[_layout]` ran; the ring of one
 (`ring1_<pair>`: the whole row as one block); and for cuDNN the whole row as one causal call
@@ -24,7 +24,8 @@ import statistics
 from pathlib import Path
 
 from tokenring_xdit.ring.packed.pick import Documents, doc_plan
-from tokenring_xdit.ring.packed.cost import DATA, KERNELS, TERMS, fit, plan_work
+from tokenring_xdit.ring.kernels.names import PRICED
+from tokenring_xdit.ring.packed.cost import DATA, TERMS, fit, plan_work
 from tokenring_xdit.ring.schedules import block_schedule
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,7 +107,7 @@ def table(report: dict, source: str, tile: int = TILE) -> dict:
         "meta": report.get("meta", {}),
         "model": "ms = tile_ms*tiles + segment_ms*segments + call_ms*calls + row_ms*rows/1000",
         "terms": list(TERMS),
-        "kernels": {k: kernel_table(report, k, source, tile) for k in KERNELS},
+        "kernels": {k: kernel_table(report, k, source, tile) for k in PRICED},
         # measured apart (a new packing's first call against its later ones): kept as it is
         "plan_build_ms": json.loads(DATA.read_text()).get("plan_build_ms", {}),
     }

@@ -147,7 +147,7 @@ def _segments_record() -> str:
 
     from tokenring_xdit.ring.kernels import registry
 
-    record = dataclasses.replace(registry.CPU_FLASH, name=SEGMENTS, packed_as=None)
+    record = dataclasses.replace(registry.REGISTRY["cpu_flash"], name=SEGMENTS, packed_as=None)
     registry.REGISTRY[SEGMENTS] = registry.PAIRS[SEGMENTS] = record
     return SEGMENTS
 

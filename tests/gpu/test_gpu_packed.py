@@ -65,7 +65,7 @@ def test_auto_picks_the_cost_models_kernel_for_the_row(dtype):
     new packing: cuDNN pays a plan per new segment shape), on rows where it prices each one."""
     from tokenring_xdit.ring.packed.pick import Documents, PackedRow
     from tokenring_xdit.ring.kernels import doc_pair, select_pair
-    from tokenring_xdit.ring.packed.cost import KERNELS
+    from tokenring_xdit.ring.kernels.names import PRICED
 
     dev = torch.device("cuda")
     args = (dev, dtype, 128, 128)
@@ -75,7 +75,7 @@ def test_auto_picks_the_cost_models_kernel_for_the_row(dtype):
     picked = set()
     for bounds, split in rows:
         row = PackedRow(Documents(bounds), 4, True, split)
-        want = record[row.kernel(KERNELS)]
+        want = record[row.kernel(PRICED)]
         pair = doc_pair("auto", *args, lambda n: select_pair(n, *args, False), row)
         assert pair.name == want, (bounds, split, pair.name)
         picked.add(want)

@@ -4,6 +4,7 @@ mistaken for flash-attn 2."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import pytest
@@ -12,14 +13,16 @@ import torch
 from tokenring_xdit.ring.kernels import REGISTRY, registry, resolve_kernel, select_pair
 from tokenring_xdit.ring.kernels.fa4 import has_fa4
 from tokenring_xdit.ring.kernels.flashattn import has_flash_attn
+from tokenring_xdit.ring.kernels.names import AUTO, KernelName
 from tokenring_xdit.ring.tensor_layout import BSHD
 
 
 def test_fa4_is_registered_but_never_auto():
     record = REGISTRY["fa4"]
-    assert record.devices == ("cuda",) and record.half_only and record.backward is not None
+    assert KernelName.FA4.devices == ("cuda",)
+    assert record.half_only and record.backward is not None
     assert record.deterministic_backward is not None  # its deterministic mode, on request
-    for order in registry._AUTO.values():
+    for order in AUTO.values():
         assert "fa4" not in order
     for train in (False, True):
         assert "fa4" not in registry.auto_order(torch.device("cpu"), torch.bfloat16, train)
@@ -27,7 +30,8 @@ def test_fa4_is_registered_but_never_auto():
 
 @pytest.fixture
 def fa4_missing(monkeypatch):
-    monkeypatch.setitem(registry._PACKAGES, "fa4", (lambda: False, "flash-attn-4"))
+    missing = dataclasses.replace(REGISTRY["fa4"], installed=lambda: False)
+    monkeypatch.setitem(REGISTRY, "fa4", missing)
 
 
 def test_fa4_without_its_package_is_refused_before_any_step(fa4_missing):

@@ -25,6 +25,7 @@ import torch
 
 from ..ring.api import attend
 from ..ring.kernels import BlockKernel, runs_once
+from ..ring.kernels.names import KernelName
 from ..ring.seam.prepare import CallOptions
 from ..ring.tensor_layout import BSHD
 from .selection import Refusal, raise_refused
@@ -130,9 +131,9 @@ def _ring(query, key, value, scale, kernel, forward_op, cp) -> tuple[torch.Tenso
 
 # diffusers forward op -> the TokenRing kernel of its family, for compiled calls on CUDA
 _COMPILED_KERNELS = {
-    "_cudnn_attention_forward_op": "cudnn",
-    "_native_flash_attention_forward_op": "torch_flash",
-    "_flash_attention_forward_op": "flash_attn",
+    "_cudnn_attention_forward_op": KernelName.CUDNN.value,
+    "_native_flash_attention_forward_op": KernelName.TORCH_FLASH.value,
+    "_flash_attention_forward_op": KernelName.FLASH_ATTN.value,
 }
 
 

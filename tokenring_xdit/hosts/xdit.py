@@ -19,15 +19,16 @@ import torch
 from ..ring.api import attend, reject_unsupported, token_ring_attn_func
 from ..ring.seam.prepare import CallOptions
 from ..ring.kernels import BlockKernel, KeyedKernel, lse_bhs
+from ..ring.kernels.names import KernelName
 from .selection import Refusal, raise_refused
 from .yunchang import kernel_for
 
 # xDiT attention backend -> the TokenRing kernel of its family, for compiled calls on CUDA
 _COMPILED_KERNELS = {
-    "_sdpa_flash_attn_call": "torch_flash",
-    "_sdpa_efficient_attn_call": "torch_efficient",
-    "_cudnn_attn_call": "cudnn",
-    "_flash_attn_call": "flash_attn",
+    "_sdpa_flash_attn_call": KernelName.TORCH_FLASH.value,
+    "_sdpa_efficient_attn_call": KernelName.TORCH_EFFICIENT.value,
+    "_cudnn_attn_call": KernelName.CUDNN.value,
+    "_flash_attn_call": KernelName.FLASH_ATTN.value,
 }
 
 

@@ -15,6 +15,7 @@ from yunchang.kernels import AttnType, select_flash_attn_impl
 
 from ..ring.api import reject_unsupported, token_ring_attn_func
 from ..ring.kernels import BlockKernel, KeyedKernel, has_flash_attn, lse_bhs
+from ..ring.kernels.names import KernelName
 from ..ring.tensor_layout import BHSD, Layout
 
 __all__ = [
@@ -27,9 +28,9 @@ __all__ = [
 log = logging.getLogger("tokenring_xdit")
 
 _OWN_KERNELS = {
-    AttnType.TORCH_FLASH: "torch_flash",
-    AttnType.TORCH_EFFICIENT: "torch_efficient",
-    AttnType.TORCH_CUDNN: "cudnn",
+    AttnType.TORCH_FLASH: KernelName.TORCH_FLASH.value,
+    AttnType.TORCH_EFFICIENT: KernelName.TORCH_EFFICIENT.value,
+    AttnType.TORCH_CUDNN: KernelName.CUDNN.value,
 }
 _UNUSABLE = {
     AttnType.SPARSE_SAGE: "returns no lse",
@@ -76,12 +77,12 @@ def _kernel_for(attn_type, attn_processor, device_type: str) -> str | BlockKerne
         )
         return "auto"
     if attn_type is AttnType.FA:
-        return "flash_attn"
+        return KernelName.FLASH_ATTN.value
     if attn_type is AttnType.TORCH_MATH:  # yunchang's returns lse = 0; use an exact one
-        return "cpu_flash" if device_type == "cpu" else "math"
+        return KernelName.CPU_FLASH.value if device_type == "cpu" else KernelName.MATH.value
     if device_type == "cpu":
         if attn_type in _OWN_KERNELS:  # torch's SDPA kernels have one CPU equivalent
-            return "cpu_flash"
+            return KernelName.CPU_FLASH.value
         raise NotImplementedError(_no_kernel(attn_type, device_type, "it has no CPU kernel"))
     if attn_type in _OWN_KERNELS:
         return _OWN_KERNELS[attn_type]

@@ -10,6 +10,7 @@ import argparse
 import functools
 import json
 
+from ..ring.kernels.names import DENSE, runs_on
 from .cli_args import (
     EXIT_FAILED,
     EXIT_OK,
@@ -27,21 +28,11 @@ from .cli_args import (
 
 __all__ = ["add_arguments", "run", "KERNEL_CHOICES", "METHOD_CHOICES"]
 
-# Kept in sync with tokenring_xdit.ring.kernels.KERNELS by tests/unit/test_tools_cli.py (no torch here).
-KERNEL_CHOICES = (
-    "auto",
-    "flash_attn",
-    "cudnn",
-    "torch_flash",
-    "torch_efficient",
-    "cpu_flash",
-    "math",
-    "fa4",
-)
+KERNEL_CHOICES = ("auto", *DENSE)  # the kernels' names (ring/kernels/names.py: no torch)
 METHOD_CHOICES = ("single", "tokenring", "yunchang")
 DEFAULT_TOKENS = {"cpu": 1024, "cuda": 4096}
 DEFAULT_DTYPE = {"cpu": "float32", "cuda": "bfloat16"}
-CPU_KERNELS = ("auto", "cpu_flash", "math")
+CPU_KERNELS = ("auto", *runs_on("cpu"))
 
 # Exit codes (cli_args): 0 all methods within tolerance, 1 a method's error above it, 2 bad
 # arguments (argparse's own), 3 a worker failed or timed out.

@@ -6,62 +6,52 @@
   each ending in its records (fa4: flash-attn 4, by name only).
 - wrappers.py: GQA, packed documents' segments and the swapped wire layout, around any record.
 - probe.py: the one probe (a tiny run compared with the exact kernel), cached.
-- registry.py: every record by name, the `auto` order, selection for inference, training,
-  packed documents and GQA. resolve.py: `resolve_kernel`, what a call's `kernel` becomes.
+- names.py: every kernel's name, its record's place, devices and role, `auto`'s orders and the
+  packed cost model's kernels, without torch (the CLI, hosts and packed/ read names there).
+- registry.py: every record by name (loaded from names.py's table), selection for inference,
+  training, packed documents and GQA. resolve.py: `resolve_kernel`, what a call's `kernel`
+  becomes.
 
 Adding a kernel: define its forward (and backward, or None) and its `Kernel(...)` record in a
-module here (its family's, or a new one), then list the record in registry.py's `REGISTRY` (and
-its name in `_AUTO` where `auto` may pick it). Inference (`KERNELS[name]`: the record's forward
-without causality), training (`PAIRS[name]`), GQA (probed: native or expanded), packed
-documents (per segment unless the record says otherwise), the swapped layout, the names in
-error messages and `resolve_kernel` then follow from the record.
+module here (its family's, or a new one), then give it its line in names.py (and a place in
+`AUTO` where `auto` may pick it). Inference (`KERNELS[name]`: the record's forward without
+causality), training (`PAIRS[name]`), GQA (probed: native or expanded), packed documents (per
+segment unless the record says otherwise), the swapped layout, the CLI's `--kernel` choices,
+the names in error messages and `resolve_kernel` then follow.
+
+Importing this package imports no torch: the names below load their modules on first use.
 """
 
-from .base import (
-    HALF,
-    BlockKernel,
-    Kernel,
-    KernelPair,
-    KeyedKernel,
-    empty_block,
-    empty_partial,
-    lse_bhs,
-    row_delta,
-    run_block,
-)
-from .exact import MASKED, MATH, segments_mask
-from .flashattn import has_flash_attn
-from .probe import runs_once
-from .registry import (
-    DOC_KERNELS,
-    KERNELS,
-    PAIRS,
-    REGISTRY,
-    auto_order,
-    doc_pair,
-    gqa_kernel,
-    gqa_pair,
-    select_kernel,
-    select_pair,
-)
-from .resolve import KernelChoice, resolve_kernel
-from .varlen import FLASH_VARLEN, segment_runs
-from .wrappers import SwappedKernel, expand_kv, fold_kv_grad, kv_groups, segments_pair
-
+# public name -> the module (of this package) that defines it
+_LAZY = {
+    **dict.fromkeys(
+        ("HALF", "BlockKernel", "Kernel", "KernelPair", "KeyedKernel", "empty_block",
+         "empty_partial", "lse_bhs", "row_delta", "run_block"), "base"),
+    **dict.fromkeys(("MASKED", "MATH", "segments_mask"), "exact"),
+    "has_flash_attn": "flashattn",
+    "KernelName": "names",
+    "runs_once": "probe",
+    **dict.fromkeys(
+        ("DOC_KERNELS", "KERNELS", "PAIRS", "REGISTRY", "auto_order", "doc_pair", "gqa_kernel",
+         "gqa_pair", "select_kernel", "select_pair"), "registry"),
+    **dict.fromkeys(("KernelChoice", "resolve_kernel"), "resolve"),
+    **dict.fromkeys(("FLASH_VARLEN", "segment_runs"), "varlen"),
+    **dict.fromkeys(
+        ("SwappedKernel", "expand_kv", "fold_kv_grad", "kv_groups", "segments_pair"), "wrappers"),
+}  # fmt: skip
 # The inference kernels by their old module-level names (tokenring_xdit.ring.kernels.math, ...).
-flash_attn = KERNELS["flash_attn"]
-torch_cudnn = KERNELS["cudnn"]
-torch_flash = KERNELS["torch_flash"]
-torch_efficient = KERNELS["torch_efficient"]
-cpu_flash = KERNELS["cpu_flash"]
-math = KERNELS["math"]
+_BLOCKS = {
+    "flash_attn": "flash_attn", "torch_cudnn": "cudnn", "torch_flash": "torch_flash",
+    "torch_efficient": "torch_efficient", "cpu_flash": "cpu_flash", "math": "math",
+}  # fmt: skip
+__all__ = [*_LAZY, *_BLOCKS]
 
-__all__ = [
-    "HALF", "BlockKernel", "Kernel", "KernelPair", "KeyedKernel", "SwappedKernel",
-    "KernelChoice", "resolve_kernel", "REGISTRY", "KERNELS", "PAIRS", "DOC_KERNELS", "MASKED",
-    "MATH", "FLASH_VARLEN", "auto_order", "select_kernel", "select_pair", "doc_pair",
-    "gqa_kernel", "gqa_pair", "segments_pair", "segments_mask", "segment_runs", "kv_groups",
-    "expand_kv", "fold_kv_grad", "empty_block", "empty_partial", "run_block", "lse_bhs",
-    "row_delta", "runs_once", "has_flash_attn", "flash_attn", "torch_cudnn", "torch_flash",
-    "torch_efficient", "cpu_flash", "math",
-]  # fmt: skip
+
+def __getattr__(name: str):
+    import importlib
+
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    if name in _BLOCKS:
+        return importlib.import_module(f"{__name__}.registry").KERNELS[_BLOCKS[name]]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

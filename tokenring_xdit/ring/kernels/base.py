@@ -1,10 +1,11 @@
 """The kernel record and what every per-block kernel shares.
 
 A kernel is one `Kernel` record: its forward, its backward (or None: inference only), whether
-that backward is deterministic, the devices and dtypes it runs on, the layouts it takes, and how
-it serves packed documents. Inference calls the record's forward (`Kernel.block`, causal off),
-training its forward and backward; GQA, packed documents' segments and the swapped wire layout
-are wrappers around a record (wrappers.py), never separate kernels.
+that backward is deterministic, the dtypes it runs on, the layouts it takes, how it serves
+packed documents and the optional package it needs (its name's devices: names.py). Inference
+calls the record's forward (`Kernel.block`, causal off), training its forward and backward;
+GQA, packed documents' segments and the swapped wire layout are wrappers around a record
+(wrappers.py), never separate kernels.
 
 forward(q, k, v, scale, layout, mask) -> (out in q's layout and dtype, lse (b, h, s_q) fp32,
 natural log). `mask` is the causal flag (top-left aligned) or, for a record with
@@ -51,7 +52,6 @@ class Kernel:
     forward: Callable
     backward: Callable | None  # None: inference only (see `train_as`)
     deterministic: bool  # the backward gives bit-identical results run to run
-    devices: tuple[str, ...] = ("cpu", "cuda")  # device types it runs on (for `auto`)
     half_only: bool = False  # fp16/bf16 only (so `auto` skips it for other dtypes)
     layouts: tuple[Layout, ...] = (BSHD, BHSD)
     # a deterministic backward where `backward` is not (flash-attn's deterministic mode)
@@ -66,6 +66,8 @@ class Kernel:
     # its ops take (b, h, s, d) views (SDPA's): run per segment, the segments are cut from such
     # views of the block (one transpose per tensor per block, not per segment)
     bhsd_ops: bool = True
+    package: str | None = None  # the optional pip package it needs (refused without it)
+    installed: Callable[[], bool] = lambda: True  # is that package installed?
     block: BlockKernel = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -92,7 +92,8 @@ def _backward(dout, q, k, v, out, lse, delta, scale, layout: Layout, causal, det
 
 
 FA4 = Kernel(
-    "fa4", _forward, _backward, False, devices=("cuda",), half_only=True,
+    "fa4", _forward, _backward, False, half_only=True,
     deterministic_backward=functools.partial(_backward, deterministic=True),
     bhsd_ops=False,  # (b, s, h, d) views, as flash-attn
+    package="flash-attn-4", installed=has_fa4,
 )  # fmt: skip

@@ -73,6 +73,7 @@ def _backward_deterministic(*args):
 
 
 FLASH_ATTN = Kernel(
-    "flash_attn", _forward, _backward, False, devices=("cuda",), half_only=True,
+    "flash_attn", _forward, _backward, False, half_only=True,
     deterministic_backward=_backward_deterministic, bhsd_ops=False,  # (b, s, h, d) views
+    package="flash-attn", installed=has_flash_attn,
 )  # fmt: skip

@@ -1,52 +1,43 @@
-"""The registry: every kernel record by name, the one `auto` order, and the selection of a
-record for a call (inference, training, packed documents, GQA)."""
+"""The registry: every kernel record by name (each found where names.py says it lives), and
+the selection of a record for a call (inference, training, packed documents, GQA)."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import logging
 from collections.abc import Callable
 
 import torch
 
-from ..packed.cost import KERNELS as KERNELS_PRICED
 from .base import HALF, BlockKernel, Kernel, KeyedKernel
 from .exact import MASKED, MATH
-from .fa4 import FA4, has_fa4
-from .flashattn import FLASH_ATTN, has_flash_attn
+from .names import AUTO, DENSE, PACKED_ONLY, PRICED, KernelName
 from .probe import works
-from .sdpa import CPU_FLASH, CUDNN, TORCH_EFFICIENT, TORCH_FLASH
 from .varlen import FLASH_VARLEN
 from .wrappers import ExpandedBlock, expanded, segments_pair
 
 log = logging.getLogger("tokenring_xdit")
 
+
+def _record(name: KernelName) -> Kernel:
+    """The `Kernel` record at `name.record`, checked against its line in names.py."""
+    module, attr = name.record.split(".")
+    record = getattr(importlib.import_module(f".{module}", __package__), attr)
+    if record.name != name.value or record.segments != name.packed_only:
+        raise TypeError(f"{name.record} is not the record names.py describes as {name}")
+    return record
+
+
 # Dense kernels, by the names users pass (kernel=...) and yunchang's attn_type maps to.
-REGISTRY: dict[str, Kernel] = {
-    k.name: k for k in (FLASH_ATTN, CUDNN, TORCH_FLASH, TORCH_EFFICIENT, CPU_FLASH, MATH, FA4)
-}
-# Records of optional packages: (is it installed, the pip name). `fa4` is not in `_AUTO`: by name
-# only (measured on H200: forward slower than cuDNN on 2k-4k blocks, fwd+bwd ~10 % faster only
-# from 8k-token blocks; a beta with seconds of JIT per configuration; docs/kernels-fa4.md).
-_PACKAGES = {"flash_attn": (has_flash_attn, "flash-attn"), "fa4": (has_fa4, "flash-attn-4")}
+REGISTRY: dict[str, Kernel] = {n: _record(KernelName(n)) for n in DENSE}
 # Kernels for packed documents only (they take the segments themselves).
-DOC_REGISTRY: dict[str, Kernel] = {k.name: k for k in (MASKED, FLASH_VARLEN)}
-DOC_KERNELS = tuple(DOC_REGISTRY)
+DOC_REGISTRY: dict[str, Kernel] = {n: _record(KernelName(n)) for n in PACKED_ONLY}
+DOC_KERNELS = PACKED_ONLY
 
 KERNELS: dict[str, BlockKernel] = {name: k.block for name, k in REGISTRY.items()}  # inference
 PAIRS: dict[str, Kernel] = dict(REGISTRY)  # training (a record without a backward: `train_as`)
-
-# `auto`: fastest first, then filtered by device, dtype and the probe. Inference: cuDNN reaches
-# 450-680 TFLOP/s on H200 vs 265-358 for torch flash. Training: cuDNN runs ~1.7x torch flash on
-# Hopper (550 vs 310 TFLOP/s fwd+bwd, H100) and is ahead of flash-attn 2 there; before Hopper
-# flash-attn is the fast, well-trodden one. (Inference keeps flash-attn first on Hopper too: not
-# measured against cuDNN there.)
-_AUTO = {
-    "inference": ("flash_attn", "cudnn", "torch_flash", "torch_efficient", "cpu_flash", "math"),
-    "training": ("flash_attn", "torch_flash", "cudnn", "cpu_flash", "math"),
-    "training-sm90": ("cudnn", "flash_attn", "torch_flash", "cpu_flash", "math"),
-}
 
 
 def auto_order(device: torch.device, dtype: torch.dtype, train: bool) -> tuple[str, ...]:
@@ -60,10 +51,10 @@ def auto_order(device: torch.device, dtype: torch.dtype, train: bool) -> tuple[s
     kind = "cuda" if cuda else "cpu"
     return tuple(
         name
-        for name in _AUTO[mode]
-        if kind in REGISTRY[name].devices
+        for name in AUTO[mode]
+        if kind in KernelName(name).devices
         and (dtype in HALF or not REGISTRY[name].half_only)
-        and (name != "flash_attn" or has_flash_attn())
+        and REGISTRY[name].installed()
     )
 
 
@@ -74,11 +65,13 @@ def check_layout(record: Kernel, layout) -> None:
         raise ValueError(f"kernel {record.name!r} takes layouts {names}, not {layout.name!r}")
 
 
-def _check_installed(name: str) -> None:
+def _check_installed(record: Kernel) -> None:
     """Refuse a record whose optional package is missing (before any ring step runs it)."""
-    installed, package = _PACKAGES.get(name, (None, None))
-    if installed is not None and not installed():
-        raise ValueError(f"kernel {name!r} needs the {package} package (pip install {package})")
+    if not record.installed():
+        package = record.package
+        raise ValueError(
+            f"kernel {record.name!r} needs the {package} package (pip install {package})"
+        )
 
 
 def _unknown(name) -> ValueError:
@@ -93,7 +86,7 @@ def select_kernel(
         name = _first_block(device.type, dtype, d_qk, d_v)
     if name not in REGISTRY:
         raise _unknown(name)
-    _check_installed(name)
+    _check_installed(REGISTRY[name])
     return name, KERNELS[name]
 
 
@@ -125,7 +118,7 @@ def select_pair(
     if name not in REGISTRY:
         raise _unknown(name)
     record = _trained(REGISTRY[name], dtype)
-    _check_installed(record.name)
+    _check_installed(record)
     if deterministic and not record.deterministic:
         if record.deterministic_backward is not None:
             return dataclasses.replace(
@@ -169,14 +162,14 @@ def _pair_works(name: str, device: str, dtype: torch.dtype, d_qk: int, d_v: int)
 
 def auto_doc_kernel(device_type: str, dtype, row, usable: Callable[[str], bool]) -> str | None:
     """The kernel name `auto` runs a packed-documents call with: "masked" off CUDA half
-    precision; on it the priced kernel (layout_cost.KERNELS: flash_varlen, cuDNN per segment)
+    precision; on it the priced kernel (names.PRICED: flash_varlen, cuDNN per segment)
     whose slowest rank is predicted fastest for `row` (a documents.PackedRow: the agreed
     documents, ring size, causality and layout; None: the first usable) among those
     `usable(name)` says work for this dtype and head size (the probe); None if none does. Pure
     given `usable`: every rank with the same inputs gets the same name."""
     if device_type != "cuda" or dtype not in HALF:
         return MASKED.name  # exact, and the CPU's fastest masked option at these sizes
-    ok = [name for name in KERNELS_PRICED if usable(name)]
+    ok = [name for name in PRICED if usable(name)]
     if not ok:
         return None
     return ok[0] if row is None or len(ok) == 1 else row.kernel(ok)

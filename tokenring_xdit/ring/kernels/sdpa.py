@@ -156,19 +156,13 @@ def cudnn_op_backward(dout, q, k, v, out, lse, delta, scale, layout: Layout, cau
     return from_bhsd(layout, grads)
 
 
-CPU_FLASH = Kernel(
-    "cpu_flash", _cpu_forward, _cpu_backward, True, devices=("cpu",), packed_as="masked"
-)
-TORCH_FLASH = Kernel(
-    "torch_flash", flash_forward, flash_backward, False, devices=("cuda",), half_only=True
-)
+CPU_FLASH = Kernel("cpu_flash", _cpu_forward, _cpu_backward, True, packed_as="masked")
+TORCH_FLASH = Kernel("torch_flash", flash_forward, flash_backward, False, half_only=True)
 # No ring backward: the efficient op's backward gave wrong gradients even with the real O (H100,
 # torch 2.11); training runs torch flash (same attention, exact) in its place.
-TORCH_EFFICIENT = Kernel(
-    "torch_efficient", _efficient_forward, None, False, devices=("cuda",), train_as="torch_flash"
-)
+TORCH_EFFICIENT = Kernel("torch_efficient", _efficient_forward, None, False, train_as="torch_flash")
 CUDNN = Kernel(
-    "cudnn", _cudnn_forward, _cudnn_backward, False, devices=("cuda",), half_only=True,
+    "cudnn", _cudnn_forward, _cudnn_backward, False, half_only=True,
     # Packed documents: cuDNN per segment once failed its exactness check on H200; every
     # failing case had a one-key block, which now goes to torch flash (module docstring). With
     # that, tests/gpu/test_gpu_packed.py's cuDNN-per-segment cases pass on 4 x H200 (pairs and

@@ -110,6 +110,4 @@ def _backward(dout, q, k, v, out, lse, delta, scale, layout: Layout, mask):
     return dq, dk, dv
 
 
-FLASH_VARLEN = Kernel(
-    "flash_varlen", _forward, _backward, False, devices=("cuda",), half_only=True, segments=True
-)
+FLASH_VARLEN = Kernel("flash_varlen", _forward, _backward, False, half_only=True, segments=True)

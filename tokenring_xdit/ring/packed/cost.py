@@ -24,7 +24,7 @@ runs it, so `fresh_ms` prices that set-up over LAYERS_PER_PACKING calls (each se
 as a new shape: document boundaries make nearly every one distinct), and `auto` picks with it;
 `ms` is the call once the plans exist (what the replays measured and the fit reproduces).
 
-Each packed kernel has its own constants over the same terms (`KERNELS`): `flash_varlen` (one
+Each packed kernel has its own constants over the same terms (`kernels.names.PRICED`): `flash_varlen` (one
 varlen call per run of segments) and `cudnn` (cuDNN once per segment, `segments_pair`: every
 segment its own forward and backward call with host work, so `segment_ms` dominates, while its
 tiles run ~2x faster). The constants are data (data/cost_model.json), fitted by `fit`
@@ -44,18 +44,17 @@ from itertools import accumulate
 from pathlib import Path
 from typing import NamedTuple
 
+from ..kernels.names import PRICED
 from .doc_split import Segment, piece_lengths, segment_runs
 from ..schedules.blocks import BACK, FRONT, part_len
 
 __all__ = [
     "Work", "LayoutCost", "block_work", "plan_work", "piece_work", "load", "load_kernels", "fit",
-    "DATA", "KERNELS", "LAYERS_PER_PACKING",
+    "DATA", "LAYERS_PER_PACKING",
 ]  # fmt: skip
 
 DATA = Path(__file__).with_name("data") / "cost_model.json"
 TERMS = ("tiles", "segments", "calls", "rows")
-# the packed kernels the table prices (registry names), in `auto`'s order on a tie
-KERNELS = ("flash_varlen", "cudnn")
 # calls that share one packing, over which a new packing's set-up is priced: the layers of a
 # model (forward, then backward), a new packing at every step; 32 as in an 8B-parameter LLM
 LAYERS_PER_PACKING = 32
@@ -193,7 +192,7 @@ def _table(path: str | None) -> tuple[tuple[str, LayoutCost], ...]:
     data = json.loads(Path(path or DATA).read_text())
     builds = data.get("plan_build_ms", {})
     out = []
-    for name in KERNELS:
+    for name in PRICED:  # the packed kernels the table prices (kernels/names.py)
         c = data["kernels"][name]["constants"]
         cost = LayoutCost(
             int(c["tile"]), c["tile_ms"], c["segment_ms"], c["call_ms"], c["row_ms"],
@@ -203,13 +202,13 @@ def _table(path: str | None) -> tuple[tuple[str, LayoutCost], ...]:
     return tuple(out)
 
 
-def load(path: str | None = None, kernel: str = "flash_varlen") -> LayoutCost:
+def load(path: str | None = None, kernel: str = PRICED[0]) -> LayoutCost:
     """One kernel's constants from the cost table (default: the packaged one)."""
     return dict(_table(path))[kernel]
 
 
 def load_kernels(path: str | None = None) -> dict[str, LayoutCost]:
-    """Every kernel's constants ({name: LayoutCost}, in `KERNELS` order)."""
+    """Every kernel's constants ({name: LayoutCost}, in `PRICED` order)."""
     return dict(_table(path))
 
 

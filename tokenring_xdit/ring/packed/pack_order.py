@@ -22,6 +22,7 @@ import random
 from collections.abc import Sequence
 from itertools import accumulate
 
+from ..kernels.names import KernelName
 from .doc_split import CONTIGUOUS, ROW, normal_split
 from .pick import Documents, doc_plan
 from .cost import LayoutCost, load, plan_work
@@ -32,7 +33,7 @@ __all__ = ["balanced_order", "row_ms"]
 
 # The packed kernel whose constants the search uses by default: what `auto` runs a zigzag row
 # with on CUDA in half precision (cuDNN per segment, measured faster there, 4 x H200).
-KERNEL = "cudnn"
+KERNEL = KernelName.CUDNN.value
 
 
 def row_ms(

@@ -39,7 +39,8 @@ from typing import NamedTuple
 
 from .documents import DocPlan, Documents, block_segments, doc_plan
 from .doc_split import CONTIGUOUS, DOCUMENTS, LAYOUTS, ROW, Segment, check_total, normal_split
-from .cost import KERNELS, LayoutCost, Work, load_kernels, piece_work, plan_work
+from ..kernels.names import PRICED, KernelName
+from .cost import LayoutCost, Work, load_kernels, piece_work, plan_work
 
 __all__ = [
     "Documents", "Segment", "DocPlan", "doc_plan", "block_segments", "PackedRow",
@@ -79,7 +80,7 @@ def _costs(cost, kernels: Sequence[str] | None = None) -> Costs:
     if cost is None:
         table = load_kernels()
     elif isinstance(cost, LayoutCost):
-        table = {KERNELS[0]: cost}
+        table = {PRICED[0]: cost}
     else:
         table = dict(cost)
     chosen = tuple(table) if kernels is None else tuple(k for k in table if k in kernels)
@@ -162,7 +163,7 @@ def _pick(predicted: dict) -> tuple[str, str]:
         split, (kernel, ms) = min(others, key=lambda x: x[1][1])
         if row is None or ms < row[1] * (1 - AUTO_MARGIN):
             return split, kernel
-    return ROW, row[0] if row is not None else KERNELS[0]
+    return ROW, row[0] if row is not None else PRICED[0]
 
 
 def pick(
@@ -211,7 +212,7 @@ def dense_ring_ms(total: int, world_size: int, causal: bool = True, cost=None) -
     document (no mask) in the row's split, priced with cuDNN's constants (the dense ring's
     kernel; a one-kernel table: its own)."""
     table = dict(_costs(cost))
-    dense = table.get("cudnn") or next(iter(table.values()))
+    dense = table.get(KernelName.CUDNN.value) or next(iter(table.values()))
     n = world_size
     q_lens = (total // n,) * n
     plan = doc_plan(Documents((0, total)), _schedule(causal), q_lens)
@@ -302,7 +303,7 @@ def document_work(
     predicted = {k: (v["kernels"] if v else {}) for k, v in layouts.items()}
     fresh = {k: (v["kernels_new_packing"] if v else {}) for k, v in layouts.items()}
     if layouts[ROW] is None:  # only contiguous shards cut it; auto needs the zigzag (`pick`)
-        auto, auto_kernel = ROW, KERNELS[0]
+        auto, auto_kernel = ROW, PRICED[0]
     elif n > 1:
         auto, auto_kernel = _pick(fresh)  # (it reads AUTO_LAYOUTS' entries only)
     else:
