@@ -36,7 +36,7 @@ def test_packed_call_host_work(tmp_path):
     assert 0 < row["cpu_us"] and 0 < row["median_us"] <= row["p90_us"]
     assert row["python_calls_per_call"] > 100
     # rank 0: forward and backward loops, its 5 segments run one by one in each
-    assert _calls(row, "block_loop.py", "run_blocks") == 2
+    assert _calls(row, "training/block_loop.py", "run_blocks") == 2
     assert _calls(row, "kernels/sdpa.py", "_cpu_forward") == 5
     assert _calls(row, "kernels/sdpa.py", "_cpu_backward") == 5
     # made once per agreed layout, never per call
