@@ -163,7 +163,7 @@ def _check(args, documents, device, dtype, heads, layouts) -> dict:
 
 
 def _row(total, args, documents, device, dtype, heads, layouts) -> dict:
-    from tokenring_xdit.ring.packed.pick import document_work
+    from tokenring_xdit.ring.packed import document_work
 
     n, rank = dist.get_world_size(), dist.get_rank()
     cu = documents(total)
@@ -248,7 +248,8 @@ def _methods(layouts, kernels):
 def _kernel_used(kernel, layout, cu, n, device, dtype, heads) -> str:
     """The record a packed call with `kernel` runs here (the product's own choice: the probe
     and, for auto, the cost model's pick for these documents, ring size and layout)."""
-    from tokenring_xdit.ring.packed.pick import Documents, PackedRow
+    from tokenring_xdit.ring.packed import Documents
+    from tokenring_xdit.ring.packed.pick import PackedRow
     from tokenring_xdit.ring.kernels import doc_pair, select_pair
 
     d = heads[2]

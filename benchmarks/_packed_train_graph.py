@@ -111,7 +111,7 @@ def _method(args, documents, total, layout, kernel, device, dtype, heads) -> dic
 
 
 def _layout_used(layout: str, cu, n: int) -> str:
-    from tokenring_xdit.ring.packed.pick import document_work
+    from tokenring_xdit.ring.packed import document_work
 
     return document_work(cu, n, causal=True, layout=layout)["layout"]
 

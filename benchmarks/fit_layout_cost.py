@@ -23,7 +23,7 @@ import json
 import statistics
 from pathlib import Path
 
-from tokenring_xdit.ring.packed.pick import Documents, doc_plan
+from tokenring_xdit.ring.packed import Documents, doc_plan
 from tokenring_xdit.ring.packed.cost import DATA, KERNELS, TERMS, fit, plan_work
 from tokenring_xdit.ring.schedules import block_schedule
 

@@ -68,7 +68,7 @@ def _errors(rank: int, n: int) -> dict:
 def _rank(rank: int, n: int) -> dict:
     import torch
 
-    from tokenring_xdit.ring.packed.pick import document_work
+    from tokenring_xdit.ring.packed import document_work
 
     torch.set_num_threads(1)
     results = []

@@ -165,7 +165,7 @@ def _pairs_only():
 
 
 def _auto_case(rank: int, n: int, c: dict) -> dict:
-    from tokenring_xdit.ring.packed.pick import Documents, pick_layout
+    from tokenring_xdit.ring.packed import Documents, pick_layout
 
     docs = Documents.of(c["cu"])
     picked = pick_layout(docs, n, c["causal"])  # what shard(layout="auto") cuts
@@ -184,7 +184,9 @@ def _kernel_picks(n: int, c: dict, picked: str) -> dict:
     (masked, whatever the documents)."""
     import torch
 
-    from tokenring_xdit.ring.packed.pick import Documents, PackedRow, pick
+    from tokenring_xdit.ring.packed import Documents
+
+    from tokenring_xdit.ring.packed.pick import PackedRow, pick
     from tokenring_xdit.ring.kernels import resolve_kernel
     from tokenring_xdit.ring.kernels.registry import auto_doc_kernel
     from tokenring_xdit.ring.tensor_layout import BSHD
@@ -206,7 +208,7 @@ def _kernel_picks(n: int, c: dict, picked: str) -> dict:
 def _rank(rank: int, n: int) -> dict:
     import torch
 
-    from tokenring_xdit.ring.packed.pick import document_work
+    from tokenring_xdit.ring.packed import document_work
 
     torch.set_num_threads(1)
     results, autos = [], []
@@ -251,7 +253,7 @@ def test_auto_is_agreed_and_exact_either_way(n):
     """Every rank picks alone from the documents; all pick alike (the packaged table's choice
     is also document_work's here), the shards of the choice give exact attention whichever
     layout it is, and across the cases both layouts ran."""
-    from tokenring_xdit.ring.packed.pick import document_work
+    from tokenring_xdit.ring.packed import document_work
 
     ranks = _launch(n)
     used = set()

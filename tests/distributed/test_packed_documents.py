@@ -140,7 +140,7 @@ def _mismatch(rank: int, n: int) -> dict:
 
 
 def _rank(rank: int, n: int) -> dict:
-    from tokenring_xdit.ring.packed.pick import document_work
+    from tokenring_xdit.ring.packed import document_work
 
     results = []
     for i in range(CASES_PER_SIZE):

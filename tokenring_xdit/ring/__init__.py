@@ -12,6 +12,8 @@ _LAZY = {
     "token_ring_attn_qkvpacked_func": "api",
     "setup_token_ring_group": "comm",
     "COUNTERS": "comm",
+    "Split": "split.value",
+    "make_split": "split.sharding",
     "shard": "split.sharding",
     "unshard": "split.sharding",
 }

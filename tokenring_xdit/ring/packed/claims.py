@@ -6,7 +6,7 @@ its document starts (global index - position id), so each rank CLAIMS, per local
 start of the document its first token belongs to, plus every start inside its chunks; the
 ring all-gathers the claims and every rank builds the same documents from their union and
 checks them alike (same data, same verdict on every rank). Agreed in ring/agree/; the row's
-split only (the documents layout needs cu_seqlens: doc_layout.py).
+split only (the documents layout needs cu_seqlens: doc_split.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import bisect
 
 import torch
 
-from .pick import Documents
+from ..split.value import Documents
 
 __all__ = ["documents_from_position_ids", "claim_count", "local_claims", "documents_from_claims"]
 

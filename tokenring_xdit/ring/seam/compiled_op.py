@@ -29,7 +29,9 @@ schema type, encode in traced code, decode in the op), followed by what the adap
 travels by name, the layout by name, a `RingConfig` as its fields (a literal string), packed
 documents as tensors, and the kernel only by NAME: a Python-callable block kernel cannot be a
 graph constant, so under compile hosts map theirs to a named kernel (`hosts/*`), and a direct
-call with one gets a NotImplementedError saying so. The real side decodes the options and runs
+call with one gets a NotImplementedError saying so. A `Split` travels as its text, its
+documents as the cu_seqlens tensor (a call that passes them as a tensor compiles once for every
+packing). The real side decodes the options and runs
 `call.prepare` like the eager API, so compiled calls agree the same header as eager ones
 (timeout, kernel family, documents included).
 """
@@ -75,7 +77,11 @@ def compiled_attn(qkv: tuple[torch.Tensor, ...], options: CallOptions, host: str
     code, so it only turns the options into the operator's arguments."""
     q, k, v = qkv
     train = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    args = [op.encode(getattr(options, name)) for name, op in _OPTIONS]
+    given = {"cu_seqlens": options.cu_seqlens}
+    split = options.split
+    if given["cu_seqlens"] is None and split is not None and split.docs is not None:
+        given["cu_seqlens"] = split.docs.bounds  # (the split text has none)
+    args = [op.encode(given.get(name, getattr(options, name))) for name, op in _OPTIONS]
     out, lse = torch.ops.tokenring.attn(q, k, v, *args, train, host, validate)
     return out, lse.detach()  # as in eager: lse takes no gradient
 
