@@ -87,14 +87,16 @@ class TokenRingAttention:
     ) -> tuple[torch.Tensor, None]:
         causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
         self._refuse(attention_mask, query, key, causal, kwargs)
-        cu_seqlens = _packed_documents(kwargs)
+        cu_seqlens, split = _packed_documents(kwargs), kwargs.get("split")
         # decoders pass the global position ids: the causal check verifies them against
         # shard_batch's split, or proves the zigzag layout with them where no split came along
-        # (packed sequences' positions restart: their split must come with the batch)
-        positions = kwargs.get("position_ids") if causal and cu_seqlens is None else None
+        # (a packed batch's position ids restart: its documents come as cu_seq_lens or with
+        # its split)
+        packed = cu_seqlens is not None or (split is not None and split.docs is not None)
+        positions = kwargs.get("position_ids") if causal and not packed else None
         try:
             out = self._ring(query, key, value, dropout, scaling, causal, positions, cu_seqlens,
-                             kwargs)  # fmt: skip
+                             split, kwargs)  # fmt: skip
         except ValueError as exc:
             if "positions" not in str(exc):
                 raise
@@ -102,7 +104,8 @@ class TokenRingAttention:
             raise ValueError(f"{exc}\n{_POSITIONS_HINT}") from exc
         return out.transpose(1, 2), None
 
-    def _ring(self, query, key, value, dropout, scaling, causal, positions, cu_seqlens, kwargs):
+    def _ring(self, query, key, value, dropout, scaling, causal, positions, cu_seqlens, split,
+              kwargs):  # fmt: skip
         return token_ring_attn_func(
             query,
             key,
@@ -114,7 +117,7 @@ class TokenRingAttention:
             group=self.group,
             layout="bhsd",
             kernel=self.kernel,
-            split=kwargs.get("split"),
+            split=split,
             positions=positions,
             cu_seqlens=cu_seqlens,
         )

@@ -27,14 +27,13 @@ def call_split(options, rank: int, size: int, q_len: int) -> Found:
     """This rank's split of a call (`options`: its split, positions, cu_seqlens, position_ids
     and causal flag) on a ring of `size` with `q_len` local queries."""
     split, positions = options.split, options.positions
+    causal = options.causal and size > 1
     if split is None and positions is None and options.cu_seqlens is None:
-        if options.position_ids is None:  # the common case: nothing to read or check
-            no_proof = options.causal and size > 1
-            return _PLAIN, Problem.NO_PROOF if no_proof else Problem.NONE, ""
+        if options.position_ids is None and not causal:  # the common case: nothing to check
+            return _PLAIN, Problem.NONE, ""
     docs, problem, text = _documents(options.cu_seqlens, options.position_ids)
     if problem:
         return _PLAIN, problem, text
-    causal = options.causal and size > 1
     if split is None or split.kind == PLAIN:
         return _by_positions(positions, docs, causal, rank, size, q_len)
     split, text = _given(split, docs, options.position_ids is not None, causal, size)
@@ -65,7 +64,7 @@ def _by_positions(positions, docs, causal: bool, rank: int, size: int, q_len: in
     plain = _PLAIN.with_docs(docs)
     if not causal:
         return plain, Problem.NONE, ""
-    if q_len % 2:
+    if q_len % 2 or not q_len:
         return plain, Problem.NOT_ZIGZAG, ""  # a zigzag shard is two equal halves
     if positions is None:
         return plain, Problem.NO_PROOF, ""
