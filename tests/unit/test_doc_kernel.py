@@ -44,9 +44,9 @@ def test_cuda_half_runs_the_models_fastest_kernel_for_the_layout(tokens, dtype):
     plans built, 7.09 / 19.06: tenth session)."""
     docs = Documents(ROWS[tokens])
     warm = {k: dataclasses.replace(c, plan_ms=0.0) for k, c in load_kernels().items()}
-    assert documents.pick_kernel(docs, 4, True, ROW, cost=warm) == "cudnn"
-    assert documents.pick_kernel(docs, 4, True, DOCUMENTS, cost=warm) == "flash_varlen"
-    assert documents.pick_kernel(docs, 4, True, CONTIGUOUS, cost=warm) == "cudnn"
+    assert documents.kernel_order(docs, 4, True, ROW, cost=warm)[0] == "cudnn"
+    assert documents.kernel_order(docs, 4, True, DOCUMENTS, cost=warm)[0] == "flash_varlen"
+    assert documents.kernel_order(docs, 4, True, CONTIGUOUS, cost=warm)[0] == "cudnn"
     for split in (ROW, DOCUMENTS, CONTIGUOUS):
         assert auto_doc_kernel("cuda", dtype, kernel_order(docs, 4, True, split), every) == (
             "flash_varlen"
@@ -88,10 +88,12 @@ def test_the_pick_is_a_function_of_the_agreed_values_only():
     assert set(first) == {"flash_varlen"}  # new packings (test above): never cuDNN's plan builds
     # with the plans built both kernels are picked, and as deterministically
     warm = {k: dataclasses.replace(c, plan_ms=0.0) for k, c in load_kernels().items()}
-    built = [documents.pick_kernel(Documents(ROWS[t]), n, True, s, cost=warm) for t, n, s in keys]
+    built = [
+        documents.kernel_order(Documents(ROWS[t]), n, True, s, cost=warm)[0] for t, n, s in keys
+    ]
     documents._split_ms.cache_clear()
     rebuilt = [
-        documents.pick_kernel(Documents(tuple(list(ROWS[t]))), n, True, s, cost=warm)
+        documents.kernel_order(Documents(tuple(list(ROWS[t]))), n, True, s, cost=warm)[0]
         for t, n, s in reversed(keys)
     ]
     assert built == rebuilt[::-1] and set(built) == {"cudnn", "flash_varlen"}
@@ -100,8 +102,8 @@ def test_the_pick_is_a_function_of_the_agreed_values_only():
 def test_rows_the_layout_cannot_cut_get_the_first_kernel_not_an_error():
     """The input check names a row that does not split; the kernel choice must not raise first."""
     docs = Documents((0, 5, 30))
-    assert documents.pick_kernel(docs, 4, True, DOCUMENTS) == "flash_varlen"
-    assert documents.pick_kernel(docs, 4, True, ROW) == "flash_varlen"
+    assert documents.kernel_order(docs, 4, True, DOCUMENTS)[0] == "flash_varlen"
+    assert documents.kernel_order(docs, 4, True, ROW)[0] == "flash_varlen"
 
 
 def test_the_cpu_call_keeps_the_masked_record_whatever_cuda_would_pick():

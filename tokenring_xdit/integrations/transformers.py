@@ -22,12 +22,13 @@ module does not import transformers; `register` does.
 
 Sequence parallelism changes three things a single process never sees, and the helpers do them:
 causal shards must be zigzag (`shard_batch` cuts them and puts their `Split` in the batch as
-"split", which the model hands to every attention call), labels must be shifted over the WHOLE sequence before sharding (the last token of
-one shard predicts the first token of another rank's shard), and the loss must be averaged over
-the tokens of all ranks (`ring_loss`), with the parameter gradients summed over the ring's ranks
-(`sync_gradients`). Decoding (`model.generate`) is not sequence-parallel: over several ranks its
-prefill fails the causal layout check (contiguous positions), on one rank its first decode step
-is refused; both errors say the way out (switch the model to "sdpa" on one process).
+"split", which the model hands to every attention call), labels must be shifted over the WHOLE
+sequence before sharding (the last token of one shard predicts the first token of another rank's
+shard), and the loss must be averaged over the tokens of all ranks (`ring_loss`), with the parameter
+gradients summed over the ring's ranks (`sync_gradients`). Decoding (`model.generate`) is not
+sequence-parallel: over several ranks its prefill fails the causal layout check (contiguous
+positions), on one rank its first decode step is refused; both errors say the way out (switch the
+model to "sdpa" on one process).
 
 Packed batches (documents laid end to end, position ids restarting at each, no attention mask:
 transformers' DataCollatorWithFlattening, TRL's padding-free packing): `shard_batch` takes the
@@ -213,26 +214,16 @@ def shard_batch(
     cu_seqlens: torch.Tensor | list[int] | None = None,
     layout: str = "auto",
 ) -> dict:
-    """This rank's shard of a batch of FULL sequences (b, S), for the ring `group`.
-
-    Returns {"input_ids", "position_ids", "split", and "shift_labels" (causal) or "labels"}:
-    pass the first three to the model (position_ids are the GLOBAL positions, so rotary/absolute
-    position embeddings stay right; "split", the `Split` the batch was cut by, reaches every
-    attention call) and the labels to `ring_loss`, not to the model (a model would shift them
-    again, inside the shard). Causal (decoder) models get zigzag shards; labels (default:
-    input_ids) are shifted over the whole sequence first, the last position getting
-    `ignore_index`. Non-causal (encoder) models get contiguous shards and unshifted labels
-    (shift_labels=True overrides). S must divide by 2 x ring size (causal) or ring size: pad it
-    (labels -100).
-
-    Packed batches: pass `cu_seqlens` (document offsets in the full sequence) or packed
-    `position_ids` (restarting at 0 at each document; rows equal: batch size 1 is the norm).
-    Then position_ids are the per-document ones (what the model's rotary embedding wants), the
-    last token of each document gets `ignore_index` (it must not predict the next document),
-    and the result also holds `cu_seq_lens_q` / `cu_seq_lens_k` (int32, CPU, the WHOLE
-    sequence's documents), which the model passes to the attention function. Pad a packed
-    sequence with one more document (labels -100) to reach the multiple. `layout`: how a packed
-    row is cut (`tokenring_xdit.make_split`'s): "zigzag", "contiguous", "documents" or "auto".
+    """This rank's shard of a batch of FULL sequences (b, S), for the ring `group`: {"input_ids",
+    "position_ids" (GLOBAL positions, for rotary/absolute embeddings), "split" (the `Split` the
+    batch was cut by: the model hands it to every attention call), and "shift_labels" (causal:
+    shifted over the whole sequence first, the last getting `ignore_index`) or "labels"}. Pass
+    all but the labels to the model, the labels to `ring_loss`. Causal models get zigzag shards,
+    others contiguous ones; S must divide by 2 x ring size (causal) or ring size (pad, labels
+    -100). Packed batches: `cu_seqlens` (offsets in the full sequence) or restarting
+    `position_ids` (batch size 1): per-document position ids, each document's last label
+    `ignore_index`, and `cu_seq_lens_q` / `cu_seq_lens_k` (int32, CPU, the whole row's
+    documents) added; `layout` ("zigzag", "contiguous", "documents", "auto") as `make_split`'s.
     """
     shift = causal if shift_labels is None else shift_labels
     docs = _batch_documents(input_ids, position_ids, cu_seqlens)
@@ -247,8 +238,12 @@ def shard_batch(
     }
     if labels is None and shift:
         labels = input_ids
+    if labels is not None and shift:  # over the whole sequence; a document's last: nothing
+        labels = torch.cat([labels[..., 1:], torch.full_like(labels[..., :1], ignore_index)], -1)
+        if docs is not None:
+            ends = torch.tensor(docs.bounds[1:], device=labels.device) - 1
+            labels = labels.index_fill(-1, ends, ignore_index)
     if labels is not None:
-        labels = _shifted(labels, docs, ignore_index) if shift else labels
         out["shift_labels" if shift else "labels"] = shard(labels, group, split=split, dim=-1)
     if docs is not None:
         cu = torch.tensor(docs.bounds, dtype=torch.int32)  # CPU: the ring reads it on the host
@@ -269,17 +264,6 @@ def _positions(input_ids, position_ids, docs: Documents | None, cu_seqlens) -> t
         position_ids = torch.arange(input_ids.shape[-1], device=input_ids.device)
         position_ids = position_ids.unsqueeze(0).expand(input_ids.shape[0], -1)
     return position_ids
-
-
-def _shifted(labels: torch.Tensor, docs: Documents | None, ignore_index: int) -> torch.Tensor:
-    """Labels shifted over the whole sequence; a document's last token predicts nothing of the
-    next one."""
-    pad = torch.full_like(labels[..., :1], ignore_index)
-    labels = torch.cat([labels[..., 1:], pad], dim=-1)
-    if docs is not None:
-        ends = torch.tensor(docs.bounds[1:], device=labels.device) - 1
-        labels = labels.index_fill(-1, ends, ignore_index)
-    return labels
 
 
 def _document_positions(docs: Documents) -> torch.Tensor:

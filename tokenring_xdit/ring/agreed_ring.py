@@ -20,8 +20,8 @@ from .comm.ipc import ipc_finished, ipc_lanes
 from .comm.step_marks import capture_marks, replay_marks
 from .comm.watchdog import watch
 from .graph_cache import run_graphed
-from .segments import Segment
 from .schedules.blocks import BlockStep
+from .segments import Segment
 
 __all__ = ["Ring", "BlockPlan", "TRANSPORTS"]
 
@@ -40,14 +40,12 @@ TRANSPORTS: dict[str, tuple[Callable, Callable]] = {
 
 
 class BlockPlan(Protocol):
-    """What the block loop needs of a packed call's plan (ring/packed/ `DocPlan`): per rank
-    its schedule rows, per step the kernel's segments and which transfers run."""
+    """What the loops need of a packed call's plan (ring/packed/ `DocPlan`): each rank's rows
+    (of `schedule`), a step's segments, which transfers run, what a graph of it bakes in."""
 
-    steps: tuple[tuple[BlockStep, ...], ...]  # [rank] the rows
-    schedule: Any  # the block schedule the rows come from
-
-    @property
-    def packing(self) -> Hashable: ...  # what a captured graph of the call bakes in
+    steps: tuple[tuple[BlockStep, ...], ...]
+    schedule: Any
+    packing: Hashable
 
     def block(self, rank: int, step: int) -> tuple[Segment, ...]: ...
 

@@ -55,11 +55,11 @@ def token_ring_attn(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact attention of the local queries against the K/V of every rank of `group`.
 
-    q, k, v and every keyword: see `tokenring_xdit.ring.seam.prepare.CallOptions`. Every setting that
-    decides the call is agreed across the ring first (ring/agree/): bad input is one error on
-    every rank, before any transfer. causal=True, inputs that require grad, and packed
-    documents run the differentiable block-schedule path (`function.train_attn`). Under
-    torch.compile the call is one opaque operator (`compiled.py`; `kernel` by name only).
+    q, k, v and every keyword: see `tokenring_xdit.ring.seam.prepare.CallOptions`. Every setting
+    that decides the call is agreed across the ring first (ring/agree/): bad input is one error on
+    every rank, before any transfer. causal=True, inputs that require grad, and packed documents run
+    the differentiable block-schedule path (`function.train_attn`). Under torch.compile the call is
+    one opaque operator (`compiled.py`; `kernel` by name only).
 
     Returns:
         out: same shape and dtype as q, with headdim_v as its last dim; stored like q where q

@@ -1,7 +1,6 @@
-"""What a packed block hands its kernel: segments (a query run against a key run of one
-document), and the runs of them one varlen call covers. Kernels see segments only, never the
-documents or how the row was cut (ring/packed/ makes the segments). Beside ring/kernels/, not
-in it: the packed layer imports this without the kernels package (which imports the check)."""
+"""What a packed block hands its kernel: segments, and the runs of them one varlen call covers.
+Kernels see these only, never documents or cuts; ring/packed/ makes them and imports this
+without the kernels package (which imports the input check)."""
 
 from __future__ import annotations
 

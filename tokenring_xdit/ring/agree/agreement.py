@@ -1,11 +1,11 @@
 """agree(): one TokenRing call checked on every ring rank at once, before any transfer.
 
-Every rank packs its header (header.py), the ring exchanges them (exchange.py), and every rank
-then raises the same error or builds the same `Ring`, with a packed call's plan (its documents
-learnt, from position ids through a second exchange of claims, and checked against the ring). When the exchange runs is
-RingConfig.validate: "always" every call; "signature" only for an input signature this rank has
-not seen (a peer whose shapes change alone then waits for us until the deadline and both sides
-raise the named error); "auto" is "always" on gloo rings and "signature" on NCCL rings.
+Every rank packs its header (header.py), the ring exchanges them (exchange.py), and every rank then
+raises the same error or builds the same `Ring`, with a packed call's plan (its documents learnt,
+from position ids through a second exchange of claims, and checked against the ring). When the
+exchange runs is RingConfig.validate: "always" every call; "signature" only for an input signature
+this rank has not seen (a peer whose shapes change alone then waits for us until the deadline and
+both sides raise the named error); "auto" is "always" on gloo rings and "signature" on NCCL rings.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ import torch
 import torch.distributed as dist
 
 from ...config import CommSettings
+from ..agreed_ring import Ring
 from ..comm import RingComms, RingPosition, TokenRingCommError, comms_of
 from ..comm.groups import describe_peer
 from ..packed import Documents, call_plan, claim_count, documents_from_claims, local_claims
 from ..split.value import KINDS, PLAIN, ZIGZAG
 from ..tensor_layout import wire_swapped
-from ..agreed_ring import Ring
 from .choice import raise_choice
 from .codes import DEVICE_TYPES, DTYPES, TRANSPORT_CODES, device_name
 from .exchange import always, cached, exchange, remember
@@ -230,11 +230,6 @@ def _documents(comms, rank: int, headers: list[Header], spec: CallSpec) -> Docum
     mine = local_claims(spec.doc_positions, starts, length)
     if comms is None:
         return documents_from_claims([mine], chunks, total)
-    return documents_from_claims(_gather_claims(comms, rank, headers, mine), chunks, total)
-
-
-def _gather_claims(comms, rank: int, headers: list[Header], mine: list[int]) -> list[list[int]]:
-    """Every rank's claims, through one all-gather on the check communicator."""
     width = max(h.ndocs for h in headers)
     buf = torch.full((width,), -2, dtype=torch.int64)
     buf[: len(mine)] = torch.tensor(mine, dtype=torch.int64)
@@ -248,7 +243,8 @@ def _gather_claims(comms, rank: int, headers: list[Header], mine: list[int]) -> 
         )
         comms.fail(message)
         raise TokenRingCommError(message) from exc
-    return [x[: h.ndocs].tolist() for x, h in zip(everyone, headers, strict=True)]
+    claims = [x[: h.ndocs].tolist() for x, h in zip(everyone, headers, strict=True)]
+    return documents_from_claims(claims, chunks, total)
 
 
 def _ring_device_type(comms: RingComms | None, spec: CallSpec) -> str:

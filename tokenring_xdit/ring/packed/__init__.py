@@ -1,17 +1,11 @@
 """Packed documents over the ring: who sends what, the plans, the cost model and the pack order.
 
-The one way in for the rest of the package: the call seam (seam/prepare.py) prices the packed
-kernels (`kernel_order`), the agreement (ring/agree/) learns documents from position ids
-(claims) and makes the call's plan (`call_plan`), the split helpers (ring/split/) place
-pieces and let `auto` pick a layout. Kernels only ever see the plan's segments
-(ring/segments.py); the loops see the plan through `agreed_ring.BlockPlan`.
-
-- doc_split.py: the documents layout (every document in 2N pieces) and the layout names;
-- documents.py: a block's segments and the call's `DocPlan`;
-- claims.py: documents from position ids that restart, through per-rank claims;
-- cost.py (+ data/cost_model.json): a rank's predicted time per packed kernel;
-- pick.py: `auto`'s (layout, kernel) by predicted time; report.py: `document_work`;
-- pack_order.py: an order to pack documents in that balances the ranks.
+The one way in: the call seam prices the packed kernels (`kernel_order`), the agreement learns
+documents from position ids (claims) and makes the call's plan (`call_plan`), ring/split/ places
+pieces and picks layouts. Kernels see only segments (ring/segments.py), the loops the plan
+(`agreed_ring.BlockPlan`). doc_split.py: the documents layout; documents.py: segments and the
+`DocPlan`; claims.py; cost.py (+ data/): predicted time per kernel; pick.py: `auto`'s choice;
+report.py: `document_work`; pack_order.py: a packing order that balances the ranks.
 """
 
 from ..split.value import Documents

@@ -43,9 +43,9 @@ from itertools import accumulate
 from pathlib import Path
 from typing import NamedTuple
 
+from ..schedules.blocks import BACK, FRONT, part_len
 from ..segments import Segment, segment_runs
 from .doc_split import piece_lengths
-from ..schedules.blocks import BACK, FRONT, part_len
 
 __all__ = [
     "Work", "LayoutCost", "block_work", "plan_work", "piece_work", "load", "load_kernels", "fit",

@@ -35,8 +35,8 @@ from __future__ import annotations
 import functools
 from itertools import accumulate
 
-from ..segments import Segment
 from ..schedules.blocks import ALL, FRONT
+from ..segments import Segment
 from ..split.value import CONTIGUOUS, DOCUMENTS
 from ..split.value import ZIGZAG as ROW
 

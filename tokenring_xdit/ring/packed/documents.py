@@ -35,11 +35,11 @@ import dataclasses
 import functools
 from dataclasses import dataclass, field
 
-from ..segments import Segment
 from ..schedules import block_schedule
 from ..schedules.blocks import ALL, FRONT, BlockStep, Rows
-from ..split.value import PLAIN, Documents
-from .doc_split import CONTIGUOUS, DOCUMENTS, ROW, block_pieces, check_total, normal_split, pieces_meet
+from ..segments import Segment
+from ..split.value import CONTIGUOUS, DOCUMENTS, PLAIN, Documents
+from .doc_split import ROW, block_pieces, check_total, normal_split, pieces_meet
 
 __all__ = ["DocPlan", "doc_plan", "call_plan", "layout_of", "block_segments"]
 

@@ -22,11 +22,11 @@ import random
 from collections.abc import Sequence
 from itertools import accumulate
 
-from .doc_split import CONTIGUOUS, ROW, normal_split
-from ..split.value import Documents
-from .documents import doc_plan
-from .cost import LayoutCost, load, plan_work
 from ..schedules import block_schedule
+from ..split.value import Documents
+from .cost import LayoutCost, load, plan_work
+from .doc_split import CONTIGUOUS, ROW, normal_split
+from .documents import doc_plan
 
 __all__ = ["balanced_order", "row_ms"]
 

@@ -15,7 +15,7 @@ model says (4 x H200, docs/performance.md "Tenth session").
 
 The layout is picked when `shard(..., layout="auto")` cuts the row (`pick_layout`, from the
 documents and the ring's size: shard does not know the call's dtype, so it assumes every kernel
-of the table); the kernel when the call is prepared (`pick_kernel`, for the layout the call
+of the table); the kernels priced when the call is prepared (`kernel_order`, for the layout the call
 runs, among the kernels that work for its dtype and head size). Both are functions of agreed
 values and the packaged table only (never a reading of the local GPU), so every rank picks
 alike; the call's kernel record is part of the agreed header (its family).
@@ -30,13 +30,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 
+from ..schedules import block_schedule
+from ..split.value import Documents
 from .cost import KERNELS, LayoutCost, Work, load_kernels, piece_work, plan_work
 from .doc_split import CONTIGUOUS, DOCUMENTS, ROW
-from ..split.value import Documents
 from .documents import DocPlan, doc_plan
 
 __all__ = [
-    "pick", "pick_layout", "pick_kernel", "kernel_order", "dense_ring_ms", "AUTO_MARGIN",
+    "pick", "pick_layout", "kernel_order", "dense_ring_ms", "AUTO_MARGIN",
     "AUTO_LAYOUTS",
 ]  # fmt: skip
 
@@ -65,12 +66,6 @@ def _costs(cost, kernels: Sequence[str] | None = None) -> Costs:
     if not chosen:
         raise ValueError(f"no priced kernel in {list(kernels or ())}; the table has {list(table)}")
     return tuple((k, table[k]) for k in chosen)
-
-
-def _schedule(causal: bool, split: str = ROW):
-    from ..schedules import block_schedule
-
-    return block_schedule(causal, split)
 
 
 def _works(plan: DocPlan, q_lens: tuple[int, ...], tile: int) -> list[Work]:
@@ -112,7 +107,7 @@ def _split_ms(docs: Documents, n: int, causal: bool, split: str, costs: Costs) -
     if not _cuts(docs.total, n, causal, split):
         return {}
     q_lens = (docs.total // n,) * n
-    plan = doc_plan(docs, _schedule(causal, split), q_lens, split)
+    plan = doc_plan(docs, block_schedule(causal, split), q_lens, split)
     by_kernel = _rank_ms(_tile_works(plan, q_lens, costs), costs, fresh=True)
     return {k: max(ms) for k, ms in by_kernel.items()}
 
@@ -158,27 +153,13 @@ def pick(
     costs = _costs(cost, kernels)
     n = world_size
     if n == 1 or not _cuts(docs.total, n, causal, ROW):
-        return ROW, pick_kernel(docs, n, causal, ROW, kernels, cost)
+        return ROW, kernel_order(docs, n, causal, ROW, kernels, cost)[0]
     return _pick(_predicted(docs, n, causal, costs))
 
 
 def pick_layout(docs: Documents, world_size: int, causal: bool, cost=None) -> str:
     """The layout `shard(..., layout="auto")` cuts (`pick`'s, over every kernel of the table)."""
     return pick(docs, world_size, causal, cost)[0]
-
-
-def pick_kernel(
-    docs: Documents,
-    world_size: int,
-    causal: bool,
-    split: str,
-    kernels: Sequence[str] | None = None,
-    cost=None,
-) -> str:
-    """The kernel `auto` runs a packed call of `docs` in layout `split` with: the one of
-    `kernels` (those that work here; default the table's) whose slowest rank is predicted
-    fastest. Rows the layout cannot cut (the input check names them) get the first one."""
-    return kernel_order(docs, world_size, causal, split, kernels, cost)[0]
 
 
 def kernel_order(
@@ -209,5 +190,5 @@ def dense_ring_ms(total: int, world_size: int, causal: bool = True, cost=None) -
     dense = table.get("cudnn") or next(iter(table.values()))
     n = world_size
     q_lens = (total // n,) * n
-    plan = doc_plan(Documents((0, total)), _schedule(causal), q_lens)
+    plan = doc_plan(Documents((0, total)), block_schedule(causal), q_lens)
     return max(dense.ms(w) for w in _works(plan, q_lens, dense.tile))

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..schedules import block_schedule
+from ..split.value import Documents
 from .cost import KERNELS
 from .doc_split import CONTIGUOUS, LAYOUTS, ROW, check_total, normal_split
-from ..split.value import Documents
 from .documents import DocPlan, doc_plan
-from .pick import Costs, _best, _costs, _cuts, _pick, _rank_ms, _schedule, _tile_works, dense_ring_ms
+from .pick import Costs, _best, _costs, _cuts, _pick, _rank_ms, _tile_works, dense_ring_ms
 
 __all__ = ["document_work"]
 
@@ -23,16 +24,13 @@ def _rank_report(plan: DocPlan, r: int, work, by_kernel: dict, kernel: str) -> d
     predicted ms (with the layout's best kernel and with each), query transfers and returns."""
     blocks = [plan.block(r, t) for t in range(plan.size)]
     return {
-        "pairs": sum(s.pairs for b in blocks for s in b),
-        "kernel_calls": sum(1 for b in blocks if b),
-        "segments": sum(len(b) for b in blocks),
-        "varlen_calls": work.calls,
-        "tiles": work.tiles,
+        "pairs": sum(s.pairs for b in blocks for s in b), "kernel_calls": sum(map(bool, blocks)),
+        "segments": sum(map(len, blocks)), "varlen_calls": work.calls, "tiles": work.tiles,
         "predicted_ms": by_kernel[kernel][r],
         "predicted_ms_by_kernel": {k: ms[r] for k, ms in by_kernel.items()},
         "q_transfers": sum(plan.q_send(r, st) for st in plan.steps[r]),
         "returns": sum(plan.ret_send(r, st) for st in plan.steps[r]),
-    }
+    }  # fmt: skip
 
 
 def _report(plan: DocPlan, q_lens: tuple[int, ...], costs: Costs) -> dict:
@@ -48,14 +46,10 @@ def _report(plan: DocPlan, q_lens: tuple[int, ...], costs: Costs) -> dict:
     pairs = [x["pairs"] for x in ranks]
     mean = sum(pairs) / len(pairs)
     return {
-        "ranks": ranks,
-        "pairs_total": sum(pairs),
-        "spread": (max(pairs) / mean) if mean else 1.0,
-        "kernel": kernel,
-        "predicted_ms": slowest[kernel],
-        "kernels": slowest,
+        "ranks": ranks, "pairs_total": sum(pairs), "spread": (max(pairs) / mean) if mean else 1.0,
+        "kernel": kernel, "predicted_ms": slowest[kernel], "kernels": slowest,
         "kernels_new_packing": fresh,
-    }
+    }  # fmt: skip
 
 
 def _checked(layout: str, total: int, n: int, causal: bool) -> str:
@@ -105,7 +99,7 @@ def document_work(
     layout = _checked(layout, total, n, causal)
     q_lens = (total // n,) * n
     layouts = {
-        split: _report(doc_plan(docs, _schedule(causal, split), q_lens, split), q_lens, costs)
+        split: _report(doc_plan(docs, block_schedule(causal, split), q_lens, split), q_lens, costs)
         if _cuts(total, n, causal, split) else None
         for split in LAYOUTS
     }  # fmt: skip

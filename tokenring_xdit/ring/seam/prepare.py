@@ -1,15 +1,15 @@
 """One TokenRing call, prepared the same way for every entry.
 
-`CallOptions` holds what a caller may ask of one call (the keyword arguments of
-`token_ring_attn`, documented on the class); `prepare(q, k, v, options)` turns them into a
-`PreparedCall`: the call's split and its proof (`split.proof.call_split`), a packed call's
-kernels priced (ring/packed/), the kernel resolved (`kernels.resolve_kernel`), the input check
-agreed across the ring (`agree`: the ring, with a packed call's plan), the loop's call object
-(schedule, kernel, layout, scale, plan, head start) and the settings the runner needs. The eager API (api.py), the
-training Function (function.py) and the torch.compile operator (compiled.py) all call
-`prepare`, so they cannot drift apart. The operator's schema is derived from the fields below:
-each carries an `OpArg` saying how it travels through a graph (its schema type, and how it is
-turned into that and back), so adding an option is one field here plus where it is used.
+`CallOptions` holds what a caller may ask of one call (the keyword arguments of `token_ring_attn`,
+documented on the class); `prepare(q, k, v, options)` turns them into a `PreparedCall`: the call's
+split and its proof (`split.proof.call_split`), a packed call's kernels priced (ring/packed/), the
+kernel resolved (`kernels.resolve_kernel`), the input check agreed across the ring (`agree`: the
+ring, with a packed call's plan), the loop's call object (schedule, kernel, layout, scale, plan,
+head start) and the settings the runner needs. The eager API (api.py), the training Function
+(function.py) and the torch.compile operator (compiled.py) all call `prepare`, so they cannot drift
+apart. The operator's schema is derived from the fields below: each carries an `OpArg` saying how it
+travels through a graph (its schema type, and how it is turned into that and back), so adding an
+option is one field here plus where it is used.
 
 The environment's configuration is read here only (`prepare`: the call's `config`, else
 `config.current()`), and passed down as values.
@@ -109,13 +109,6 @@ def _cu_tensor(cu_seqlens):
     return torch.tensor(list(cu_seqlens), dtype=torch.int64)
 
 
-def _split_text(split: Split | None) -> str | None:
-    # without its documents: compiled_op.compiled_attn moves those into cu_seqlens, a tensor
-    return None if split is None else split.text()
-
-
-def _split_of(text: str | None) -> Split | None:
-    return None if text is None else Split.parse(text)
 
 
 def _opt(default, schema: str | None, encode=None, decode=None):
@@ -157,17 +150,14 @@ class CallOptions:
     kernel_key: names a callable kernel for the CUDA-graph cache.
     config: a `RingConfig`; None: the environment's (`tokenring_xdit.config`).
     deterministic: training path only: a deterministic backward pair.
-    split: the `Split` the shards were cut by (`tokenring_xdit.make_split`, `shard(x, group,
-        split=split)`; ring/split/value.py): kind (zigzag, contiguous, documents), global
-        length, ring size, the packed documents and its proof; equal on every rank, agreed.
-        None: no claim (a causal call then needs `positions`).
-    positions: (seqlen_q,) or (batch_size, seqlen_q) int, the global token positions of this
-        shard: without `split`, the proof of a causal call's zigzag shards; with it, checked
-        against it (a causal call).
+    split: the `Split` the shards were cut by (`tokenring_xdit.make_split`; ring/split/): kind,
+        global length, ring size, packed documents, proof; equal on every rank, agreed. None:
+        no claim (a causal call then needs `positions`).
+    positions: (seqlen_q,) or (batch_size, seqlen_q) int, this shard's global token positions:
+        a causal call's proof of zigzag shards without `split`, checked against it with one.
     cu_seqlens: (num_docs + 1,) int offsets of packed documents in the WHOLE global sequence
-        (0, ..., S; flash-attn's convention), equal on every rank; keep them on the CPU (read
-        on the host). Attention stays inside each document. The split's documents, where it
-        has none (a tensor here keeps a compiled graph from baking the documents in).
+        (0, ..., S; flash-attn's convention), equal on every rank, on the CPU (read on the
+        host); the split's documents where it has none (a tensor: no graph bakes them in).
     position_ids: (seqlen_q,) or (batch_size, seqlen_q) int, this shard's per-document
         positions that restart at 0 where a document starts (transformers' packed batches);
         every rank learns the same documents from them in the input check.
@@ -194,7 +184,9 @@ class CallOptions:
     kernel_key: Hashable | None = _opt(None, None)
     config: RingConfig | None = _opt(None, "str", _encode_config, _decode_config)
     deterministic: bool = _opt(False, "bool")
-    split: Split | None = _opt(None, "str?", _split_text, _split_of)
+    # as text, without its documents (compiled_op.compiled_attn moves them into cu_seqlens)
+    split: Split | None = _opt(None, "str?", lambda s: None if s is None else s.text(),
+                               lambda t: None if t is None else Split.parse(t))  # fmt: skip
     positions: torch.Tensor | None = _opt(None, "Tensor?")
     cu_seqlens: torch.Tensor | list[int] | None = _opt(None, "Tensor?", _cu_tensor)
     position_ids: torch.Tensor | None = _opt(None, "Tensor?")

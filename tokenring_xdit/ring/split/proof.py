@@ -1,11 +1,7 @@
-"""A call's split, and how this rank knows it: `call_split`, run on every rank before the
-agreement.
-
-A call names its split once (`split=`, a `Split`) or proves a zigzag one with its shard's
-global token positions (`positions=`); packed documents come with the split or as
-`cu_seqlens=` / `position_ids=`. What does not fit is a `Problem` with its words, which the
-agreement raises on every rank alike. Positions are checked against the split with one host
-sync (they are usually on the GPU).
+"""A call's split, and how this rank knows it (`call_split`, before the agreement): the given
+`split=`, or the zigzag split `positions=` prove; its documents with it or as cu_seqlens /
+position ids. What does not fit is a `Problem`, raised on every rank alike. Positions cost one
+host sync (they are usually on the GPU).
 """
 
 from __future__ import annotations
@@ -13,9 +9,8 @@ from __future__ import annotations
 import torch
 
 from ..agree.problems import Problem
-from ..packed import Documents
 from .sharding import shard_positions
-from .value import CONTIGUOUS, DOCUMENTS, PLAIN, POSITIONS, ZIGZAG, Split
+from .value import CONTIGUOUS, DOCUMENTS, PLAIN, POSITIONS, ZIGZAG, Documents, Split
 
 __all__ = ["call_split"]
 
@@ -28,9 +23,9 @@ def call_split(options, rank: int, size: int, q_len: int) -> Found:
     and causal flag) on a ring of `size` with `q_len` local queries."""
     split, positions = options.split, options.positions
     causal = options.causal and size > 1
-    if split is None and positions is None and options.cu_seqlens is None:
-        if options.position_ids is None and not causal:  # the common case: nothing to check
-            return _PLAIN, Problem.NONE, ""
+    # the common case: nothing given (all four None), nothing to check
+    if not causal and split is positions is options.cu_seqlens is options.position_ids is None:
+        return _PLAIN, Problem.NONE, ""
     docs, problem, text = _documents(options.cu_seqlens, options.position_ids)
     if problem:
         return _PLAIN, problem, text

@@ -1,19 +1,12 @@
 """Cutting a sequence across the ring and putting it back: `make_split`, `shard`, `unshard`,
 `shard_positions`.
 
-A causal TokenRing call is exact only on zigzag shards (rank r of N holds chunks r and 2N-1-r
-of 2N equal chunks, concatenated). The shard's values cannot show where its tokens came from,
-so a causal call takes the `Split` its shards were cut by (`split=`; ring/split/value.py) or
-their global token positions (`positions=`), checked on every rank before any transfer.
-
-`make_split` says how a sequence of `total` tokens is cut over `world_size` ranks: zigzag for
-causal attention, contiguous otherwise. A packed row (`cu_seqlens`) may instead be cut in the
-documents layout (ring/packed/doc_split.py: every document in 2N pieces, balanced whatever the
-lengths) or, causal, in contiguous shards (schedules/contiguous.py: documents stay whole where
-a shard holds them); `layout="auto"` picks the layout whose slowest rank has the smallest
-predicted time (ring/packed/pick.py). `shard` / `unshard` cut a full sequence into this rank's
-shard by a split and put shards back together, for any process group; the split then goes to
-the call as `split=`.
+A causal TokenRing call is exact only on zigzag shards, and a shard's values cannot show where
+its tokens came from: the call takes the `Split` its shards were cut by (`split=`,
+ring/split/value.py) or their global positions (`positions=`). `make_split` cuts zigzag for
+causal attention, contiguous otherwise; a packed row (`cu_seqlens`) may instead be cut in the
+documents layout or, causal, in contiguous shards (ring/packed/), `layout="auto"` picking the
+one of smallest predicted time. `shard` / `unshard` work for any process group.
 """
 
 from __future__ import annotations
@@ -91,16 +84,13 @@ def _layout(layout: str, docs: Documents | None, total: int, n: int, causal: boo
 def make_split(
     total: int, world_size: int, *, causal: bool, cu_seqlens=None, layout: str = "auto"
 ) -> Split:
-    """How a sequence of `total` tokens is cut over a ring of `world_size` ranks, for `shard`,
-    `unshard`, `shard_positions` and the call (`split=`): equal on every rank.
-
-    causal=True: zigzag (chunks r and 2N-1-r of 2N equal chunks; `total` a multiple of 2N);
-    causal=False: N contiguous equal shards (a multiple of N). Packed rows: `cu_seqlens`
-    (document offsets in the full row) and `layout`: "zigzag" (the row's split above),
-    "documents" (every document in 2N pieces, ring/packed/doc_split.py; a multiple of 2N),
-    "contiguous" (a causal row in N contiguous shards, schedules/contiguous.py; pack the row in
-    `packed.balanced_order(..., split="contiguous")` to even the ranks) or "auto" (the one of
-    smallest predicted time, ring/packed/pick.py). The errors say how far to pad."""
+    """How `total` tokens are cut over `world_size` ranks, for `shard`, `unshard`,
+    `shard_positions` and the call (`split=`), equal on every rank: causal, zigzag (chunks r and
+    2N-1-r of 2N); else N contiguous shards. Packed rows (`cu_seqlens`, offsets in the full
+    row) by `layout`: "zigzag" (as above), "documents" (every document in 2N pieces),
+    "contiguous" (a causal row in N contiguous shards; `packed.balanced_order(...,
+    split="contiguous")` evens them) or "auto" (the smallest predicted time). The errors say how
+    far to pad."""
     docs = None if cu_seqlens is None else Documents.of(cu_seqlens, total=total)
     found = _layout(layout, docs, total, world_size, causal)
     if found == DOCUMENTS_LAYOUT:
@@ -201,11 +191,6 @@ def unshard(
     _, n = _rank_and_size(group)
     dim = dim % x.dim()
     cut = dict(causal=causal, cu_seqlens=cu_seqlens, layout=layout)
-    if causal and n > 1 and split is None and cu_seqlens is None and x.shape[dim] % 2:
-        raise ValueError(
-            f"unshard(causal=True) takes zigzag shards (two equal halves); got a shard of "
-            f"{x.shape[dim]} tokens along dim {dim}"
-        )
     split = _split_for(split, x.shape[dim] * n, n, cut)
     shards = [x]
     if n > 1:

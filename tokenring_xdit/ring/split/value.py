@@ -1,22 +1,15 @@
 """The split: how one sequence is cut across the ring, as one immutable value.
 
-A `Split` names the cut (`kind`), the global length (`total`), the ring size (`world_size`), the
-packed documents of the whole row (`docs`, or None) and how a rank knows its shards are cut so
-(`proof`). It is equal on every rank of the ring; a call takes it as one argument (`split=`)
-and the ring agrees on it as one header field (`code`: kind and length; the documents travel
-as their digest beside it), so no process-wide table decides a later call.
-
-Kinds (rank r of N):
-- "zigzag": chunks r and 2N-1-r of 2N equal chunks, concatenated (what a causal ring needs);
-- "contiguous": the r-th of N equal contiguous shards;
-- "documents": every document cut in 2N pieces, pieces r and 2N-1-r of each (ring/packed/);
-- "plain": no claim about the cut (non-causal attention is exact on any; packed documents are
-  then taken as contiguous shards in rank order, of any lengths).
-
-Proofs: "cut" (made by `make_split` and cut by `shard` / `shard_batch`), "positions" (the
-call's global token positions matched the split on this rank: the call makes that split),
-"host" (a host's contract: yunchang's `token_ring` ring function takes zigzag shards, which
-its EXTRACT_FUNC_DICT["token_ring"] cuts). A plain split proves nothing.
+A `Split` names the cut (`kind`), the global length (`total`), the ring size (`world_size`),
+the packed documents of the whole row (`docs`, or None) and how a rank knows (`proof`). Equal on
+every rank, it is one argument of a call (`split=`) and one field of the agreed header (`code`;
+the documents travel as a digest beside it): no process-wide table decides a later call.
+Kinds, for rank r of N: "zigzag" (chunks r and 2N-1-r of 2N), "contiguous" (the r-th of N),
+"documents" (pieces r and 2N-1-r of every document, ring/packed/doc_split.py), "plain" (no
+claim: non-causal attention is exact on any cut; packed documents are then taken in rank
+order). Proofs: "cut" (`make_split`, cut by `shard` / `shard_batch`), "positions" (the call's
+positions matched it), "host" (a host's contract: yunchang's `token_ring` ring function takes
+the zigzag shards its EXTRACT_FUNC_DICT["token_ring"] cuts).
 """
 
 from __future__ import annotations
@@ -24,6 +17,7 @@ from __future__ import annotations
 import bisect
 import functools
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 
 import torch
 
@@ -36,8 +30,8 @@ ZIGZAG, CONTIGUOUS, DOCUMENTS, PLAIN = "zigzag", "contiguous", "documents", "pla
 KINDS = (PLAIN, ZIGZAG, DOCUMENTS, CONTIGUOUS)  # a kind's index is its header code
 CUT, POSITIONS, HOST = "cut", "positions", "host"
 PROOFS = ("", CUT, POSITIONS, HOST)
-_PROOF_WORDS = {CUT: "cut by tokenring_xdit.shard", POSITIONS: "proved by positions",
-                HOST: "the host's contract"}  # fmt: skip
+_PROOF_WORDS = MappingProxyType({CUT: "cut by tokenring_xdit.shard",
+                                 POSITIONS: "proved by positions", HOST: "the host's contract"})
 
 
 @dataclass(frozen=True)
@@ -58,8 +52,6 @@ class Documents:
     def of(cls, cu_seqlens, total: int | None = None) -> Documents:
         """Checked Documents from cu_seqlens (tensor or sequence of ints); ValueError says why.
         Zero-length documents are dropped (they attend nothing)."""
-        if isinstance(cu_seqlens, Documents):
-            return cu_seqlens if total is None else _checked(cu_seqlens.bounds, total)
         if isinstance(cu_seqlens, torch.Tensor):
             if cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point():
                 raise ValueError("cu_seqlens must be a 1-d integer tensor")
@@ -97,9 +89,8 @@ def _checked(bounds: tuple[int, ...], total: int | None) -> Documents:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Split:
-    """How one sequence is cut across a ring of `world_size` ranks (module docstring).
-    `docs` may be left out where the call brings them (cu_seqlens= or position_ids=; the
-    agreed ring checks that they cover `total`). ValueError for a split no cut can have."""
+    """How one sequence is cut across a ring of `world_size` ranks (module docstring); `docs`
+    may be left to the call (cu_seqlens=, position_ids=). ValueError for one no cut can have."""
 
     kind: str = PLAIN
     total: int = 0
@@ -108,8 +99,7 @@ class Split:
     proof: str = ""
 
     def __post_init__(self) -> None:
-        why = _invalid(self.kind, self.total, self.world_size, self.proof)
-        if why:
+        if why := _invalid(self.kind, self.total, self.world_size, self.proof):
             raise ValueError(f"Split: {why}")
 
     @property
@@ -119,8 +109,7 @@ class Split:
 
     @property
     def words(self) -> str:
-        """The split as errors name it ("the zigzag split of 16 tokens over 2 ranks, cut by
-        tokenring_xdit.shard")."""
+        """The split as errors name it."""
         if self.kind == PLAIN:
             return "no split (plain shards)"
         return f"{split_words(self.code)} over {self.world_size} ranks, {_PROOF_WORDS[self.proof]}"
@@ -129,8 +118,7 @@ class Split:
         return self if docs is None or docs == self.docs else replace(self, docs=docs)
 
     def text(self) -> str:
-        """The split without its documents as one string (a compiled graph's argument: the
-        documents travel as a tensor beside it)."""
+        """Without its documents, as a compiled graph's argument (they travel as a tensor)."""
         return f"{self.kind}:{self.total}:{self.world_size}:{self.proof}"
 
     @staticmethod

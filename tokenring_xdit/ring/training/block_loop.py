@@ -7,10 +7,10 @@ names (schedules/blocks.py). What travels, what comes home and how it is summed 
 `Payload`: block_forward.py (Q out; (out, lse) home, fp32 LSE merge) and backward.py ((Q, dO,
 lse, delta) out; dQ home, summed; dK/dV summed where they are made).
 
-Packed documents (`BlockCall.plan`, a `agreed_ring.BlockPlan`): a step's kernel gets the
-block's segments instead of the causal flag; a block without any is skipped, and so are the return of
-its partial and the transfers of a query no later holder needs (every rank knows which from
-the agreed plan, so both ends of each transfer skip it together).
+Packed documents (`BlockCall.plan`, a `agreed_ring.BlockPlan`): a step's kernel gets the block's
+segments instead of the causal flag; a block without any is skipped, and so are the return of its
+partial and the transfers of a query no later holder needs (every rank knows which from the agreed
+plan, so both ends of each transfer skip it together).
 
 Held back (`BlockCall.hold_back`, diagonal.py): step 0 runs the own block on its first K/V
 heads, the return-only row on the rest, behind the last return; the transfers are the same.
@@ -25,13 +25,13 @@ from typing import Protocol
 
 import torch
 
+from ..agreed_ring import BlockPlan, Ring
 from ..comm import COUNTERS
-from .hold_back import Pieces, pieces
 from ..head_start import head_start
 from ..kernels import KernelPair
-from ..tensor_layout import Layout
-from ..agreed_ring import BlockPlan, Ring
 from ..schedules.blocks import BlockStep, Part, part_len, part_slice, sub_slice
+from ..tensor_layout import Layout
+from .hold_back import Pieces, pieces
 
 __all__ = ["BlockCall", "Payload", "run_blocks"]
 
