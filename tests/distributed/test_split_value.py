@@ -66,8 +66,8 @@ def _refusals(torch, rank: int, n: int) -> dict:
 
     return {
         "length": _try(call(zig if rank == 0 else make_split(2 * s, n, causal=True))),
-        "kind": _try(call(zig if rank == 0 else docs)),
-        "ring_size": _try(call(make_split(s, n + 1, causal=True))),
+        "kind": _try(call(replace(docs, kind="zigzag") if rank == 0 else docs)),  # same documents
+        "ring_size": _try(call(make_split(8 * (n + 1), n + 1, causal=True))),
         "one_without": _try(call(None if rank == 0 else zig)),
         "documents_differ": _try(call(replace(docs, docs=None), cu_seqlens=[0, 2 + rank, s])),
     }
@@ -166,7 +166,8 @@ def test_shard_and_unshard_round_trip_every_kind(n):
 EXPECT = {
     "length": ["split of the sequence", "differs across ring ranks",
                f"rank 0 has the zigzag split of {8 * 2} tokens over 2 ranks, cut by"],
-    "kind": ["split of the sequence", "differs across ring ranks", "has the documents split"],
+    "kind": ["split of the sequence", "differs across ring ranks", "rank 0 has the zigzag split",
+             "rank 1 has the documents split"],
     "ring_size": ["rejected on ring rank(s) [0, 1", "the split does not fit this call",
                   "this ring has 2 ranks"],
     "one_without": ["rejected on ring rank(s) [0]:", "needs proof"],
