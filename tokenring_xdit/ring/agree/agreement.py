@@ -24,7 +24,7 @@ from .choice import raise_choice
 from .codes import DEVICE_TYPES, DTYPES, TRANSPORT_CODES, device_name
 from .exchange import always, cached, exchange, remember
 from .header import MUST_AGREE, Header, call_header, in_words
-from .problems import CallSpec, Problem, local_problem, needs_grad
+from .problems import CallSpec, Problem, local_problem
 
 __all__ = ["agree"]
 
@@ -35,7 +35,7 @@ def _fast_key(spec: CallSpec, pos: RingPosition) -> tuple | None:
     if spec.causal or spec.packed:
         return None
     q, k, v, joint = spec.q, spec.k, spec.v, spec.joint_kv
-    grad = needs_grad(q, k, v)
+    grad = spec.grad
     joint_sig = None if joint is None else tuple((x.shape, x.dtype, x.device) for x in joint)
     return (pos.group, spec.layout, spec.chunks, spec.scale, spec.kernel, spec.graphs,
             spec.validate, spec.transport, spec.problem, grad, joint_sig, q.shape, k.shape, v.shape,

@@ -34,7 +34,7 @@ from .codes import (
     device_name,
     dtype_code,
 )  # fmt: skip
-from .problems import CallSpec, Problem, needs_grad
+from .problems import CallSpec, Problem
 
 __all__ = ["Header", "MUST_AGREE", "CACHE_KEY", "RING_SETTINGS", "digest", "call_header"]
 
@@ -151,7 +151,7 @@ def call_header(spec: CallSpec, problem: Problem) -> Header:
     q, k, v, layout = spec.q, spec.k, spec.v, spec.layout
     b, s, h, d = layout.dims(q)
     mode = (Mode.CAUSAL if spec.causal else Mode.NON_CAUSAL) | (
-        Mode.GRAD if needs_grad(q, k, v) else Mode.NON_CAUSAL
+        Mode.GRAD if spec.grad else Mode.NON_CAUSAL
     )
     docs, ndocs = 0, 0
     if spec.split.docs is not None:

@@ -140,6 +140,7 @@ class CallSpec:
     graphs: bool
     validate: str
     joint_kv: tuple[torch.Tensor, torch.Tensor] | None = None
+    grad: bool = False  # autograd wants gradients (the header's mode; prepare decides it)
     split: Split = Split()  # how the sequence is cut (its documents, or those of doc_positions)
     doc_positions: torch.Tensor | None = None  # packed: this rank's position ids that restart
     problem: Problem = Problem.NONE  # found before the check (the kernel's, the documents')
@@ -206,7 +207,7 @@ def local_problem(spec: CallSpec, device_type: str, dtypes: tuple) -> Problem:
         return Problem.HEAD_SIZE
     if spec.causal and (sk != layout.dims(q)[1] or joint_kv is not None):
         return Problem.NOT_ZIGZAG
-    if joint_kv is not None and needs_grad(q, k, v):
+    if joint_kv is not None and spec.grad:
         return Problem.JOINT_GRAD
     if joint_kv is not None and _joint_problem(k, v, joint_kv, layout):
         return Problem.JOINT_KV

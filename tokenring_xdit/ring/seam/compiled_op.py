@@ -29,7 +29,7 @@ the host the call is counted for, a validate override). The process group travel
 layout by name, a `RingConfig` as its fields (a literal string), packed documents as tensors, and
 the kernel only by NAME: a Python-callable block kernel cannot be a graph constant, so under compile
 hosts map theirs to a named kernel (`hosts/*`), and a direct call with one gets a
-NotImplementedError saying so. A `Split` travels as its text, its documents in the cu_seqlens tensor
+NotImplementedError saying so. A `Split` travels as a tensor, its documents in the cu_seqlens tensor
 (passed so, a new packing compiles nothing new). The real side decodes the options and runs
 `call.prepare` like the eager API, so compiled calls agree the same header as eager ones (timeout,
 kernel family, documents included).
@@ -78,7 +78,7 @@ def compiled_attn(qkv: tuple[torch.Tensor, ...], options: CallOptions, host: str
     train = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     given, split = {"cu_seqlens": options.cu_seqlens}, options.split
     if given["cu_seqlens"] is None and split is not None and split.docs is not None:
-        given["cu_seqlens"] = split.docs.bounds  # (the split text has none)
+        given["cu_seqlens"] = split.docs.bounds  # (the encoded split has none)
     args = [op.encode(given.get(name, getattr(options, name))) for name, op in _OPTIONS]
     out, lse = torch.ops.tokenring.attn(q, k, v, *args, train, host, validate)
     return out, lse.detach()  # as in eager: lse takes no gradient

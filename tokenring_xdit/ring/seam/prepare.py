@@ -21,7 +21,7 @@ import ast
 import functools
 import warnings
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
 import torch
@@ -184,9 +184,9 @@ class CallOptions:
     kernel_key: Hashable | None = _opt(None, None)
     config: RingConfig | None = _opt(None, "str", _encode_config, _decode_config)
     deterministic: bool = _opt(False, "bool")
-    # as text, without its documents (compiled_op.compiled_attn moves them into cu_seqlens)
-    split: Split | None = _opt(None, "str?", lambda s: None if s is None else s.text(),
-                               lambda t: None if t is None else Split.parse(t))  # fmt: skip
+    # without its documents (compiled_op.compiled_attn moves them into cu_seqlens)
+    split: Split | None = _opt(None, "Tensor?", lambda s: None if s is None else s.encoded(),
+                               lambda t: None if t is None else Split.decoded(t))  # fmt: skip
     positions: torch.Tensor | None = _opt(None, "Tensor?")
     cu_seqlens: torch.Tensor | list[int] | None = _opt(None, "Tensor?", _cu_tensor)
     position_ids: torch.Tensor | None = _opt(None, "Tensor?")
@@ -238,7 +238,7 @@ def prepare(
     grad = needs_grad(q, k, v) if grad is None else grad
     spec, kernel = _spec(q, k, v, options, layout, pos, grad, cfg, validate or cfg.validate)
     train = options.causal or grad or spec.packed
-    ring = _agree(spec, pos, grad, cfg)
+    ring = agree(spec, pos, comm=cfg.comm)
     head_start_us = ring_pause_us(cfg.comm_head_start_us, ring.transport)
     if train:
         plan = ring.plan
@@ -272,7 +272,7 @@ def _spec(q, k, v, options, layout, pos, grad, cfg, validate) -> tuple[CallSpec,
         q=q, k=k, v=v, layout=layout, causal=options.causal, chunks=chunks, scale=scale,
         kernel=digest(kernel.family), family=kernel.family, validate=validate,
         graphs=_graphs(options.cuda_graph, cfg, options.causal or grad or packed, kernel.key),
-        joint_kv=options.joint_kv, split=split, doc_positions=by_ids, problem=problem,
+        joint_kv=options.joint_kv, grad=grad, split=split, doc_positions=by_ids, problem=problem,
         detail=text, transport=cfg.transport, timeout=cfg.timeout,
     )  # fmt: skip
     return spec, kernel
@@ -312,15 +312,6 @@ def _warn_graph_register_hazard() -> None:
         "NCCL_GRAPH_REGISTER=0 to keep the graphs (measured: 10^4 graphed calls ran)",
         stacklevel=4,
     )
-
-
-def _agree(spec: CallSpec, pos: RingPosition, grad: bool, cfg: RingConfig) -> Ring:
-    """agree(), with the gradient mode the header carries taken from `grad` where the tensors
-    do not say it (inside the compiled operator): a detached q that requires grad says it."""
-    if not grad or needs_grad(spec.q, spec.k, spec.v) or not spec.q.is_floating_point():
-        return agree(spec, pos, comm=cfg.comm)
-    with torch.enable_grad():
-        return agree(replace(spec, q=spec.q.detach().requires_grad_()), pos, comm=cfg.comm)
 
 
 def _ring_call(kernel, layout, ring, spec, options, cfg, head_start_us) -> RingCall:

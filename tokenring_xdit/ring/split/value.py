@@ -117,16 +117,21 @@ class Split:
     def with_docs(self, docs: Documents | None) -> Split:
         return self if docs is None or docs == self.docs else replace(self, docs=docs)
 
-    def text(self) -> str:
-        """Without its documents, as a compiled graph's argument (they travel as a tensor)."""
-        return f"{self.kind}:{self.total}:{self.world_size}:{self.proof}"
+    def encoded(self) -> torch.Tensor:
+        """Without its documents (they travel as the cu_seqlens tensor), as a compiled graph's
+        argument: a tensor, so a length the graph takes as symbolic still encodes."""
+        fields = (KINDS.index(self.kind), self.total, self.world_size, PROOFS.index(self.proof))
+        return torch.tensor(fields, dtype=torch.int64)
 
     @staticmethod
-    @functools.lru_cache(maxsize=64)
-    def parse(text: str) -> Split:
-        """The split `text()` wrote (without documents)."""
-        kind, total, size, proof = text.split(":")
-        return Split(kind=kind, total=int(total), world_size=int(size), proof=proof)
+    def decoded(fields: torch.Tensor) -> Split:
+        return _decoded(tuple(fields.tolist()))
+
+
+@functools.lru_cache(maxsize=64)
+def _decoded(fields: tuple[int, ...]) -> Split:
+    kind, total, size, proof = fields
+    return Split(kind=KINDS[kind], total=total, world_size=size, proof=PROOFS[proof])
 
 
 def _invalid(kind: str, total: int, n: int, proof: str) -> str:
