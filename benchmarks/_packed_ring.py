@@ -1,9 +1,9 @@
 """packed_varlen.py --real-ring: the packed row through a real ring of N ranks (torchrun).
 
 Every rank builds the same seeded row as the one-GPU mode (q, k, v from one generator on the
-device, then dout), cuts it with the public `tokenring_xdit.shard(x, causal=True,
-cu_seqlens=cu, layout=L)` and times `token_ring_attn_func(q, k, v, causal=True,
-cu_seqlens=cu, kernel=K)` forward + backward per layout L and kernel K (--kernel, a comma list,
+device, then dout), cuts it with the public `tokenring_xdit.shard(x, split=split)` (split =
+`make_split(T, N, causal=True, cu_seqlens=cu, layout=L)`) and times `token_ring_attn_func(q, k,
+v, causal=True, split=split, kernel=K)` forward + backward per layout L and kernel K (--kernel, a comma list,
 default auto: the pair `auto` picks; several kernels run side by side in one process, each
 entry `L/K`, and record the kernel record that ran, `kernel_used`, and the cost model's
 `predicted_ms` for it), next to the dense causal ring on the same row (zigzag shards, no
@@ -96,21 +96,23 @@ def _clock(step, warmup: int, iters: int, device, ring: bool) -> tuple[float, li
 
 
 def _shards(full, layout: str | None, cu):
-    """This rank's leaf shards of `full` tensors: `layout` with cu_seqlens, or (None) the dense
-    zigzag without documents."""
+    """This rank's leaf shards of `full` tensors and their split: `layout` with cu_seqlens, or
+    (None) the dense zigzag without documents."""
     import tokenring_xdit
 
     kw = {} if layout is None else {"cu_seqlens": cu, "layout": layout}
-    return [tokenring_xdit.shard(x, causal=True, **kw).detach().requires_grad_() for x in full]
+    split = tokenring_xdit.make_split(full[0].shape[1], dist.get_world_size(), causal=True, **kw)
+    shards = [tokenring_xdit.shard(x, split=split).detach().requires_grad_() for x in full]
+    return [*shards, split]
 
 
-def _fwd_bwd(q, k, v, do, cu, kernel="auto"):
+def _fwd_bwd(q, k, v, do, split, kernel="auto"):
     from tokenring_xdit import token_ring_attn_func
 
     for x in (q, k, v):
         x.grad = None
-    kw = {} if cu is None else {"cu_seqlens": cu, "kernel": kernel}
-    out = token_ring_attn_func(q, k, v, causal=True, **kw)
+    kw = {} if split.docs is None else {"kernel": kernel}
+    out = token_ring_attn_func(q, k, v, causal=True, split=split, **kw)
     out.backward(do)
     return out
 
@@ -146,10 +148,10 @@ def _check(args, documents, device, dtype, heads, layouts) -> dict:
     refs = _reference(cu, *full)
     res = {}
     for layout, kernel, name in _methods(layouts, _kernels(args)):
-        q, k, v, do = _shards(full, layout, cu)
-        out = _fwd_bwd(q, k, v, do, cu, kernel)
+        q, k, v, do, split = _shards(full, layout, cu)
+        out = _fwd_bwd(q, k, v, do, split, kernel)
         got = [
-            tokenring_xdit.unshard(x.detach(), causal=True, cu_seqlens=cu, layout=layout)
+            tokenring_xdit.unshard(x.detach(), split=split)
             for x in (out, q.grad, k.grad, v.grad)
         ]
         errs = {
@@ -163,7 +165,7 @@ def _check(args, documents, device, dtype, heads, layouts) -> dict:
 
 
 def _row(total, args, documents, device, dtype, heads, layouts) -> dict:
-    from tokenring_xdit.ring.packed.pick import document_work
+    from tokenring_xdit.ring.packed import document_work
 
     n, rank = dist.get_world_size(), dist.get_rank()
     cu = documents(total)
@@ -186,7 +188,7 @@ def _row(total, args, documents, device, dtype, heads, layouts) -> dict:
     row["per_document"] = float(ideal[0])
     row["ideal_ring"] = row["per_document"] / n
     dense_pairs = total * (total + 1) // 2
-    step = functools.partial(_fwd_bwd, *_shards(full, None, cu), None)  # its own auto kernel
+    step = functools.partial(_fwd_bwd, *_shards(full, None, cu))  # its own auto kernel
     ms, ranks_ms = _clock(step, args.warmup, args.iters, device, ring=True)
     report = document_work(cu, n, causal=True)
     row["methods"]["dense_causal"] = {
@@ -197,7 +199,7 @@ def _row(total, args, documents, device, dtype, heads, layouts) -> dict:
     row["auto"] = {"layout": report["auto"], "kernel": report["auto_kernel"],
                    "choices": report["choices"]}  # fmt: skip
     for layout, kernel, name in _methods(layouts, _kernels(args)):
-        step = functools.partial(_fwd_bwd, *_shards(full, layout, cu), cu, kernel)
+        step = functools.partial(_fwd_bwd, *_shards(full, layout, cu), kernel)
         ms, ranks_ms = _clock(step, args.warmup, args.iters, device, ring=True)
         report = document_work(cu, n, causal=True, layout=layout)
         used = _kernel_used(kernel, report["layout"], cu, n, device, dtype, heads)
@@ -248,13 +250,13 @@ def _methods(layouts, kernels):
 def _kernel_used(kernel, layout, cu, n, device, dtype, heads) -> str:
     """The record a packed call with `kernel` runs here (the product's own choice: the probe
     and, for auto, the cost model's pick for these documents, ring size and layout)."""
-    from tokenring_xdit.ring.packed.pick import Documents, PackedRow
     from tokenring_xdit.ring.kernels import doc_pair, select_pair
+    from tokenring_xdit.ring.packed import Documents, kernel_order
 
     d = heads[2]
     args = (device, dtype, d, d)
-    row = PackedRow(Documents(tuple(cu)), n, True, layout)
-    return doc_pair(kernel, *args, lambda name: select_pair(name, *args, False), row).name
+    order = kernel_order(Documents(tuple(cu)), n, True, layout)
+    return doc_pair(kernel, *args, lambda name: select_pair(name, *args, False), order).name
 
 
 def _table(rows) -> str:

@@ -4,7 +4,8 @@ a model runs it (torchrun).
 A training step packs a NEW batch: every step draws fresh document lengths from the same
 distribution (--doc-lens, seed --seed + step) and runs --layers calls of one shape on that
 packing, forward (L calls) then backward (L calls), through `token_ring_attn_func(q, k, v,
-causal=True, cu_seqlens=cu, kernel=K, cuda_graph=...)`. With graphs on, each half of a packing
+causal=True, split=split, kernel=K, cuda_graph=...)` (split: `make_split(..., cu_seqlens=cu,
+layout=L)`, the packing's documents with it). With graphs on, each half of a packing
 runs eagerly once, is captured once and replays for the other layers (ring/training/run.py), so the
 step's time carries the capture honestly. Each (layout, kernel) entry times the same packings
 with cuda_graph=False (`eager_ms`) and True (`graph_ms`): the slowest rank's step / L, ms per
@@ -53,15 +54,19 @@ def _delta(before: dict, after: dict) -> dict:
 
 
 def _layers(full, layout, cu, layers: int):
-    """`layers` leaf copies of this rank's shards of q, k, v (one per layer), and dout's shard."""
+    """`layers` leaf copies of this rank's shards of q, k, v (one per layer), dout's shard and
+    the split they were cut by."""
     import tokenring_xdit
 
-    shards = [tokenring_xdit.shard(x, causal=True, cu_seqlens=cu, layout=layout) for x in full]
+    n = dist.get_world_size()
+    split = tokenring_xdit.make_split(full[0].shape[1], n, causal=True, cu_seqlens=cu,
+                                      layout=layout)  # fmt: skip
+    shards = [tokenring_xdit.shard(x, split=split) for x in full]
     made = [[x.detach().clone().requires_grad_() for x in shards[:3]] for _ in range(layers)]
-    return made, shards[3].detach()
+    return made, shards[3].detach(), split
 
 
-def _step(ins, do, cu, kernel, graphs: bool):
+def _step(ins, do, split, kernel, graphs: bool):
     """L forward calls, then their L backward calls (autograd: the last layer's first)."""
     from tokenring_xdit import token_ring_attn_func
 
@@ -71,7 +76,7 @@ def _step(ins, do, cu, kernel, graphs: bool):
             x.grad = None
         outs.append(
             token_ring_attn_func(
-                q, k, v, causal=True, cu_seqlens=cu, kernel=kernel, cuda_graph=graphs
+                q, k, v, causal=True, split=split, kernel=kernel, cuda_graph=graphs
             )
         )
     torch.autograd.backward(outs, [do] * len(outs))
@@ -85,11 +90,12 @@ def _method(args, documents, total, layout, kernel, device, dtype, heads) -> dic
     entry: dict = {name: [] for name in lists}
     for step in range(-1, args.steps):  # step -1: the warm-up packing
         cu = documents(total, step)
-        made, do = _layers(make_row(total, args.seed, device, dtype, heads), layout, cu, layers)
+        made, do, split = _layers(make_row(total, args.seed, device, dtype, heads), layout, cu,
+                                  layers)  # fmt: skip
         modes = (False, True) if step % 2 == 0 else (True, False)
         for graphs in modes:
             before = _stats()
-            run = functools.partial(_step, made, do, cu, kernel, graphs)
+            run = functools.partial(_step, made, do, split, kernel, graphs)
             ms = _clock(run, 0, 1, device, True)[0]
             if step < 0:
                 continue
@@ -111,7 +117,7 @@ def _method(args, documents, total, layout, kernel, device, dtype, heads) -> dic
 
 
 def _layout_used(layout: str, cu, n: int) -> str:
-    from tokenring_xdit.ring.packed.pick import document_work
+    from tokenring_xdit.ring.packed import document_work
 
     return document_work(cu, n, causal=True, layout=layout)["layout"]
 
@@ -165,19 +171,18 @@ def _check_layers(rows, layout, cu, kernel, graphs: bool) -> list[list[torch.Ten
 
     ins, dos = [], []
     for full in rows:
-        made, do = _layers(full, layout, cu, 1)
+        made, do, split = _layers(full, layout, cu, 1)
         ins.append(made[0])
         dos.append(do)
     outs = [
         tokenring_xdit.token_ring_attn_func(
-            q, k, v, causal=True, cu_seqlens=cu, kernel=kernel, cuda_graph=graphs
+            q, k, v, causal=True, split=split, kernel=kernel, cuda_graph=graphs
         )
         for q, k, v in ins
     ]
     torch.autograd.backward(outs, dos)
     return [
-        [tokenring_xdit.unshard(x.detach(), causal=True, cu_seqlens=cu, layout=layout)
-         for x in (o, q.grad, k.grad, v.grad)]
+        [tokenring_xdit.unshard(x.detach(), split=split) for x in (o, q.grad, k.grad, v.grad)]
         for o, (q, k, v) in zip(outs, ins, strict=True)
     ]  # fmt: skip
 

@@ -46,7 +46,7 @@ PASSES = ("fwd", "fwd+bwd")
 def documents_of(spec: str, total: int, seed: int = 0):
     """Documents of `total` tokens from --docs: `exp:MEAN` (exponential lengths, seeded),
     `fixed:LEN`, or `cu:0,b1,...,total` (cu_seqlens)."""
-    from tokenring_xdit.ring.packed.pick import Documents
+    from tokenring_xdit.ring.packed import Documents
 
     kind, _, arg = spec.partition(":")
     if kind == "cu":

@@ -23,7 +23,7 @@ import json
 import statistics
 from pathlib import Path
 
-from tokenring_xdit.ring.packed.pick import Documents, doc_plan
+from tokenring_xdit.ring.packed import Documents, doc_plan
 from tokenring_xdit.ring.kernels.names import PRICED
 from tokenring_xdit.ring.packed.cost import DATA, TERMS, fit, plan_work
 from tokenring_xdit.ring.schedules import block_schedule

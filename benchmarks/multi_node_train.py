@@ -128,12 +128,12 @@ def _with_config(token_ring, cfg, q, k, v, c):
 def methods(n: int, device: str, names: list[str]) -> dict:
     """name -> fn(q, k, v, causal), (b, s_local, h, d) differentiable."""
     from tokenring_xdit.ring import token_ring_attn_func
-    from tokenring_xdit.ring.split.sharding import declare_zigzag
+    from tokenring_xdit.ring.split.sharding import make_split
 
     def token_ring(q, k, v, c, **options):
-        if c:  # zigzag shards cut by this script: declare them, as tokenring_xdit.shard does
-            declare_zigzag(None, q.shape[1] * n)
-        return token_ring_attn_func(q, k, v, causal=c, **options)
+        # zigzag shards cut by this script: the split they were cut by
+        split = make_split(q.shape[1] * n, n, causal=True) if c else None
+        return token_ring_attn_func(q, k, v, causal=c, split=split, **options)
 
     def ulysses(q, k, v, c):
         parts = (_heads_to_seq(x, n) for x in (q, k, v))

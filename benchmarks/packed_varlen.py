@@ -196,7 +196,7 @@ def _replays_of(layout, cu, q, k, v, do, rings, args) -> dict:
     where auto runs the layout `shard(..., layout="auto")` picks)."""
     from tokenring_xdit.ring.training.backward import block_backward
     from tokenring_xdit.ring.training.forward import BlockCall, block_forward
-    from tokenring_xdit.ring.packed.pick import Documents, doc_plan, document_work
+    from tokenring_xdit.ring.packed import Documents, doc_plan, document_work
     from tokenring_xdit.ring.kernels import doc_pair, gqa_pair, select_pair
     from tokenring_xdit.ring.tensor_layout import BSHD
     from tokenring_xdit.ring.schedules import block_schedule

@@ -107,7 +107,7 @@ def _profile(rank, n, shape, seq, hold_back, args, cuda, graph=0):
     from tokenring_xdit.config import current
     from tokenring_xdit.ring import token_ring_attn_func
     from tokenring_xdit.ring.seam.prepare import CallOptions, prepare
-    from tokenring_xdit.ring.split.sharding import declare_zigzag
+    from tokenring_xdit.ring.split.sharding import make_split
 
     name, h, hk, d, causal = shape
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
@@ -124,10 +124,10 @@ def _profile(rank, n, shape, seq, hold_back, args, cuda, graph=0):
           if x}  # fmt: skip
     cfg = current().replace(**on) if on else current()
 
+    split = make_split(seq, n, causal=True) if causal else None  # the shards' zigzag split
+
     def call():
-        if causal:  # the shards are cut as zigzag shards: say so, as tokenring_xdit.shard does
-            declare_zigzag(None, seq)
-        token_ring_attn_func(q, k, v, causal=causal, config=cfg).backward(do)
+        token_ring_attn_func(q, k, v, causal=causal, config=cfg, split=split).backward(do)
 
     call_ms = _timed(call, args.warmup, args.iters, cuda)
     timeline: dict = {}
@@ -139,10 +139,9 @@ def _profile(rank, n, shape, seq, hold_back, args, cuda, graph=0):
         row["events"] = []
         kernel_ms(call, 1, events=row["events"], cuda=cuda)
     # the kernels-only ceiling of this rank: the prepared call's own BlockCall (pair, schedule)
-    if causal:
-        declare_zigzag(None, seq)
     with torch.no_grad():
-        prepared = prepare(q, k, v, CallOptions(causal=causal, config=cfg), grad=True)
+        options = CallOptions(causal=causal, config=cfg, split=split)
+        prepared = prepare(q, k, v, options, grad=True)
     qd, kd, vd, dod = (x.detach() for x in (q, k, v, do))
     kernels = _kernels_fn(prepared.call, rank, n, qd, kd, vd, dod)
     row["ceiling_ms"] = _timed(kernels, 1, args.iters, cuda)

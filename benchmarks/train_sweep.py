@@ -81,12 +81,13 @@ def _impls(n: int, u: int = 1, device: str = "cuda"):
     from yunchang import ring_flash_attn_func, zigzag_ring_flash_attn_func
 
     from tokenring_xdit.ring import token_ring_attn_func
-    from tokenring_xdit.ring.split.sharding import declare_zigzag
+    from tokenring_xdit.ring.split.sharding import make_split
+
+    def zigzag(q):  # this script cuts zigzag shards itself: the split they were cut by
+        return make_split(q.shape[1] * n, n, causal=True)
 
     def token_ring(q, k, v, c):
-        if c:  # this script cuts zigzag shards itself: declare them, as tokenring_xdit.shard does
-            declare_zigzag(None, q.shape[1] * n)
-        return token_ring_attn_func(q, k, v, causal=c)
+        return token_ring_attn_func(q, k, v, causal=c, split=zigzag(q) if c else None)
 
     impls = {"token_ring": token_ring}
     from tokenring_xdit.config import current
@@ -94,10 +95,9 @@ def _impls(n: int, u: int = 1, device: str = "cuda"):
     if hasattr(current(), "train_hold_back"):  # (an older package, run as a baseline, has not)
         held = current().replace(train_hold_back=True)
 
-        def token_ring_hold_back(q, k, v, c):  # the own block held back in part (diagonal.py)
-            if c:
-                declare_zigzag(None, q.shape[1] * n)
-            return token_ring_attn_func(q, k, v, causal=c, config=held)
+        def token_ring_hold_back(q, k, v, c):  # the own block held back in part (hold_back.py)
+            split = zigzag(q) if c else None
+            return token_ring_attn_func(q, k, v, causal=c, config=held, split=split)
 
         impls["token_ring_hold_back"] = token_ring_hold_back
 
@@ -123,13 +123,10 @@ def _usp_impls(n: int, u: int, device: str):
     from yunchang.globals import PROCESS_GROUP
     from yunchang.kernels import AttnType
 
-    from tokenring_xdit.ring.split.sharding import declare_zigzag
-
     # yunchang's groups are process-wide and each layer keeps those current when it is built:
     # the ulysses-n layer first, then the hybrid groups for every other one
     ulysses = _ulysses(n) if device == "cuda" else None
     set_seq_parallel_pg(u, n // u, dist.get_rank(), n)
-    ring_pg = PROCESS_GROUP.RING_PG
 
     def layer(ring_impl_type):
         # AttnType.FA: the ring kernel with a backward (flash-attn, or the pair _yunchang_kernel
@@ -138,9 +135,7 @@ def _usp_impls(n: int, u: int, device: str):
 
     token_ring_layer, basic, zigzag = layer("token_ring"), layer("basic"), layer("zigzag")
 
-    def token_ring(q, k, v, c):
-        if c:  # the ring holds the hybrid zigzag split of the whole sequence after the a2a
-            declare_zigzag(ring_pg, q.shape[1] * n)
+    def token_ring(q, k, v, c):  # yunchang's ring function passes its zigzag split itself
         return token_ring_layer(q, k, v, causal=c)
 
     impls = {

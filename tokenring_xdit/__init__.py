@@ -2,7 +2,7 @@
 
 Importing this package is cheap (no torch, no host library): the `.pth` bootstrap imports it in
 every interpreter. The public names below load their modules on first use: the ring call and
-its sharding (token_ring_attn*, shard/unshard, zigzag_positions / shard_positions,
+its split (Split, make_split, shard/unshard, zigzag_positions / shard_positions,
 setup_token_ring_group), the ring a host runs (set_ring_impl: xDiT's and diffusers' ring), CPU
 mode (enable_cpu_mode), transformers' attention (register_transformers), patching
 (install/uninstall).
@@ -23,6 +23,8 @@ _LAZY = {
     "token_ring_attn_qkvpacked_func": "tokenring_xdit.ring.api",
     "add_attention_sink": "tokenring_xdit.ring.merge.sink",
     "setup_token_ring_group": "tokenring_xdit.ring.comm",
+    "Split": "tokenring_xdit.ring.split.value",
+    "make_split": "tokenring_xdit.ring.split.sharding",
     "shard": "tokenring_xdit.ring.split.sharding",
     "unshard": "tokenring_xdit.ring.split.sharding",
     "RingConfig": "tokenring_xdit.config",

@@ -28,10 +28,12 @@ REPEATS = 2000
 def _worker(rank: int, n: int, report) -> dict:
     import torch.distributed as dist
 
-    from tokenring_xdit.ring.agree import CallSpec, agree, digest
+    from tokenring_xdit.ring.agree import agree, digest
     from tokenring_xdit.ring.comm import RingPosition, setup_token_ring_group
+    from tokenring_xdit.ring.seam.prepare import CallOptions
+    from tokenring_xdit.ring.split.proof import call_split
+    from tokenring_xdit.ring.split.sharding import make_split, zigzag_positions
     from tokenring_xdit.ring.tensor_layout import BHSD
-    from tokenring_xdit.ring.split.sharding import declare_zigzag, zigzag_positions
 
     setup_token_ring_group(dist.group.WORLD)
     pos = RingPosition.of(None)
@@ -39,31 +41,45 @@ def _worker(rank: int, n: int, report) -> dict:
     for name, (heads, dim, tokens) in SHAPES.items():
         s = tokens // n
         q = torch.empty(1, heads, s, dim)  # the check reads shapes only
-        positions = zigzag_positions(s * n, rank, n)
-        declare_zigzag(None, s * n)
-        kernel = digest("cudnn")
-        specs = {
-            "signature": CallSpec(q, q, q, BHSD, False, 1, dim**-0.5, kernel, True, "signature"),
-            "always": CallSpec(q, q, q, BHSD, False, 1, dim**-0.5, kernel, True, "always"),
-            # a causal call's layout proof: a sharding helper's declaration, or positions
-            "always_causal_declared": CallSpec(
-                q, q, q, BHSD, True, 1, dim**-0.5, kernel, False, "always"
+        base = dict(q=q, k=q, v=q, layout=BHSD, chunks=1, scale=dim**-0.5,
+                    kernel=digest("cudnn"))  # fmt: skip
+        # a causal call's proof: the split its shards were cut by, or positions (checked
+        # against the zigzag split with one host sync, then agreed as that split)
+        by_positions = CallOptions(causal=True, positions=zigzag_positions(s * n, rank, n))
+        checks = {
+            "signature": lambda: agree(_spec(base, False, True, "signature"), pos),
+            "always": lambda: agree(_spec(base, False, True, "always"), pos),
+            "always_causal_split": lambda: agree(
+                _spec(base, True, False, "always", make_split(s * n, n, causal=True)), pos
             ),
-            "always_causal_positions": CallSpec(
-                q, q, q, BHSD, True, 1, dim**-0.5, kernel, False, "always", positions=positions
-            ),
+            "always_causal_positions": lambda: agree(_spec(
+                base, True, False, "always", call_split(by_positions, rank, n, s)[0]), pos
+            ),  # fmt: skip
         }
-        for mode, spec in specs.items():
-            for _ in range(50):
-                agree(spec, pos)
-            dist.barrier()
-            times = []
-            for _ in range(REPEATS):
-                t0 = time.perf_counter()
-                agree(spec, pos)
-                times.append(time.perf_counter() - t0)
-            rows[f"{name}/{mode}"] = statistics.median(times) * 1e6
+        for mode, check in checks.items():
+            rows[f"{name}/{mode}"] = _median_us(check)
     return rows
+
+
+def _spec(base: dict, causal: bool, graphs: bool, validate: str, split=None):
+    from tokenring_xdit.ring.agree import CallSpec
+
+    more = {} if split is None else {"split": split}
+    return CallSpec(**base, causal=causal, graphs=graphs, validate=validate, **more)
+
+
+def _median_us(check) -> float:
+    import torch.distributed as dist
+
+    for _ in range(50):
+        check()
+    dist.barrier()
+    times = []
+    for _ in range(REPEATS):
+        t0 = time.perf_counter()
+        check()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
 
 
 def _call_ms(n: int) -> dict:

@@ -62,7 +62,7 @@ import torch
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
 from tests.reference import exact_attention, exact_grads  # noqa: E402
-from tokenring_xdit.ring.packed.pick import Segment
+from tokenring_xdit.ring.segments import Segment
 from tokenring_xdit.ring.kernels import Kernel, empty_partial, gqa_pair, row_delta  # noqa: E402
 from tokenring_xdit.ring.kernels.sdpa import cudnn_op_backward, cudnn_op_forward  # noqa: E402
 from tokenring_xdit.ring.tensor_layout import BHSD, BSHD, Layout

@@ -31,13 +31,14 @@ def _step(path: str, tr, tokens: int):
     full = [torch.randn(1, tokens, h, 128, device=dev, generator=gen, dtype=torch.bfloat16)
             for h in (16, 4, 4)]  # fmt: skip
     causal = path.startswith("train")
-    q, k, v = (tr.shard(x, None, causal=causal) if causal else x.chunk(n, 1)[rank] for x in full)
+    split = tr.make_split(tokens, n, causal=True)
+    q, k, v = (tr.shard(x, None, split=split) if causal else x.chunk(n, 1)[rank] for x in full)
     if path.startswith("train"):
         q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
         kw = {"cu_seqlens": [0, tokens // 3, tokens // 2, tokens]} if path == "train_packed" else {}
 
         def train() -> None:
-            out = tr.token_ring_attn_func(q, k, v, causal=True, **kw)
+            out = tr.token_ring_attn_func(q, k, v, causal=True, split=split, **kw)
             out.float().square().mean().backward()
 
         return train

@@ -76,8 +76,9 @@ def _worker(rank: int, n: int, report) -> dict:
         scale = q.shape[-1] ** -0.5
         if new:
             spec = checks.CallSpec(
-                q, q, q, BHSD, False, 1, scale, checks.digest("cudnn"), True, "signature"
-            )
+                q=q, k=q, v=q, layout=BHSD, causal=False, chunks=1, scale=scale,
+                kernel=checks.digest("cudnn"), graphs=True, validate="signature",
+            )  # fmt: skip
             ring = checks.agree(spec, pos)
             q_lens, agreed = ring.q_lens, ring.key
         else:
@@ -177,11 +178,12 @@ def _packed_worker(
     full = [
         torch.randn(1, total, x, d, generator=gen, device=dev).to(dtype) for x in (h, hk, hk, h)
     ]
-    q, k, v, do = (tokenring_xdit.shard(x, causal=True, cu_seqlens=cu, layout=layout) for x in full)
+    split = tokenring_xdit.make_split(total, n, causal=True, cu_seqlens=cu, layout=layout)
+    q, k, v, do = (tokenring_xdit.shard(x, split=split) for x in full)
     q, k, v = (x.requires_grad_() for x in (q, k, v))
 
     def one_call():
-        out = token_ring_attn_func(q, k, v, causal=True, cu_seqlens=cu, kernel=kernel)
+        out = token_ring_attn_func(q, k, v, causal=True, split=split, kernel=kernel)
         out.backward(do)
         q.grad = k.grad = v.grad = None
 

@@ -134,16 +134,18 @@ def main() -> None:
                                                                             kv_heads)]  # fmt: skip
         # inference is non-causal (the graphed path: causal calls run the training loop eagerly)
         inputs[n] = [tr.shard(x.to(device, dtype), None, causal=False) for x in full]
+        split = tr.make_split(n, dist.get_world_size(), causal=True)
         train_inputs[n] = [
-            tr.shard(x.to(device, dtype), None, causal=True).requires_grad_(True) for x in full
+            *(tr.shard(x.to(device, dtype), None, split=split).requires_grad_() for x in full),
+            split,
         ]
     schedule = [(n, train) for n in lengths for train in [False] * args.infer + [True] * args.train]
     samples, start, calls, finite = [], time.monotonic(), 0, True
     while calls < args.calls:
         for n, train in schedule:
             if train:
-                q, k, v = train_inputs[n]
-                out = tr.token_ring_attn_func(q, k, v, causal=True)
+                q, k, v, split = train_inputs[n]
+                out = tr.token_ring_attn_func(q, k, v, causal=True, split=split)
                 out.float().square().mean().backward()
                 q.grad = k.grad = v.grad = None
             else:

@@ -103,13 +103,18 @@ def _scenario(rank, n, name):
         q, k, v = _qkv(torch, kv=16)
         kwargs["causal"] = True
     elif name == "causal_torch_chunk":
-        # torch.chunk(10 tokens, 2N=4) = 3, 3, 3, 1: rank 0 holds chunks 0+3 (4), rank 1 1+2 (6)
-        from tokenring_xdit.ring.split.sharding import declare_zigzag
+        # torch.chunk(10 tokens, 2N=4) = 3, 3, 3, 1: rank 0 holds chunks 0+3 (4), rank 1 1+2 (6),
+        # while the split says 12 (the sequence padded to 2N)
+        from tokenring_xdit import make_split
 
         s = 4 if rank == 0 else 6
         q, k, v = _qkv(torch, s=s, kv=s)
-        declare_zigzag(world, 10)
-        kwargs["causal"] = True
+        kwargs.update(causal=True, split=make_split(12, 2, causal=True))
+    elif name == "split_other_ring":  # a split made for another ring size: on every rank
+        from tokenring_xdit import make_split
+
+        q, k, v = _qkv(torch, kv=16)
+        kwargs.update(causal=True, split=make_split(48, 3, causal=True))
     elif name == "causal_wrong_positions":
         q, k, v = _qkv(torch, kv=16)
         kwargs.update(causal=True, positions=torch.arange(16 * rank, 16 * (rank + 1)))
@@ -209,6 +214,7 @@ def test_unsupported_modes_raise_not_implemented_everywhere(name, needles):
         # a causal call must prove its zigzag layout; wrong results would be silent otherwise
         ("causal_contiguous", ["rank(s) [0, 1]", "needs proof", "tokenring_xdit.shard"]),
         ("causal_torch_chunk", ["local lengths [4, 6]", "torch.chunk makes unequal chunks"]),
+        ("split_other_ring", ["rank(s) [0, 1]", "the split does not fit", "this ring has 2"]),
         ("causal_wrong_positions", ["rank(s) [0, 1]", "not this rank's zigzag positions"]),
         # a kernel name only one rank cannot use: every rank raises, naming that rank
     ],

@@ -1,7 +1,7 @@
 """Drift guard: eager and compiled TokenRing calls are prepared the same way (ring/seam/prepare.py).
 
-For every call option (documents by cu_seqlens and by position ids, in the documents and the
-contiguous layouts declared by shard() or asked for by doc_layout, timeout, kernel name,
+For every call option (the split the shards were cut by, with its documents or beside them as
+cu_seqlens or position ids, in the zigzag, documents and contiguous layouts, timeout, kernel name,
 layouts including the swapped-storage wire layout, GQA, causal, deterministic, joint K/V, final
 pieces, scale) one ring of 2 gloo ranks runs the call eagerly and under
 torch.compile(fullgraph=True), recording what `prepare` hands to `agree`: the header every rank
@@ -56,12 +56,11 @@ def _cases(torch, n):
         ("position-ids-infer", {"position_ids": ids}, False, H, False, "bshd"),
         ("documents-causal-train", {"cu_seqlens": [0, 5, total], "causal": True}, True, HK, True,
          "documents"),
-        ("documents-explicit-infer", {"cu_seqlens": [0, 5, total], "doc_layout": "documents"},
+        ("documents-split-infer", {"split": "bare", "cu_seqlens": torch.tensor([0, 5, total])},
          False, H, False, "documents"),
         ("contiguous-causal-train", {"cu_seqlens": [0, 5, total], "causal": True}, True, HK, True,
          "contiguous"),
-        ("contiguous-explicit-infer", {"cu_seqlens": [0, 5, total], "causal": True,
-         "doc_layout": "contiguous"}, False, H, True, "contiguous"),
+        ("contiguous-split-infer", {"causal": True}, False, H, True, "contiguous"),
         ("joint-infer", {"joint": "rear"}, False, H, False, "bshd"),
         ("joint-front-infer", {"joint": "front"}, False, H, False, "bshd"),
     ]  # fmt: skip
@@ -73,7 +72,7 @@ REFUSED = [
     ("bad-strategy", {"joint": "middle"}, False),
     ("bad-kernel", {"kernel": "no_such_kernel"}, False),
     ("bad-cu-seqlens", {"cu_seqlens": [0, 4]}, True),
-    ("bad-doc-layout", {"cu_seqlens": [0, 4, 16], "doc_layout": "rows"}, True),
+    ("bad-split", {"causal": True, "split": "other ring"}, True),
     ("bad-chunks", {"final_chunks": 0}, False),
 ]
 
@@ -87,9 +86,9 @@ def _recorder():
     records, agree = [], call_mod.agree
 
     def recording(spec, pos, **kwargs):
-        header = dataclasses.astuple(call_header(spec, Problem(spec.problem), (0, 0)))
+        header = dataclasses.astuple(call_header(spec, Problem(spec.problem)))
         ring = agree(spec, pos, **kwargs)
-        docs = None if ring.docs is None else ring.docs.bounds
+        docs = None if ring.plan is None else ring.plan.packing[1].bounds
         records.append((header, spec.timeout, spec.family, ring.key, docs, ring.transport))
         return ring
 
@@ -97,21 +96,39 @@ def _recorder():
     return records
 
 
-LAYOUT_FORMS = ("documents", "contiguous")  # shards cut in a packed row's layout (declared)
+LAYOUT_FORMS = ("documents", "contiguous")  # shards cut in a packed row's layout
 
 
 def _inputs(torch, rank, n, seed, kv_heads, causal, form):
-    from tokenring_xdit.ring.split.sharding import shard
+    """This rank's q, k, v, dO and the split they were cut by."""
+    from tokenring_xdit import make_split, shard
 
     gen = torch.Generator().manual_seed(seed)
     full = [torch.randn(1, S * n, h, D, generator=gen) for h in (H, kv_heads, kv_heads, H)]
     cut = {"cu_seqlens": [0, 5, S * n], "layout": form} if form in LAYOUT_FORMS else {}
-    mine = [shard(x, causal=causal, **cut) for x in full]  # declares the split it cuts
+    split = make_split(S * n, n, causal=causal, **cut)
+    mine = [shard(x, split=split) for x in full]
     if form == "bhsd":
-        return [x.transpose(1, 2).contiguous() for x in mine]
+        return [x.transpose(1, 2).contiguous() for x in mine], split
     if form == "swapped":  # (b, h, s, d) views of (b, s, h, d) storage: the wire layout vote
-        return [x.transpose(1, 2) for x in mine]
-    return mine
+        return [x.transpose(1, 2) for x in mine], split
+    return mine, split
+
+
+def _with_split(options: dict, split, form: str, n: int) -> dict:
+    """The case's options with the split its shards were cut by: passed where the call is
+    causal or in a packed layout ("bare": without its documents, which the call brings;
+    "other ring": a split of another ring size)."""
+    from dataclasses import replace
+
+    from tokenring_xdit import make_split
+
+    asked = options.get("split")
+    if asked == "other ring":
+        return {**options, "split": make_split(S * (n + 1), n + 1, causal=True)}
+    if asked is None and not options.get("causal") and form not in LAYOUT_FORMS:
+        return options
+    return {**options, "split": replace(split, docs=None) if asked == "bare" else split}
 
 
 def _call(torch, options: dict):
@@ -159,15 +176,16 @@ def _drift(rank, n):
     import torch._dynamo
     from torch._dynamo.utils import counters
 
-    from tokenring_xdit.ring.split.sharding import shard
+    from tokenring_xdit import shard
 
     torch._dynamo.config.cache_size_limit = 256
     results = {"default_compile": _default_compile(torch, rank, n)}  # first: a fresh process
     records = _recorder()
     for i, (name, options, train, kv_heads, causal, form) in enumerate(_cases(torch, n)):
-        q, k, v, do = _inputs(torch, rank, n, i, kv_heads, causal, form)
+        (q, k, v, do), split = _inputs(torch, rank, n, i, kv_heads, causal, form)
+        options = _with_split(options, split, form, n)
         if "position_ids" in options:  # this rank's part of the packed position ids
-            options = {**options, "position_ids": shard(options["position_ids"], causal=causal,
+            options = {**options, "position_ids": shard(options["position_ids"], split=split,
                                                         dim=-1)}  # fmt: skip
         fn = _call(torch, options)
         del records[:]
@@ -182,8 +200,8 @@ def _drift(rank, n):
             diff=max(float((a - b).abs().max()) for a, b in zip(eager, compiled, strict=True)),
         )
     for name, options, train in REFUSED:
-        q, k, v, do = _inputs(torch, rank, n, 0, H, False, "bshd")
-        fn = _call(torch, options)
+        (q, k, v, do), split = _inputs(torch, rank, n, 0, H, False, "bshd")
+        fn = _call(torch, _with_split(options, split, "bshd", n))
         compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
         results[name] = dict(
             eager=_error(torch, fn, (q, k, v), do, train),
@@ -202,11 +220,11 @@ def _default_compile(torch, rank, n):
     from tokenring_xdit import token_ring_attn_func
 
     before = sum(counters["graph_break"].values())
-    q, k, v, do = _inputs(torch, rank, n, 99, HK, True, "bshd")
+    (q, k, v, do), split = _inputs(torch, rank, n, 99, HK, True, "bshd")
     cu = torch.tensor([0, 1, 6, S * n], dtype=torch.int32)
 
     def fn(q, k, v):
-        return token_ring_attn_func(q, k, v, causal=True, cu_seqlens=cu) * 2.0
+        return token_ring_attn_func(q, k, v, causal=True, split=split, cu_seqlens=cu) * 2.0
 
     compiled_fn = torch.compile(fn, backend="aot_eager")
     compiled = _run(torch, lambda *xs: (compiled_fn(*xs), None), (q, k, v), do, True)
@@ -281,9 +299,13 @@ def test_header_records_the_option():
     assert header["kernel-math-infer"][2] == "math"
     assert header["gqa-infer"][0] != header["plain-infer"][0]
     assert header["swapped-wire-infer"][0] != header["bhsd-infer"][0]  # the storage vote
-    # the documents layout: declared by shard (causal) or asked for (doc_layout), agreed
-    assert header["documents-causal-train"][0][-1] == header["documents-explicit-infer"][0][-1]
-    assert header["documents-causal-train"][0][-1] != header["cu-seqlens-causal-train"][0][-1]
+    # the split: one header field (kind and length), whatever carries its documents
+    from tokenring_xdit.ring.agree.header import FIELDS
+
+    at = FIELDS.index("split")
+    assert header["documents-causal-train"][0][at] == header["documents-split-infer"][0][at]
+    assert header["documents-causal-train"][0][at] != header["cu-seqlens-causal-train"][0][at]
+    assert header["plain-train"][0][at] == 0 and header["causal-train"][0][at] != 0
 
 
 @pytest.mark.parametrize("name", [r[0] for r in REFUSED])

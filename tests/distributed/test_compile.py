@@ -52,8 +52,9 @@ def _errors(a, b) -> float:
     return max(float((x - y).abs().max()) for x, y in zip(a, b, strict=True))
 
 
-def _case_matrix(rank, n):
-    """(name, fn, causal, kv_heads, train, factor) for every entry point."""
+def _case_matrix(rank, n, split):
+    """(name, fn, causal, kv_heads, train, factor) for every entry point; `split`: the causal
+    calls' (the zigzag split their shards were cut by: a graph constant)."""
     import tokenring_xdit as tr
     from tokenring_xdit.ring.api import token_ring_attn
 
@@ -62,11 +63,14 @@ def _case_matrix(rank, n):
     from yunchang.kernels import AttnType
 
     def attn(q, k, v, causal=False):
-        out, _ = token_ring_attn(q, k, v, causal=causal)
+        out, _ = token_ring_attn(q, k, v, causal=causal, split=split if causal else None)
         return out * 1.5  # traced work around the ring, in the same graph (reference: x 1.5)
 
     def func(q, k, v, causal=False):
-        return tr.token_ring_attn_func(q, k, v, causal=causal) * 2.0
+        out = tr.token_ring_attn_func(q, k, v, causal=causal, split=split if causal else None)
+        return out * 2.0
+
+    # yunchang's ring function passes the zigzag split of its contract itself
 
     def yunchang(q, k, v, causal=False):
         return RING_IMPL_DICT["token_ring"](q, k, v, causal=causal, attn_type=AttnType.TORCH_FLASH)
@@ -91,14 +95,15 @@ def _core(rank, n):
     from torch._dynamo.testing import CompileCounterWithBackend
     from torch._dynamo.utils import counters
 
-    from tokenring_xdit.ring.split.sharding import shard
+    from tokenring_xdit import make_split, shard
 
     torch._dynamo.config.cache_size_limit = 64
     results, s = {}, 8  # local length (a zigzag shard: two halves of 4)
-    for i, (name, fn, causal, kv_heads, train, c) in enumerate(_case_matrix(rank, n)):
+    split = make_split(s * n, n, causal=True)
+    for i, (name, fn, causal, kv_heads, train, c) in enumerate(_case_matrix(rank, n, split)):
         q, k, v, do = _inputs(torch, n, s, seed=i, kv_heads=kv_heads)
         exact = exact_grads(q, k, v, do, causal=causal)
-        mine = [shard(x, causal=causal) for x in (q, k, v, do)]  # declares the zigzag split
+        mine = [shard(x, causal=causal) for x in (q, k, v, do)]  # the zigzag split's shards
         ref = tuple(c * shard(x, causal=causal) for x in exact)[: 4 if train else 1]
         eager = _run(fn, *mine, train)
         # Inductor for one training case of each schedule at ring 2 (C++ codegen is slow);

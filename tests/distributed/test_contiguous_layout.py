@@ -1,16 +1,17 @@
 """The contiguous layout through the ring: randomized packed rows vs exact fp64 attention.
 
-A causal packed row cut in N contiguous shards (`shard(..., layout="contiguous")`,
+A causal packed row cut in N contiguous shards (`make_split(..., layout="contiguous")`,
 schedules/contiguous.py): a document inside one shard never leaves its rank, one that crosses
 shard boundaries sends its queries back one hop per shard it reaches. Seeded and reproducible:
 case i of ring size N draws a row whose total divides by N (not always by 2N) with documents
 of length 1 .. the whole row (one document spanning every rank, length-1 documents, documents
 crossing several shards), causal (and a few non-causal rows, which the layout leaves to the
-row's own contiguous split), MHA or GQA, both tensor layouts, the layout proved by `shard`'s
-declaration or by `positions=shard_positions(...)`. Each rank compares out, lse, dq, dk, dv with
-autograd of exact fp64 attention under the document mask on the whole row; its kernel calls and
-Q transfers equal the plan's (`document_work(..., layout="contiguous")`). Bad input (a layout
-that does not match the shards, positions that are not contiguous shards, unequal shards) is
+row's own contiguous split), MHA or GQA, both tensor layouts, the split passed with its
+documents (and `positions=shard_positions(split, rank)`, checked) or without them beside
+cu_seqlens. Each rank compares out, lse, dq, dk, dv with autograd of exact fp64 attention under
+the document mask on the whole row; its kernel calls and Q transfers equal the plan's
+(`document_work(..., layout="contiguous")`). Bad input (documents that contradict the split,
+positions that are not its shards', unequal shards, a dense causal row in contiguous shards) is
 one error on every rank. One launch per ring size (gloo, CPU).
 """
 
@@ -34,32 +35,29 @@ def _draw(n: int, i: int) -> dict:
 
 
 def _errors(rank: int, n: int) -> dict:
+    from dataclasses import replace
+
     import torch
 
-    from tokenring_xdit import shard
+    from tokenring_xdit import make_split, shard, shard_positions
     from tokenring_xdit.ring.api import token_ring_attn
-    from tokenring_xdit.ring.split.sharding import shard_positions
 
     s = 4 * n
     cu = [0, 3, s]
     full = torch.randn(1, s, 2, 8)
-    zig = shard(full, causal=True, cu_seqlens=[0, 5, s], layout="zigzag")
-    contig = shard(full, causal=True, cu_seqlens=cu, layout="contiguous")
-    zig_pos = shard_positions(s, rank, n, cu_seqlens=cu, layout="zigzag")
+    zig_split = make_split(s, n, causal=True, cu_seqlens=[0, 5, s], layout="zigzag")
+    split = make_split(s, n, causal=True, cu_seqlens=cu, layout="contiguous")
+    zig_pos = shard_positions(zig_split, rank)
+    contig = shard(full, split=split)
 
     def call(x, **kw):
         return lambda: token_ring_attn(x, x, x, causal=True, **kw)
 
     cases = {
-        "told_contiguous": call(zig, cu_seqlens=[0, 5, s], doc_layout="contiguous"),
-        "told_zigzag": call(contig, cu_seqlens=cu, doc_layout="zigzag"),
-        "zigzag_positions": call(
-            full[:, zig_pos], cu_seqlens=[0, 2, s], doc_layout="contiguous", positions=zig_pos
-        ),
-        "unequal": call(
-            full[:, : 3 + (rank == 0)], cu_seqlens=[0, 1, 3 * n + 1], doc_layout="contiguous"
-        ),  # fmt: skip
-        "by_position_ids": call(contig, position_ids=torch.arange(4), doc_layout="contiguous"),
+        "docs_contradict": call(contig, split=split, cu_seqlens=[0, 5, s]),
+        "zigzag_positions": call(full[:, zig_pos], split=split, positions=zig_pos),
+        "unequal": call(full[:, : 3 + (rank == 0)], split=split),
+        "dense": call(contig, split=replace(split, docs=None)),
         "no_documents": lambda: shard(full, causal=True, layout="contiguous"),
     }
     return {name: _try(fn) for name, fn in cases.items()}
@@ -68,7 +66,7 @@ def _errors(rank: int, n: int) -> dict:
 def _rank(rank: int, n: int) -> dict:
     import torch
 
-    from tokenring_xdit.ring.packed.pick import document_work
+    from tokenring_xdit.ring.packed import document_work
 
     torch.set_num_threads(1)
     results = []
@@ -118,11 +116,10 @@ def test_the_draws_cover_what_the_layout_needs():
 
 
 EXPECT = {
-    "told_contiguous": "were cut in the 'zigzag' layout",
-    "told_zigzag": "were cut in the 'contiguous' layout",
-    "zigzag_positions": "contiguous shards of a packed row needs proof",
-    "unequal": "contiguous shards of a packed row needs proof",  # no length proves both
-    "by_position_ids": "needs the documents as cu_seqlens",
+    "docs_contradict": "cu_seqlens differ from the split's documents",
+    "zigzag_positions": "not this rank's contiguous positions",
+    "unequal": "tokens on every rank: local lengths [4, 3",
+    "dense": "over contiguous shards needs the row's documents",
     "no_documents": "pass cu_seqlens=",
 }
 

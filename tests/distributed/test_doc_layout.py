@@ -3,9 +3,9 @@
 Seeded and reproducible: case i of ring size N draws on every rank a packed row whose total
 divides by 2N but whose documents mostly do not (lengths 1 .. the whole row: length-1
 documents, documents shorter than 2N with empty pieces, one document spanning every rank),
-causal or not, MHA or GQA, layout, and how the layout is known: `shard(..., layout=
-"documents")`'s declaration, or `doc_layout="documents"` with positions from `shard_positions`
-as the causal proof. Each rank runs the differentiable call on its shard (fp32) and compares
+causal or not, MHA or GQA, layout, and how the call gets its split: with its documents (and,
+causal, the shard's positions from `shard_positions`, checked against it), or without them beside
+cu_seqlens as a tensor (the form a compiled graph keeps its documents out of). Each rank runs the differentiable call on its shard (fp32) and compares
 out, lse, dq, dk, dv with autograd of exact fp64 attention under the document mask on the whole
 row (tests/distributed/test_packed_documents.py's reference); its kernel calls and Q transfers
 equal the documents plan's (`document_work(..., layout="documents")`). Bad input (documents
@@ -45,7 +45,7 @@ def _draw(n: int, i: int, seed=SEED, unit: int = 2, split: str = "documents") ->
         "hk": rng.choice([4, 2, 1]),
         "d": rng.choice([8, 16]),
         "layout": rng.choice(["bshd", "bhsd"]),
-        "explicit": i % 5 == 3,  # doc_layout=split (+ positions as the causal proof)
+        "explicit": i % 5 == 3,  # the split with its documents (+ positions, checked)
         "seed": rng.randrange(2**31),
         "split": split,
     }
@@ -54,10 +54,11 @@ def _draw(n: int, i: int, seed=SEED, unit: int = 2, split: str = "documents") ->
 def _case(rank: int, n: int, c: dict) -> dict:
     import torch
 
-    from tokenring_xdit import shard
+    from dataclasses import replace
+
+    from tokenring_xdit import make_split, shard, shard_positions
     from tokenring_xdit.ring.api import token_ring_attn
     from tokenring_xdit.ring.comm import COUNTERS
-    from tokenring_xdit.ring.split.sharding import shard_positions
 
     gen = torch.Generator().manual_seed(c["seed"])
     s, h, hk, d, cu, causal = c["total"], 4, c["hk"], c["d"], c["cu"], c["causal"]
@@ -65,20 +66,21 @@ def _case(rank: int, n: int, c: dict) -> dict:
     k, v = (torch.randn(1, s, hk, d, generator=gen, dtype=torch.float64) for _ in "kv")
     q, k, v, do = (x.float().double() for x in (q, k, v, do))  # the ring's rounded inputs
     ref = _reference(torch, q, k, v, do, cu, causal)
-    split = c.get("split", "documents")
-    pos = shard_positions(s, rank, n, causal=causal, cu_seqlens=cu, layout=split)
+    split = make_split(s, n, causal=causal, cu_seqlens=cu, layout=c.get("split", "documents"))
+    pos = shard_positions(split, rank)
 
     def local(x):  # (1, S, ...) -> this rank's shard, in the case's layout
-        x = x[:, pos] if c["explicit"] else shard(x, causal=causal, cu_seqlens=cu, layout=split)
+        x = x[:, pos] if c["explicit"] else shard(x, split=split)
         return x if c["layout"] == "bshd" else x.transpose(1, 2).contiguous()
 
     def back(x):
         return x if c["layout"] == "bshd" else x.transpose(1, 2)
 
     ins = [local(x).float().requires_grad_() for x in (q, k, v)]
-    kwargs = {"cu_seqlens": torch.tensor(cu, dtype=torch.int32)}
     if c["explicit"]:
-        kwargs.update(doc_layout=split, positions=pos if causal else None)
+        kwargs = {"split": split, "positions": pos if causal else None}
+    else:
+        kwargs = {"split": replace(split, docs=None), "cu_seqlens": torch.tensor(cu).int()}
     COUNTERS.reset()
     out, lse = token_ring_attn(*ins, causal=causal, layout=c["layout"], **kwargs)
     fwd_kernels, fwd_q = COUNTERS.kernel_calls, COUNTERS.q_messages
@@ -100,36 +102,38 @@ def _try(fn) -> str:
 
 
 def _errors(rank: int, n: int) -> dict:
-    """Bad input: raised on every rank before any transfer (or by shard on every rank)."""
+    """Bad input: raised on every rank before any transfer (or by make_split on every rank)."""
+    from dataclasses import replace
+
     import torch
 
-    from tokenring_xdit import shard
+    from tokenring_xdit import make_split, shard, shard_positions
     from tokenring_xdit.ring.api import token_ring_attn
 
     s = 4 * n
     cu = [0, 3, s]
     full = torch.randn(1, s, 2, 8)
-    # (the last cut of a row declares its layout: these two rows differ)
-    zig = shard(full, causal=True, cu_seqlens=[0, 5, s], layout="zigzag")
-    per_doc = shard(full, causal=True, cu_seqlens=cu, layout="documents")
+    zig_split = make_split(s, n, causal=True, cu_seqlens=[0, 5, s], layout="zigzag")
+    doc_split = make_split(s, n, causal=True, cu_seqlens=cu, layout="documents")
+    zig, per_doc = shard(full, split=zig_split), shard(full, split=doc_split)
     row = torch.randn(1, s + 2, 2, 8)  # s + 2 tokens: no 2N equal slots
+    no_docs = replace(doc_split, docs=None)
 
     def call(x, **kw):
         return lambda: token_ring_attn(x, x, x, **kw)
 
     cases = {
-        "docs_differ": call(per_doc, causal=True, cu_seqlens=[0, 3 + rank, s]),
-        "told_documents": call(zig, causal=True, cu_seqlens=[0, 5, s], doc_layout="documents"),
-        "told_zigzag": call(per_doc, causal=True, cu_seqlens=cu, doc_layout="zigzag"),
-        "undeclared": call(
-            shard(full, causal=True), causal=True, cu_seqlens=[0, s - 1, s], doc_layout="documents"
+        "docs_differ": call(per_doc, causal=True, split=no_docs, cu_seqlens=[0, 3 + rank, s]),
+        "docs_contradict": call(zig, causal=True, split=zig_split, cu_seqlens=cu),
+        "positions_contradict": call(
+            per_doc, causal=True, split=doc_split, positions=shard_positions(zig_split, rank)
         ),
-        "split_differs": call(  # (no declaration for these documents)
-            per_doc, cu_seqlens=[0, 2, s], doc_layout="documents" if rank == 0 else "zigzag"
-        ),
-        "by_position_ids": call(per_doc, position_ids=torch.arange(4), doc_layout="documents"),
-        # 3 tokens on every rank: 3N is no multiple of 2N
-        "odd_rows": call(row[:, :3], cu_seqlens=[0, 1, 3 * n], doc_layout="documents"),
+        "no_split": call(shard(full, causal=True), causal=True, cu_seqlens=[0, s - 1, s]),
+        "split_differs": call(per_doc, causal=True, split=doc_split if rank == 0 else zig_split),
+        "by_position_ids": call(per_doc, split=no_docs, position_ids=torch.arange(4)),
+        # 3 tokens on every rank, a split of 4 per rank
+        "odd_rows": call(row[:, :3], split=make_split(s, n, causal=False, cu_seqlens=[0, 1, s],
+                                                      layout="documents")),  # fmt: skip
         "shard_odd": lambda: shard(row, causal=True, cu_seqlens=[0, 1, s + 2], layout="documents"),
         "bad_layout": lambda: shard(full, causal=True, cu_seqlens=cu, layout="rows"),
     }
@@ -165,7 +169,7 @@ def _pairs_only():
 
 
 def _auto_case(rank: int, n: int, c: dict) -> dict:
-    from tokenring_xdit.ring.packed.pick import Documents, pick_layout
+    from tokenring_xdit.ring.packed import Documents, pick_layout
 
     docs = Documents.of(c["cu"])
     picked = pick_layout(docs, n, c["causal"])  # what shard(layout="auto") cuts
@@ -184,29 +188,30 @@ def _kernel_picks(n: int, c: dict, picked: str) -> dict:
     (masked, whatever the documents)."""
     import torch
 
-    from tokenring_xdit.ring.packed.pick import Documents, PackedRow, pick
     from tokenring_xdit.ring.kernels import resolve_kernel
     from tokenring_xdit.ring.kernels.registry import auto_doc_kernel
+    from tokenring_xdit.ring.packed import Documents, kernel_order
+    from tokenring_xdit.ring.packed.pick import pick
     from tokenring_xdit.ring.tensor_layout import BSHD
 
     cuda, pairs = [], []
     for scale in (1, 64, 1024):
         docs = Documents(tuple(x * scale for x in c["cu"]))
         layout, kernel = pick(docs, n, c["causal"])
-        row = PackedRow(docs, n, c["causal"], layout)
-        cuda.append(auto_doc_kernel("cuda", torch.bfloat16, row, lambda name: True))
+        order = kernel_order(docs, n, c["causal"], layout)
+        cuda.append(auto_doc_kernel("cuda", torch.bfloat16, order, lambda name: True))
         pairs.append([layout, kernel])
     q = torch.zeros(1, c["total"] // n, 4, 8)
-    row = PackedRow(Documents(tuple(c["cu"])), n, c["causal"], picked)
+    order = kernel_order(Documents(tuple(c["cu"])), n, c["causal"], picked)
     cpu = resolve_kernel("auto", None, q, q, q, BSHD, train=True, deterministic=False,
-                         packed=True, row=row)  # fmt: skip
+                         packed=True, order=order)  # fmt: skip
     return {"cuda_kernels": cuda, "pairs": pairs, "cpu_family": list(cpu.family)}
 
 
 def _rank(rank: int, n: int) -> dict:
     import torch
 
-    from tokenring_xdit.ring.packed.pick import document_work
+    from tokenring_xdit.ring.packed import document_work
 
     torch.set_num_threads(1)
     results, autos = [], []
@@ -251,7 +256,7 @@ def test_auto_is_agreed_and_exact_either_way(n):
     """Every rank picks alone from the documents; all pick alike (the packaged table's choice
     is also document_work's here), the shards of the choice give exact attention whichever
     layout it is, and across the cases both layouts ran."""
-    from tokenring_xdit.ring.packed.pick import document_work
+    from tokenring_xdit.ring.packed import document_work
 
     ranks = _launch(n)
     used = set()
@@ -305,12 +310,12 @@ def test_the_draws_cover_what_the_issue_asks():
 
 EXPECT = {
     "docs_differ": "packed documents",
-    "told_documents": "cut in the 'zigzag' layout",
-    "told_zigzag": "cut in the 'documents' layout",
-    "undeclared": "documents layout needs proof",
-    "split_differs": "layout (what shard() declared for them, or doc_layout=) differs across",
+    "docs_contradict": "cu_seqlens differ from the split's documents",
+    "positions_contradict": "not this rank's documents positions",
+    "no_split": "needs proof",
+    "split_differs": "split of the sequence (split=, or what positions= prove) differs across",
     "by_position_ids": "needs the documents as cu_seqlens",
-    "odd_rows": "multiple of 2N",
+    "odd_rows": "holds 4 tokens on every rank",
     "shard_odd": "multiple of 2 x",
     "bad_layout": "layout must be",
 }

@@ -43,13 +43,14 @@ torch.manual_seed(0)
 if MODE == "train":
     x = torch.randn(1, 64, 2, 64, device=device, dtype=dtype)
     proj = torch.nn.Linear(64, 3 * 64).to(device, dtype)
-    q, k, v = (t.contiguous() for t in proj(tr.shard(x, None, causal=True, dim=1)).chunk(3, -1))
-    out = tr.token_ring_attn_func(q, k, v, causal=True)
+    split = tr.make_split(64, dist.get_world_size(), causal=True)
+    q, k, v = (t.contiguous() for t in proj(tr.shard(x, None, split=split, dim=1)).chunk(3, -1))
+    out = tr.token_ring_attn_func(q, k, v, causal=True, split=split)
     out.float().square().mean().backward()
     with torch.no_grad():  # an SGD step (torch.optim would import torch._dynamo: seconds)
         for p in proj.parameters():
             p -= 0.1 * p.grad
-    full = tr.unshard(out.detach(), None, causal=True, dim=1)
+    full = tr.unshard(out.detach(), None, split=split, dim=1)
 else:
     tr.setup_token_ring_group(dist.group.WORLD)
     q = torch.randn(1, 64, 2, 64, device=device, dtype=dtype)
@@ -136,8 +137,9 @@ def _world_outlives_teardown(rank: int, world_size: int, init_file: str) -> list
     def calls() -> tuple[weakref.ref, torch.Tensor]:
         q = torch.randn(1, 16, 2, 8)
         tr.token_ring_attn(q, q, q)
-        x = tr.shard(torch.randn(1, 16, 2, 8, requires_grad=True), None, causal=True, dim=1)
-        out = tr.token_ring_attn_func(x, x, x, causal=True)
+        split = tr.make_split(16, world_size, causal=True)
+        x = tr.shard(torch.randn(1, 16, 2, 8, requires_grad=True), None, split=split, dim=1)
+        out = tr.token_ring_attn_func(x, x, x, causal=True, split=split)
         out.sum().backward()
         dist.all_gather([torch.empty(1) for _ in range(world_size)], torch.ones(1))
         # the output stays referenced, as a training script's module-level `out` does: its

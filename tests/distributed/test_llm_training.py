@@ -34,7 +34,7 @@ SEQ = 24  # divides by 2N for N = 2, 3, 4
 
 
 def _gqa_case(rank, n, torch, *, kv_heads, causal, kernel, layout):
-    from tokenring_xdit import shard, token_ring_attn_func
+    from tokenring_xdit import make_split, shard, token_ring_attn_func
     from tokenring_xdit.ring.comm import COUNTERS
 
     gen = torch.Generator().manual_seed(10 * kv_heads + int(causal))
@@ -47,15 +47,18 @@ def _gqa_case(rank, n, torch, *, kv_heads, causal, kernel, layout):
     ).transpose(1, 2)
     ref.backward(do)
 
+    split = make_split(s, n, causal=causal)
+
     def local(x):  # (b, S, h, d) fp64 -> this rank's fp32 shard in the case's layout
-        x = shard(x, causal=causal, dim=1).float()
+        x = shard(x, split=split, dim=1).float()
         return (x if layout == "bshd" else x.transpose(1, 2)).contiguous()
 
     def run(kv_expand: int):
         ql = local(q).requires_grad_()
         kl, vl = (local(x.repeat_interleave(kv_expand, dim=2)).requires_grad_() for x in (k, v))
         COUNTERS.reset()
-        out = token_ring_attn_func(ql, kl, vl, causal=causal, layout=layout, kernel=kernel)
+        out = token_ring_attn_func(ql, kl, vl, causal=causal, layout=layout, kernel=kernel,
+                                   split=split)  # fmt: skip
         out.backward(local(do))
         return out, (ql.grad, kl.grad, vl.grad), COUNTERS.bytes_sent
 

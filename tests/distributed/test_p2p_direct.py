@@ -42,9 +42,10 @@ def _calls(torch, group, full):
         out, lse = token_ring_attn(*plain, group=group, kernel="math")
     got = {"inference": out, "inference_lse": lse}
     for name, cu in (("causal", None), ("packed", CU)):
-        shards = [tokenring_xdit.shard(x, group, causal=True, cu_seqlens=cu) for x in f32]
+        split = tokenring_xdit.make_split(f32[0].shape[1], n, causal=True, cu_seqlens=cu)
+        shards = [tokenring_xdit.shard(x, group, split=split) for x in f32]
         q, k, v = (x.requires_grad_() for x in shards[:3])
-        out = token_ring_attn_func(q, k, v, causal=True, group=group, cu_seqlens=cu)
+        out = token_ring_attn_func(q, k, v, causal=True, group=group, split=split)
         out.backward(shards[3])
         got.update({name: out.detach(), f"{name}_dq": q.grad, f"{name}_dk": k.grad})
         got[f"{name}_dv"] = v.grad

@@ -74,7 +74,7 @@ def _reference(torch, q, k, v, do, cu, causal):
 def _case(rank: int, n: int, c: dict) -> dict:
     import torch
 
-    from tokenring_xdit import shard
+    from tokenring_xdit import make_split, shard
     from tokenring_xdit.ring.api import token_ring_attn
     from tokenring_xdit.ring.comm import COUNTERS
 
@@ -99,6 +99,8 @@ def _case(rank: int, n: int, c: dict) -> dict:
         kwargs = {"position_ids": shard(pos.expand(b, -1), causal=causal, dim=1)}
     else:
         kwargs = {"cu_seqlens": torch.tensor(cu, dtype=torch.int32)}
+    if causal:  # the zigzag split the shards were cut by (not causal: no split, plain shards)
+        kwargs["split"] = make_split(s, n, causal=True)
     COUNTERS.reset()
     out, lse = token_ring_attn(*ins, causal=causal, layout=c["layout"], **kwargs)
     fwd_kernels, fwd_q = COUNTERS.kernel_calls, COUNTERS.q_messages
@@ -115,11 +117,12 @@ def _mismatch(rank: int, n: int) -> dict:
     """Errors that must be raised on every rank before any transfer."""
     import torch
 
-    from tokenring_xdit import shard
+    from tokenring_xdit import make_split, shard
     from tokenring_xdit.ring.api import token_ring_attn
 
     s = 4 * n
-    x = shard(torch.randn(1, s, 2, 8), causal=True, dim=1)
+    split = make_split(s, n, causal=True)
+    x = shard(torch.randn(1, s, 2, 8), split=split, dim=1)
     found = {}
     cases = {
         "cu_differs": {"cu_seqlens": [0, 3 + rank, s]},
@@ -132,7 +135,7 @@ def _mismatch(rank: int, n: int) -> dict:
     for name, kw in cases.items():
         k = x[:, :-1] if name == "kv_len" else x
         try:
-            token_ring_attn(x, k, k, causal=name != "kv_len", **kw)
+            token_ring_attn(x, k, k, causal=name != "kv_len", split=split, **kw)
             found[name] = "no error"
         except (ValueError, NotImplementedError) as exc:
             found[name] = f"{type(exc).__name__}: {exc}"
@@ -140,7 +143,7 @@ def _mismatch(rank: int, n: int) -> dict:
 
 
 def _rank(rank: int, n: int) -> dict:
-    from tokenring_xdit.ring.packed.pick import document_work
+    from tokenring_xdit.ring.packed import document_work
 
     results = []
     for i in range(CASES_PER_SIZE):

@@ -76,14 +76,15 @@ def _train(torch, ring: bool, layout: str = "zigzag"):
 
 
 def _refusal(torch):
-    """Packed position ids that reach the attention function without their documents (the
-    batch was not cut by shard_batch's packed path) are refused, saying the packed way."""
+    """Packed position ids that reach the attention function without their documents or split
+    (the batch was not cut by shard_batch's packed path) are refused, saying the packed way."""
     from tokenring_xdit.integrations import transformers as tr_hf
 
     model = _llama("token_ring")
     ids, pos, _ = _batches(torch)[0]
     batch = tr_hf.shard_batch(ids, position_ids=pos)
-    batch.pop("cu_seq_lens_q"), batch.pop("cu_seq_lens_k"), batch.pop("shift_labels")
+    for key in ("cu_seq_lens_q", "cu_seq_lens_k", "split", "shift_labels"):
+        batch.pop(key)
     try:
         model(**batch)
     except ValueError as exc:

@@ -22,7 +22,7 @@ def _worker(rank, n):
 
     ids = torch.arange(16).unsqueeze(0)
     pos, cu = _packed(torch, [5, 3, 8])
-    from tokenring_xdit.ring.packed.pick import Documents, pick_layout
+    from tokenring_xdit.ring.packed import Documents, pick_layout
 
     agreed = tr_hf.shard_batch(ids, position_ids=pos, cu_seqlens=cu, layout="zigzag")
     per_doc = tr_hf.shard_batch(ids, position_ids=pos, cu_seqlens=cu, layout="documents")

@@ -29,7 +29,7 @@ def _rank(rank: int, n: int) -> dict:
     import torch.distributed as dist
 
     from tokenring_xdit.ring.comm import setup_token_ring_group
-    from tokenring_xdit.ring.packed.pick import document_work
+    from tokenring_xdit.ring.packed import document_work
 
     os.environ["TOKENRING_XDIT_TRAIN_HOLD_BACK"] = "1"  # config.current() re-reads it
     setup_token_ring_group(dist.group.WORLD)

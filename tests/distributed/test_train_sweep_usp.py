@@ -64,8 +64,8 @@ def _worker(rank, world_size):
     import torch.distributed as dist
     from yunchang.globals import PROCESS_GROUP
 
+    from tokenring_xdit import make_split
     from tokenring_xdit.ring import token_ring_attn_func
-    from tokenring_xdit.ring.split.sharding import declare_zigzag
 
     ring_pg = ts._ring_mesh(world_size, U, "cpu").get_group()
     same_ring = dist.get_process_group_ranks(ring_pg) == dist.get_process_group_ranks(
@@ -73,9 +73,9 @@ def _worker(rank, world_size):
     )
 
     def inner(q, k, v, causal):
-        if causal:
-            declare_zigzag(ring_pg, q.shape[1] * (world_size // U))
-        return token_ring_attn_func(q, k, v, causal=causal, group=ring_pg)
+        n = world_size // U  # the ring's size: its shards are the zigzag split's
+        split = make_split(q.shape[1] * n, n, causal=True) if causal else None
+        return token_ring_attn_func(q, k, v, causal=causal, group=ring_pg, split=split)
 
     wrapped = ts._behind_all_to_all(inner, PROCESS_GROUP.ULYSSES_PG)
     for causal in (True, False):

@@ -117,10 +117,10 @@ def _run_case(case, rank, n, torch):
 
     ql, kl, vl = (local(x, p).requires_grad_() for x, p in ((q, q_pos), (k, kv_pos), (v, kv_pos)))
     kwargs = dict(causal=case["causal"], layout=case["layout"], kernel=case["kernel"])
-    if case["causal"] and case["packed"]:  # the proof a sharding helper leaves
-        from tokenring_xdit.ring.split.sharding import declare_zigzag
+    if case["causal"] and case["packed"]:  # the split the shards were cut by
+        from tokenring_xdit import make_split
 
-        declare_zigzag(None, len(q_pos[rank]) * n)
+        kwargs["split"] = make_split(len(q_pos[rank]) * n, n, causal=True)
     elif case["causal"]:  # the proof a caller with global positions gives
         kwargs["positions"] = torch.tensor(q_pos[rank])
     COUNTERS.reset()

@@ -63,7 +63,8 @@ def test_auto_picks_flash_varlen(dtype):
 def test_auto_picks_the_cost_models_kernel_for_the_row(dtype):
     """doc_pair("auto") on a GPU runs the kernel the cost model prices fastest for the row (a
     new packing: cuDNN pays a plan per new segment shape), on rows where it prices each one."""
-    from tokenring_xdit.ring.packed.pick import Documents, PackedRow
+    from tokenring_xdit.ring.packed import Documents
+    from tokenring_xdit.ring.packed.pick import PackedRow
     from tokenring_xdit.ring.kernels import doc_pair, select_pair
     from tokenring_xdit.ring.kernels.names import PRICED
 
@@ -108,7 +109,7 @@ def test_cudnn_per_segment_is_offered_by_name():
 @pytest.mark.parametrize("kv_heads", [8, 2])
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
 def test_document_pairs_match_exact(name, kv_heads, layout):
-    from tokenring_xdit.ring.packed.pick import Segment
+    from tokenring_xdit.ring.segments import Segment
     from tokenring_xdit.ring.kernels import gqa_pair, row_delta, segments_mask
     from tokenring_xdit.ring.tensor_layout import get_layout
 
@@ -153,7 +154,7 @@ def test_thread_ring_with_documents_matches_exact(n, causal, name, split):
     from tests.thread_ring import run_ring
     from tokenring_xdit.ring.training.backward import block_backward
     from tokenring_xdit.ring.training.forward import BlockCall, block_forward
-    from tokenring_xdit.ring.packed.pick import Documents, doc_plan
+    from tokenring_xdit.ring.packed import Documents, doc_plan
     from tokenring_xdit.ring.tensor_layout import BSHD
     from tokenring_xdit.ring.schedules import block_schedule
     from tokenring_xdit.ring.split.sharding import shard_positions, zigzag_positions

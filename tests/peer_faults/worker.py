@@ -116,6 +116,8 @@ def _step_fn(args, torch, tr):
     if args.path in ("train", "packed", "compiled"):
         kw = {"cu_seqlens": [0, args.tokens // 3, args.tokens // 2, args.tokens]}
         kw = kw if args.path == "packed" else {}
+        # the zigzag split _inputs cut the shards by
+        kw["split"] = tr.make_split(args.tokens, torch.distributed.get_world_size(), causal=True)
 
         def ring(q, k, v):
             return tr.token_ring_attn_func(q, k, v, causal=True, **kw) * 2.0

@@ -26,7 +26,7 @@ from benchmarks.ceiling import (  # noqa: E402
 from tests.local_ring import LocalRing  # noqa: E402
 from tokenring_xdit.ring.training.backward import block_backward
 from tokenring_xdit.ring.training.forward import BlockCall, block_forward
-from tokenring_xdit.ring.packed.pick import doc_plan
+from tokenring_xdit.ring.packed import doc_plan
 from tokenring_xdit.ring.inference.loop import RingCall, local_forward, ring_forward
 from tokenring_xdit.ring.kernels import MASKED, MATH  # noqa: E402
 from tokenring_xdit.ring.tensor_layout import BSHD

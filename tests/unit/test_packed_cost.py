@@ -19,13 +19,8 @@ import pytest
 
 from tokenring_xdit.ring.packed import pick as documents
 from tokenring_xdit.ring.packed.doc_split import CONTIGUOUS, DOCUMENTS, LAYOUTS, ROW, piece_pairs
-from tokenring_xdit.ring.packed.pick import (
-    AUTO_MARGIN,
-    Documents,
-    doc_plan,
-    document_work,
-    pick_layout,
-)
+from tokenring_xdit.ring.packed import Documents, doc_plan, document_work, pick_layout
+from tokenring_xdit.ring.packed.pick import AUTO_MARGIN
 from tokenring_xdit.ring.packed.cost import (
     DATA,
     LAYERS_PER_PACKING,

@@ -16,14 +16,9 @@ from tokenring_xdit.ring.packed.doc_split import (
     piece_lengths,
     piece_pairs,
 )
-from tokenring_xdit.ring.packed.pick import (
-    AUTO_MARGIN,
-    Documents,
-    Segment,
-    doc_plan,
-    document_work,
-    pick_layout,
-)
+from tokenring_xdit.ring.packed import Documents, doc_plan, document_work, pick_layout
+from tokenring_xdit.ring.packed.pick import AUTO_MARGIN
+from tokenring_xdit.ring.segments import Segment
 from tokenring_xdit.ring.kernels import MASKED, PAIRS, segment_runs, segments_pair
 from tokenring_xdit.ring.tensor_layout import BHSD, BSHD
 from tokenring_xdit.ring.schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS

@@ -14,7 +14,8 @@ from tokenring_xdit.ring.packed.claims import (
     documents_from_position_ids,
     local_claims,
 )
-from tokenring_xdit.ring.packed.pick import Documents, Segment, doc_plan, document_work
+from tokenring_xdit.ring.packed import Documents, doc_plan, document_work
+from tokenring_xdit.ring.segments import Segment
 from tokenring_xdit.ring.kernels import MASKED, PAIRS, segment_runs, segments_mask, segments_pair
 from tokenring_xdit.ring.tensor_layout import BHSD, BSHD
 from tokenring_xdit.ring.schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from tokenring_xdit.ring.packed.doc_split import CONTIGUOUS
-from tokenring_xdit.ring.packed.pick import Documents, doc_plan, document_work
+from tokenring_xdit.ring.packed import Documents, doc_plan, document_work
 from tokenring_xdit.ring.schedules import CAUSAL_CONTIGUOUS, block_schedule
 from tokenring_xdit.ring.schedules.blocks import ALL, Rows, part_len
 

@@ -16,7 +16,7 @@ from tokenring_xdit.ring.training.block_loop import BlockCall
 from tokenring_xdit.ring.seam.prepare import _graphs
 from tokenring_xdit.ring.comm import RingPosition
 from tokenring_xdit.ring.packed.doc_split import DOCUMENTS, ROW
-from tokenring_xdit.ring.packed.pick import Documents, doc_plan
+from tokenring_xdit.ring.packed import Documents, doc_plan
 from tokenring_xdit.ring.kernels import PAIRS
 from tokenring_xdit.ring.kernels.wrappers import expanded
 from tokenring_xdit.ring.tensor_layout import BHSD, BSHD
@@ -55,7 +55,8 @@ def test_training_calls_follow_their_switch_and_inference_keeps_its_own(
 
 
 def _ring(q_lens=(8, 8), settings=(1, 2, 3), swapped=False) -> Ring:
-    return Ring(RingPosition(None, 0, len(q_lens)), None, q_lens, settings, swapped=swapped)
+    return Ring(pos=RingPosition(None, 0, len(q_lens)), comms=None, q_lens=q_lens,
+                settings=settings, swapped=swapped)  # fmt: skip
 
 
 def _call(**changes) -> BlockCall:
@@ -120,7 +121,7 @@ def test_a_deterministic_pair_is_another_graph():
 def _packed(bounds=(0, 5, 16), split=ROW, schedule=CAUSAL_ZIGZAG) -> BlockCall:
     # Documents made anew (as the agreed ones of every call are): equal by value
     return _call(
-        schedule=schedule, docs=doc_plan(Documents(tuple(bounds)), schedule, (8, 8), split)
+        schedule=schedule, plan=doc_plan(Documents(tuple(bounds)), schedule, (8, 8), split)
     )
 
 

@@ -2,7 +2,8 @@
 
 Tensors are (b, s_local, h_local, d); yunchang's `attn_type` picks the per-block kernel, mapped to
 one that returns a real lse (yunchang's own TORCH_MATH/TORCH_CUDNN kernels return zeros there, and
-its torch kernels round lse to the input dtype).
+its torch kernels round lse to the input dtype). Its contract is zigzag shards (which
+EXTRACT_FUNC_DICT["token_ring"] cuts): a causal call passes that split (`Split(proof="host")`).
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ import functools
 import logging
 
 import torch
+import torch.distributed as dist
 from yunchang.kernels import AttnType, select_flash_attn_impl
 
 from ..ring.api import reject_unsupported, token_ring_attn_func
 from ..ring.kernels import BlockKernel, KeyedKernel, has_flash_attn, lse_bhs
 from ..ring.kernels.names import KernelName
+from ..ring.split.value import HOST, ZIGZAG, Split
 from ..ring.tensor_layout import BHSD, Layout
 
 __all__ = [
@@ -132,6 +135,11 @@ def token_ring_flash_attn_func(
     (FA, TORCH_FLASH, TORCH_EFFICIENT, TORCH_CUDNN, TORCH_MATH).
     """
     kernel = kernel_for(attn_type, attn_processor, q.device)
+    if (args[2] if len(args) > 2 else kwargs.get("causal")) and "split" not in kwargs:
+        group = args[8] if len(args) > 8 else kwargs.get("group")
+        n = dist.get_world_size(group) if dist.is_initialized() else 1
+        if n > 1 and q.shape[1] % 2 == 0:  # the contract's zigzag split (else the call says why)
+            kwargs["split"] = Split(kind=ZIGZAG, total=q.shape[1] * n, world_size=n, proof=HOST)
     return token_ring_attn_func(q, k, v, *args, kernel=kernel, host="yunchang", **kwargs)
 
 

@@ -21,13 +21,14 @@ mask instead of letting transformers drop it silently (TokenRing has no masks). 
 module does not import transformers; `register` does.
 
 Sequence parallelism changes three things a single process never sees, and the helpers do them:
-causal shards must be zigzag (`shard_batch`, which also declares that layout for the group's
-causal calls), labels must be shifted over the WHOLE sequence before sharding (the last token of
-one shard predicts the first token of another rank's shard), and the loss must be averaged over
-the tokens of all ranks (`ring_loss`), with the parameter gradients summed over the ring's ranks
-(`sync_gradients`). Decoding (`model.generate`) is not sequence-parallel: over several ranks its
-prefill fails the causal layout check (contiguous positions), on one rank its first decode step
-is refused; both errors say the way out (switch the model to "sdpa" on one process).
+causal shards must be zigzag (`shard_batch` cuts them and puts their `Split` in the batch as
+"split", which the model hands to every attention call), labels must be shifted over the WHOLE
+sequence before sharding (the last token of one shard predicts the first token of another rank's
+shard), and the loss must be averaged over the tokens of all ranks (`ring_loss`), with the parameter
+gradients summed over the ring's ranks (`sync_gradients`). Decoding (`model.generate`) is not
+sequence-parallel: over several ranks its prefill fails the causal layout check (contiguous
+positions), on one rank its first decode step is refused; both errors say the way out (switch the
+model to "sdpa" on one process).
 
 Packed batches (documents laid end to end, position ids restarting at each, no attention mask:
 transformers' DataCollatorWithFlattening, TRL's padding-free packing): `shard_batch` takes the
@@ -48,9 +49,8 @@ import torch
 import torch.distributed as dist
 
 from ..ring.api import token_ring_attn_func
-from ..ring.packed.claims import documents_from_position_ids
-from ..ring.packed.pick import Documents
-from ..ring.split.sharding import shard
+from ..ring.packed import Documents, documents_from_position_ids
+from ..ring.split.sharding import make_split, shard
 
 __all__ = ["NAME", "register", "unregister", "shard_batch", "ring_loss", "sync_gradients"]
 
@@ -88,15 +88,16 @@ class TokenRingAttention:
     ) -> tuple[torch.Tensor, None]:
         causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
         self._refuse(attention_mask, query, key, causal, kwargs)
-        cu_seqlens = _packed_documents(kwargs)
-        # decoders pass the global position ids: the causal check verifies the zigzag layout
-        # with them (packed sequences, whose positions restart, are refused there unless their
-        # documents come along as cu_seq_lens: then shard_batch's declaration is the proof)
-        positions = kwargs.get("position_ids") if causal and cu_seqlens is None else None
+        cu_seqlens, split = _packed_documents(kwargs), kwargs.get("split")
+        # decoders pass the global position ids: the causal check verifies them against
+        # shard_batch's split, or proves the zigzag layout with them where no split came along
+        # (a packed batch's position ids restart: its documents come as cu_seq_lens or with
+        # its split)
+        packed = cu_seqlens is not None or (split is not None and split.docs is not None)
+        positions = kwargs.get("position_ids") if causal and not packed else None
         try:
-            out = self._ring(
-                query, key, value, dropout, scaling, causal, positions, cu_seqlens, kwargs
-            )
+            out = self._ring(query, key, value, dropout, scaling, causal, positions, cu_seqlens,
+                             split, kwargs)  # fmt: skip
         except ValueError as exc:
             if "positions" not in str(exc):
                 raise
@@ -104,7 +105,8 @@ class TokenRingAttention:
             raise ValueError(f"{exc}\n{_POSITIONS_HINT}") from exc
         return out.transpose(1, 2), None
 
-    def _ring(self, query, key, value, dropout, scaling, causal, positions, cu_seqlens, kwargs):
+    def _ring(self, query, key, value, dropout, scaling, causal, positions, cu_seqlens, split,
+              kwargs):  # fmt: skip
         return token_ring_attn_func(
             query,
             key,
@@ -116,6 +118,7 @@ class TokenRingAttention:
             group=self.group,
             layout="bhsd",
             kernel=self.kernel,
+            split=split,
             positions=positions,
             cu_seqlens=cu_seqlens,
         )
@@ -210,63 +213,57 @@ def shard_batch(
     ignore_index: int = IGNORE_INDEX,
     cu_seqlens: torch.Tensor | list[int] | None = None,
     layout: str = "auto",
-) -> dict[str, torch.Tensor]:
-    """This rank's shard of a batch of FULL sequences (b, S), for the ring `group`.
-
-    Returns {"input_ids", "position_ids", and "shift_labels" (causal) or "labels"}: pass the
-    first two to the model (position_ids are the GLOBAL positions, so rotary/absolute position
-    embeddings stay right) and the labels to `ring_loss`, not to the model (a model would
-    shift them again, inside the shard). Causal (decoder) models get zigzag shards (and the
-    layout is declared for `group`'s causal TokenRing calls); labels (default: input_ids) are
-    shifted over the whole sequence first, the last position getting `ignore_index`.
-    Non-causal (encoder) models get contiguous shards and unshifted labels (shift_labels=True
-    overrides). S must divide by 2 x ring size (causal) or ring size: pad it (labels -100).
-
-    Packed batches: pass `cu_seqlens` (document offsets in the full sequence) or packed
-    `position_ids` (restarting at 0 at each document; rows equal: batch size 1 is the norm).
-    Then position_ids are the per-document ones (what the model's rotary embedding wants), the
-    last token of each document gets `ignore_index` (it must not predict the next document),
-    and the result also holds `cu_seq_lens_q` / `cu_seq_lens_k` (int32, CPU, the WHOLE
-    sequence's documents), which the model passes to the attention function. Pad a packed
-    sequence with one more document (labels -100) to reach the multiple. `layout`: how a packed
-    row is cut (`tokenring_xdit.shard`'s): "zigzag" (the row's split), "contiguous" (N
-    contiguous shards: documents whole where a shard holds them), "documents" (every document
-    in 2N pieces: balanced whatever the lengths) or "auto" (the smallest predicted time of the
-    slowest rank); input ids, position ids and labels all follow it, and the
-    attention calls follow the layout `shard` declares for these documents.
+) -> dict:
+    """This rank's shard of a batch of FULL sequences (b, S), for the ring `group`: {"input_ids",
+    "position_ids" (GLOBAL positions, for rotary/absolute embeddings), "split" (the `Split` the
+    batch was cut by: the model hands it to every attention call), and "shift_labels" (causal:
+    shifted over the whole sequence first, the last getting `ignore_index`) or "labels"}. Pass
+    all but the labels to the model, the labels to `ring_loss`. Causal models get zigzag shards,
+    others contiguous ones; S must divide by 2 x ring size (causal) or ring size (pad, labels
+    -100). Packed batches: `cu_seqlens` (offsets in the full sequence) or restarting
+    `position_ids` (batch size 1): per-document position ids, each document's last label
+    `ignore_index`, and `cu_seq_lens_q` / `cu_seq_lens_k` (int32, CPU, the whole row's
+    documents) added; `layout` ("zigzag", "contiguous", "documents", "auto") as `make_split`'s.
     """
     shift = causal if shift_labels is None else shift_labels
     docs = _batch_documents(input_ids, position_ids, cu_seqlens)
-    if docs is not None:
-        packed = _document_positions(docs).to(input_ids.device)
-        if position_ids is None:
-            position_ids = packed.unsqueeze(0).expand(input_ids.shape[0], -1)
-        elif cu_seqlens is not None:
-            _check_positions_match(position_ids, packed, docs)
-    if position_ids is None:
-        position_ids = torch.arange(input_ids.shape[-1], device=input_ids.device)
-        position_ids = position_ids.unsqueeze(0).expand(input_ids.shape[0], -1)
+    position_ids = _positions(input_ids, position_ids, docs, cu_seqlens)
+    n = dist.get_world_size(group) if dist.is_initialized() else 1
+    bounds = None if docs is None else docs.bounds
+    split = make_split(input_ids.shape[-1], n, causal=causal, cu_seqlens=bounds, layout=layout)
+    out = {
+        "input_ids": shard(input_ids, group, split=split, dim=-1),
+        "position_ids": shard(position_ids, group, split=split, dim=-1),
+        "split": split,
+    }
     if labels is None and shift:
         labels = input_ids
-    cut = {"causal": causal, "dim": -1}
-    if docs is not None:
-        cut.update(cu_seqlens=docs.bounds, layout=layout)
-    out = {
-        "input_ids": shard(input_ids, group, **cut),
-        "position_ids": shard(position_ids, group, **cut),
-    }
+    if labels is not None and shift:  # over the whole sequence; a document's last: nothing
+        labels = torch.cat([labels[..., 1:], torch.full_like(labels[..., :1], ignore_index)], -1)
+        if docs is not None:
+            ends = torch.tensor(docs.bounds[1:], device=labels.device) - 1
+            labels = labels.index_fill(-1, ends, ignore_index)
     if labels is not None:
-        if shift:
-            pad = torch.full_like(labels[..., :1], ignore_index)
-            labels = torch.cat([labels[..., 1:], pad], dim=-1)
-            if docs is not None:  # a document's last token predicts nothing of the next one
-                ends = torch.tensor(docs.bounds[1:], device=labels.device) - 1
-                labels = labels.index_fill(-1, ends, ignore_index)
-        out["shift_labels" if shift else "labels"] = shard(labels, group, **cut)
+        out["shift_labels" if shift else "labels"] = shard(labels, group, split=split, dim=-1)
     if docs is not None:
         cu = torch.tensor(docs.bounds, dtype=torch.int32)  # CPU: the ring reads it on the host
         out["cu_seq_lens_q"] = out["cu_seq_lens_k"] = cu
     return out
+
+
+def _positions(input_ids, position_ids, docs: Documents | None, cu_seqlens) -> torch.Tensor:
+    """The batch's position ids: the given ones, the packed documents' (restarting at each),
+    else the global positions."""
+    if docs is not None:
+        packed = _document_positions(docs).to(input_ids.device)
+        if position_ids is None:
+            return packed.unsqueeze(0).expand(input_ids.shape[0], -1)
+        if cu_seqlens is not None:
+            _check_positions_match(position_ids, packed, docs)
+    if position_ids is None:
+        position_ids = torch.arange(input_ids.shape[-1], device=input_ids.device)
+        position_ids = position_ids.unsqueeze(0).expand(input_ids.shape[0], -1)
+    return position_ids
 
 
 def _document_positions(docs: Documents) -> torch.Tensor:

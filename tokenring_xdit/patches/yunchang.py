@@ -51,12 +51,9 @@ def _setup_after(wrapped, instance, args, kwargs):
 
 
 def zigzag_extract_local(value, rank, world_size, rd, ud, dim=1, *args, **kwargs):
-    """yunchang's zigzag split (EXTRACT_FUNC_DICT["token_ring"]) that also records it for the
-    ring group, the proof a causal TokenRing call checks; refuses lengths it would garble."""
+    """yunchang's zigzag split (EXTRACT_FUNC_DICT["token_ring"]), refusing lengths it would
+    garble. The ring function it feeds passes the zigzag split itself (hosts/yunchang.py)."""
     import yunchang.comm.extract_local as extract_local
-    from yunchang.globals import PROCESS_GROUP
-
-    from ..ring.split.sharding import declare_zigzag
 
     total = value.shape[dim]
     if total % (2 * rd * ud):
@@ -64,11 +61,7 @@ def zigzag_extract_local(value, rank, world_size, rd, ud, dim=1, *args, **kwargs
             f"a zigzag split of {total} tokens over ring {rd} x ulysses {ud} needs a multiple "
             f"of 2 x {rd} x {ud} = {2 * rd * ud} tokens; pad the sequence"
         )
-    local = extract_local.zigzag_extract_local(
-        value, rank, world_size, rd, ud, dim, *args, **kwargs
-    )
-    declare_zigzag(PROCESS_GROUP.RING_PG, total)  # after the a2a, the ring holds all `total`
-    return local
+    return extract_local.zigzag_extract_local(value, rank, world_size, rd, ud, dim, *args, **kwargs)
 
 
 def _ring_impl_check(registry: dict):
@@ -118,7 +111,7 @@ def _build(patches: PatchSet) -> None:
         "yunchang.extract_local",
         extract_local.EXTRACT_FUNC_DICT,
         RING_IMPL_NAME,
-        # zigzag shards (recorded as the causal check's proof); non-causal is exact on any
+        # zigzag shards (the ring function's contract); non-causal is exact on any
         zigzag_extract_local,
     )
     original = ygl.set_seq_parallel_pg

@@ -110,7 +110,7 @@ def rank_blocks(
     schedule = CAUSAL_ZIGZAG if causal else NON_CAUSAL_BLOCKS
     plan = None
     if docs is not None:
-        from ..ring.packed.pick import doc_plan
+        from ..ring.packed import doc_plan
 
         plan = doc_plan(docs, schedule, (t,) * n)
     calls = []

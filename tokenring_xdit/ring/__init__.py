@@ -13,6 +13,8 @@ _LAZY = {
     "add_attention_sink": "merge.sink",
     "setup_token_ring_group": "comm",
     "COUNTERS": "comm",
+    "Split": "split.value",
+    "make_split": "split.sharding",
     "shard": "split.sharding",
     "unshard": "split.sharding",
 }

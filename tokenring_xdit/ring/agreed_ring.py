@@ -3,14 +3,15 @@
 `agree()` (ring/agree/) returns one `Ring` per call, equal on every rank except its rank and
 its communicators' handles. The loops read rank, size and `lanes()` of it; `finished()` bounds
 what a call queued by the ring's deadline. How the lanes move data is the agreed transport,
-looked up by name in `TRANSPORTS`.
+looked up by name in `TRANSPORTS`. A packed call's ring carries its plan (a `BlockPlan`, made
+by ring/packed/ from the agreed split and documents: the loops never see documents).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -18,11 +19,11 @@ from .comm import RingComms, RingPosition, torch_lanes
 from .comm.ipc import ipc_finished, ipc_lanes
 from .comm.step_marks import capture_marks, replay_marks
 from .comm.watchdog import watch
-from .packed.doc_split import ROW
-from .packed.pick import Documents
 from .graph_cache import run_graphed
+from .schedules.blocks import BlockStep
+from .segments import Segment
 
-__all__ = ["Ring", "TRANSPORTS"]
+__all__ = ["Ring", "BlockPlan", "TRANSPORTS"]
 
 
 def _torch_finished(comms: RingComms, what: str) -> None:
@@ -38,7 +39,20 @@ TRANSPORTS: dict[str, tuple[Callable, Callable]] = {
 }
 
 
-@dataclass(frozen=True, eq=False)
+class BlockPlan(Protocol):
+    """What the loops need of a packed call's plan (ring/packed/ `DocPlan`): each rank's rows
+    (of `schedule`), a step's segments, which transfers run, what a graph of it bakes in."""
+
+    steps: tuple[tuple[BlockStep, ...], ...]
+    schedule: Any
+    packing: Hashable
+
+    def block(self, rank: int, step: int) -> tuple[Segment, ...]: ...
+
+    def transfers(self, rank: int) -> tuple[tuple[bool, bool, bool], ...]: ...
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
 class Ring:
     """The agreed ring of one call: equal on every rank except `rank` and `comms`' handles."""
 
@@ -47,9 +61,8 @@ class Ring:
     q_lens: tuple[int, ...]  # every ring rank's local query length
     settings: tuple[int, ...]  # the agreed header slots (every rank's are equal)
     transport: str = "nccl"  # how the lanes move data: a name in TRANSPORTS
-    docs: Documents | None = None  # the agreed packed documents of the global sequence
+    plan: BlockPlan | None = None  # a packed call's plan (agreed split and documents)
     swapped: bool = False  # Q and partials travel with seq and heads swapped (layout.storage)
-    split: str = ROW  # the packed documents' layout (doc_layout.py): the row's split or DOCUMENTS
 
     @property
     def rank(self) -> int:

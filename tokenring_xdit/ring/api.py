@@ -14,12 +14,13 @@ import torch
 import torch.distributed as dist
 
 from ..config import RingConfig
-from .seam.prepare import CallOptions, prepare
-from .seam.compiled_op import compiled_attn, count_host
-from .training.function import train_attn
 from .inference.run import infer
 from .kernels import BlockKernel
+from .seam.compiled_op import compiled_attn, count_host
+from .seam.prepare import CallOptions, prepare
+from .split.value import Split
 from .tensor_layout import Layout
+from .training.function import train_attn
 
 __all__ = [
     "attend",
@@ -47,18 +48,18 @@ def token_ring_attn(
     kernel_key: Hashable | None = None,
     config: RingConfig | None = None,
     deterministic: bool = False,
+    split: Split | None = None,
     positions: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | list[int] | None = None,
     position_ids: torch.Tensor | None = None,
-    doc_layout: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact attention of the local queries against the K/V of every rank of `group`.
 
-    q, k, v and every keyword: see `tokenring_xdit.ring.seam.prepare.CallOptions`. Every setting that
-    decides the call is agreed across the ring first (ring/agree/): bad input is one error on
-    every rank, before any transfer. causal=True, inputs that require grad, and packed
-    documents run the differentiable block-schedule path (`function.train_attn`). Under
-    torch.compile the call is one opaque operator (`compiled.py`; `kernel` by name only).
+    q, k, v and every keyword: see `tokenring_xdit.ring.seam.prepare.CallOptions`. Every setting
+    that decides the call is agreed across the ring first (ring/agree/): bad input is one error on
+    every rank, before any transfer. causal=True, inputs that require grad, and packed documents run
+    the differentiable block-schedule path (`function.train_attn`). Under torch.compile the call is
+    one opaque operator (`compiled.py`; `kernel` by name only).
 
     Returns:
         out: same shape and dtype as q, with headdim_v as its last dim; stored like q where q
@@ -70,8 +71,7 @@ def token_ring_attn(
         group=group, layout=layout, softmax_scale=softmax_scale, causal=causal, kernel=kernel,
         final_chunks=final_chunks, joint_kv=joint_kv, joint_strategy=joint_strategy,
         cuda_graph=cuda_graph, kernel_key=kernel_key, config=config, deterministic=deterministic,
-        positions=positions, cu_seqlens=cu_seqlens, position_ids=position_ids,
-        doc_layout=doc_layout,
+        split=split, positions=positions, cu_seqlens=cu_seqlens, position_ids=position_ids,
     )  # fmt: skip
     return attend(q, k, v, options)
 
@@ -149,9 +149,9 @@ def token_ring_attn_func(
     """Differentiable TokenRing: out (layout of q), or (out, lse (b, h, s) fp32, None) when
     return_attn_probs. `kernel`: "auto" or a name from `kernels.PAIRS`. `group=None`:
     the default (world) group. causal=True over several ranks needs zigzag shards with proof
-    (`tokenring_xdit.shard(x, group, causal=True)`, or `positions`). `options`: any other
-    `token_ring_attn` keyword (positions, cu_seqlens, position_ids for packed documents, ...:
-    `call.CallOptions`); `host`: what an adapter counts the call under (see `attend`)."""
+    (`split=` the split `tokenring_xdit.shard` cut them by, or `positions`). `options`: any other
+    `token_ring_attn` keyword (split, positions, cu_seqlens, position_ids for packed documents,
+    ...: `seam.prepare.CallOptions`); `host`: what an adapter counts the call under (`attend`)."""
     reject_unsupported(dropout_p, window_size, softcap, alibi_slopes)
     options = CallOptions(
         group=group, layout=layout, softmax_scale=softmax_scale, causal=causal, kernel=kernel,

@@ -1,10 +1,11 @@
 """agree(): one TokenRing call checked on every ring rank at once, before any transfer.
 
-Every rank packs its header (header.py), the ring exchanges them (exchange.py), and every rank
-then raises the same error or builds the same `Ring`. When the exchange runs is
-RingConfig.validate: "always" every call; "signature" only for an input signature this rank has
-not seen (a peer whose shapes change alone then waits for us until the deadline and both sides
-raise the named error); "auto" is "always" on gloo rings and "signature" on NCCL rings.
+Every rank packs its header (header.py), the ring exchanges them (exchange.py), and every rank then
+raises the same error or builds the same `Ring`, with a packed call's plan (its documents learnt,
+from position ids through a second exchange of claims, and checked against the ring). When the
+exchange runs is RingConfig.validate: "always" every call; "signature" only for an input signature
+this rank has not seen (a peer whose shapes change alone then waits for us until the deadline and
+both sides raise the named error); "auto" is "always" on gloo rings and "signature" on NCCL rings.
 """
 
 from __future__ import annotations
@@ -13,19 +14,17 @@ import torch
 import torch.distributed as dist
 
 from ...config import CommSettings
+from ..agreed_ring import Ring
 from ..comm import RingComms, RingPosition, TokenRingCommError, comms_of
 from ..comm.groups import describe_peer
-from ..packed.claims import claim_count, documents_from_claims, local_claims
-from ..packed.doc_split import CONTIGUOUS, DOCUMENTS, ROW
-from ..packed.pick import Documents
+from ..packed import Documents, call_plan, claim_count, documents_from_claims, local_claims
+from ..split.value import KINDS, PLAIN, ZIGZAG
 from ..tensor_layout import wire_swapped
-from ..agreed_ring import Ring
-from ..split.sharding import BAD_POSITIONS, NO_PROOF, proof_of
 from .choice import raise_choice
-from .codes import DEVICE_TYPES, DTYPES, TRANSPORT_CODES, Mode, device_name
+from .codes import DEVICE_TYPES, DTYPES, TRANSPORT_CODES, device_name
 from .exchange import always, cached, exchange, remember
 from .header import MUST_AGREE, Header, call_header, in_words
-from .problems import CallSpec, Problem, local_problem, needs_grad
+from .problems import CallSpec, Problem, local_problem
 
 __all__ = ["agree"]
 
@@ -36,11 +35,12 @@ def _fast_key(spec: CallSpec, pos: RingPosition) -> tuple | None:
     if spec.causal or spec.packed:
         return None
     q, k, v, joint = spec.q, spec.k, spec.v, spec.joint_kv
-    grad = needs_grad(q, k, v)
+    grad = spec.grad
     joint_sig = None if joint is None else tuple((x.shape, x.dtype, x.device) for x in joint)
     return (pos.group, spec.layout, spec.chunks, spec.scale, spec.kernel, spec.graphs,
             spec.validate, spec.transport, spec.problem, grad, joint_sig, q.shape, k.shape, v.shape,
-            q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, spec.timeout)  # fmt: skip
+            q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, spec.timeout,
+            spec.split.code)  # fmt: skip
 
 
 def agree(spec: CallSpec, pos: RingPosition, *, comm: CommSettings | None = None) -> Ring:
@@ -60,10 +60,9 @@ def agree(spec: CallSpec, pos: RingPosition, *, comm: CommSettings | None = None
     header = _header(spec, pos, device_type)
     if comms is None:
         _raise_for([header], spec, device_type)  # a ring of one: its own words
-        docs = _documents(None, 0, [header], spec, pos)
-        _check_split([header], spec)
-        settings = header.ring_settings()
-        return Ring(pos, None, (header.q_len,), settings, docs=docs, split=spec.split)
+        plan = _plan(None, 0, [header], spec)
+        return Ring(pos=pos, comms=None, q_lens=(header.q_len,), settings=header.ring_settings(),
+                    plan=plan)  # fmt: skip
     key = (pos.group, header.cache_key(), spec.q.device, spec.timeout)
     use_cache = use_cache and spec.doc_positions is None  # their documents are new per call
     hit = cached(key) if use_cache and not header.problem else None
@@ -75,34 +74,17 @@ def agree(spec: CallSpec, pos: RingPosition, *, comm: CommSettings | None = None
     return hit
 
 
-# a packed layout's own word for a causal call whose shards it cannot prove
-_LAYOUT_PROOF = {DOCUMENTS: Problem.DOC_LAYOUT_PROOF, CONTIGUOUS: Problem.CONTIGUOUS_PROOF}
-
-
 def _header(spec: CallSpec, pos: RingPosition, device_type: str) -> Header:
-    """This rank's header: its own problem with the call (found before any exchange), the
-    proof of a causal call's zigzag shards, its claims of packed documents."""
+    """This rank's header: its own problem with the call (found before any exchange: its
+    split's too, `split.proof.call_split`), its claims of packed documents."""
     problem = local_problem(spec, device_type, DTYPES)
-    proof = (NO_PROOF, 0)
-    if not problem and spec.causal and pos.size > 1:
-        s = spec.q.shape[spec.layout.seq_dim]
-        proof = proof_of(
-            pos.group, spec.positions, pos.rank, pos.size, s, spec.documents, spec.split
-        )
-        if s % 2 and spec.split == ROW:
-            problem = Problem.NOT_ZIGZAG  # a zigzag shard is two equal halves
-        elif proof[0] == BAD_POSITIONS:
-            problem = _LAYOUT_PROOF.get(spec.split, Problem.BAD_POSITIONS)
-            proof = (NO_PROOF, 0)
-        elif proof[0] == NO_PROOF:
-            problem = _LAYOUT_PROOF.get(spec.split, Problem.NO_PROOF)
     claims = 0
     if not problem and spec.doc_positions is not None:
         claims = claim_count(
-            spec.doc_positions, spec.q.shape[spec.layout.seq_dim], _chunks(spec, pos)
+            spec.doc_positions, spec.q.shape[spec.layout.seq_dim], _chunks(spec, pos.size)
         )
         problem = Problem.POSITION_IDS if claims < 0 else Problem.NONE
-    header = call_header(spec, problem, proof)
+    header = call_header(spec, problem)
     header.ndocs = max(header.ndocs, claims)
     return header
 
@@ -113,12 +95,10 @@ def _exchanged(
     """The ring every rank agrees on after exchanging headers (or the same error on each)."""
     headers = exchange(comms, pos.rank, header)
     _raise_for(headers, spec, device_type, comms)
-    transport = _resolve_transport(headers, comms.backend)
-    docs = _documents(comms, pos.rank, headers, spec, pos)
-    _check_split(headers, spec)
     return Ring(
-        pos, comms, tuple(h.q_len for h in headers), headers[0].ring_settings(), transport, docs,
-        wire_swapped([h.wire for h in headers]), spec.split,
+        pos=pos, comms=comms, q_lens=tuple(h.q_len for h in headers),
+        settings=headers[0].ring_settings(), transport=_resolve_transport(headers, comms.backend),
+        plan=_plan(comms, pos.rank, headers, spec), swapped=wire_swapped([h.wire for h in headers]),
     )  # fmt: skip
 
 
@@ -130,6 +110,8 @@ def _raise_for(
     differ = [f for f in MUST_AGREE if len({getattr(h, f) for h in headers}) > 1]
     if bad or differ:  # every rank sees the same headers, so all take this path together
         words = _words(comms, spec)
+    if not bad and differ[:1] == ["split"]:  # kinds alike, lengths not: name every rank's
+        _check_lengths(headers)
     if bad:
         lines = []
         for r, problem in bad:
@@ -157,8 +139,7 @@ def _raise_for(
             f"TokenRing: {MUST_AGREE[f]} differs across ring ranks: {each}; pass the same on "
             "every rank"
         )
-    if headers[0].mode & Mode.CAUSAL and len(headers) > 1:
-        _check_zigzag(headers)
+    _check_lengths(headers)
 
 
 def _device_hint(got: str, transport: int) -> str:
@@ -176,7 +157,8 @@ def _device_hint(got: str, transport: int) -> str:
 def _words(comms: RingComms | None, spec: CallSpec) -> list[dict]:
     """Every rank's own words for an error that the headers only hold as codes (a kernel's
     reason, its family's name). Only on the error path, which every ring rank takes together."""
-    mine = {"detail": spec.detail, "kernel": spec.kernel_name, "docs": _docs_words(spec)}
+    mine = {"detail": spec.detail, "kernel": spec.kernel_name, "docs": _docs_words(spec),
+            "split": spec.split.words}  # fmt: skip
     if comms is None:
         return [mine]
     everyone: list = [None] * len(comms.ranks)
@@ -186,65 +168,59 @@ def _words(comms: RingComms | None, spec: CallSpec) -> list[dict]:
 
 def _docs_words(spec: CallSpec) -> str:
     """A rank's packed documents as a user passed them (the header holds a digest)."""
-    if spec.documents is None:
+    if spec.split.docs is None:
         return "position ids" if spec.doc_positions is not None else "no documents"
-    bounds = spec.documents.bounds
+    bounds = spec.split.docs.bounds
     shown = ", ".join(map(str, bounds[:12])) + (", ..." if len(bounds) > 12 else "")
     return f"cu_seqlens [{shown}] ({len(bounds) - 1} documents)"
 
 
-def _check_zigzag(headers: list[Header]) -> None:
-    """Every rank's causal shard is its part of ONE zigzag split of `total` tokens."""
-    lens = [h.q_len for h in headers]
-    total = headers[0].total
-    if len(set(lens)) > 1 or total != sum(lens):
-        raise ValueError(
-            f"TokenRing: causal=True needs one zigzag split of the whole sequence, the same "
-            f"length on every rank: local lengths {lens} (sum {sum(lens)}) vs the split's "
-            f"{total} tokens. Pad the sequence to a multiple of 2N and cut it with "
-            "tokenring_xdit.shard(x, group, causal=True) (torch.chunk makes unequal chunks)"
-        )
-
-
-def _check_split(headers: list[Header], spec: CallSpec) -> None:
-    """The documents layout holds T/N tokens on every rank, T a multiple of 2N (the split is
-    agreed by now, so every rank takes the same branch; contiguous shards of unequal lengths
-    have no proof: `_header`)."""
-    if spec.split != DOCUMENTS:
+def _check_lengths(headers: list[Header]) -> None:
+    """Every rank holds T/N tokens of the split of T tokens the first rank names (any cut but a
+    plain one: the header's kinds are alike here, or they differ and say so)."""
+    code, lens, n = headers[0].split, [h.q_len for h in headers], len(headers)
+    kind, total = KINDS[code % len(KINDS)], code // len(KINDS)
+    if kind == PLAIN or any(h.split % len(KINDS) != code % len(KINDS) for h in headers):
         return
-    lens, n = [h.q_len for h in headers], len(headers)
-    if len(set(lens)) > 1 or sum(lens) % (2 * n):
+    if lens != [total // n] * n:
         raise ValueError(
-            f"TokenRing: the documents layout needs T/N tokens on every rank with T a multiple "
-            f"of 2N = {2 * n}: local lengths {lens} (sum {sum(lens)}). Cut the row with "
-            "tokenring_xdit.shard(x, group, causal=..., cu_seqlens=cu, layout='documents') "
-            "after padding it with one more document"
+            f"TokenRing: the {kind} split of {total} tokens over {n} ranks holds {total // n} "
+            f"tokens on every rank: local lengths {lens} (sum {sum(lens)}). Pad the sequence to "
+            "the split's length and cut it with tokenring_xdit.shard(x, group, split=split) "
+            "(torch.chunk makes unequal chunks)"
         )
 
 
-def _chunks(spec: CallSpec, pos: RingPosition) -> int:
-    """Chunks of a local shard: 2 for a zigzag shard (causal over a ring), else 1."""
-    return 2 if spec.causal and pos.size > 1 and spec.split == ROW else 1
+def _chunks(spec: CallSpec, size: int) -> int:
+    """Chunks of a local shard: 2 for a zigzag shard (over a ring), else 1."""
+    return 2 if spec.split.kind == ZIGZAG and size > 1 else 1
 
 
-def _documents(
-    comms, rank: int, headers: list[Header], spec: CallSpec, pos: RingPosition
-) -> Documents | None:
+def _plan(comms, rank: int, headers: list[Header], spec: CallSpec):
+    """A packed call's plan from the agreed split and documents (None: not packed)."""
+    docs = _documents(comms, rank, headers, spec)
+    if docs is None:
+        return None
+    return call_plan(docs, spec.split.kind, spec.causal, tuple(h.q_len for h in headers))
+
+
+def _documents(comms, rank: int, headers: list[Header], spec: CallSpec) -> Documents | None:
     """The agreed packed documents (every rank's headers agree by now), checked against the
     ring's total length; from position ids through one more all-gather of every rank's claims."""
     if not spec.packed:
         return None
     q_lens = [h.q_len for h in headers]
     total = sum(q_lens)
-    if spec.documents is not None:
-        if spec.documents.total != total:
+    documents = spec.split.docs
+    if documents is not None:
+        if documents.total != total:
             raise ValueError(
-                f"TokenRing: cu_seqlens end at {spec.documents.total} but the ring holds "
+                f"TokenRing: cu_seqlens end at {documents.total} but the ring holds "
                 f"{total} tokens (local lengths {q_lens}); cu_seqlens describe the WHOLE packed "
                 "sequence (pad it with one more document to the padded length)"
             )
-        return spec.documents
-    chunks = _chunks(spec, pos)
+        return documents
+    chunks = _chunks(spec, len(q_lens))
     length = q_lens[rank]
     if chunks == 2:
         c, n = length // 2, len(q_lens)

@@ -12,9 +12,7 @@ from enum import IntEnum, IntFlag
 import torch
 
 from ... import config
-from ..packed.doc_split import LAYOUTS as SPLITS
 from ..tensor_layout import LAYOUTS
-from ..split.sharding import DECLARED, NO_PROOF, POSITIONS
 
 __all__ = [
     "Choice",
@@ -22,7 +20,6 @@ __all__ = [
     "DEVICE_TYPES",
     "DOCS_BY_POSITIONS",
     "DTYPES",
-    "SPLIT_CODES",
     "Kind",
     "Mode",
     "TRANSPORT_CODES",
@@ -93,12 +90,9 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 DEVICE_TYPES = ("cpu", "cuda", "meta", "xpu", "mps", "hpu", "npu", "mtia")
 VALIDATE_CODES = {mode: i for i, mode in enumerate(config.VALIDATE_MODES)}
 TRANSPORT_CODES = {name: i for i, name in enumerate(config.TRANSPORTS)}
-SPLIT_CODES = {name: i for i, name in enumerate(SPLITS)}  # the row's split 0, documents 1
 DOCS_BY_POSITIONS = -1  # the documents slot of a call packed by position ids (else a digest)
-# a layout travels as its sequence dim; a causal call's proof as sharding.py's code
+# a layout travels as its sequence dim (a split as its own code: ring/split/value.py)
 LAYOUT_WORDS = {layout.seq_dim: name for name, layout in LAYOUTS.items()}
-PROOF_WORDS = {NO_PROOF: "no proof", DECLARED: "declared by a sharding helper",
-               POSITIONS: "positions"}  # fmt: skip
 
 
 def device_name(index: int) -> str:

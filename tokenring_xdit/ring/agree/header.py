@@ -18,14 +18,12 @@ from operator import attrgetter
 
 import torch
 
-from ..packed.pick import Documents
+from ..split.value import Documents, split_words
 from ..tensor_layout import storage
 from .codes import (
     DOCS_BY_POSITIONS,
     DTYPES,
     LAYOUT_WORDS,
-    PROOF_WORDS,
-    SPLIT_CODES,
     TRANSPORT_CODES,
     VALIDATE_CODES,
     Choice,
@@ -36,7 +34,7 @@ from .codes import (
     device_name,
     dtype_code,
 )  # fmt: skip
-from .problems import CallSpec, Problem, needs_grad
+from .problems import CallSpec, Problem
 
 __all__ = ["Header", "MUST_AGREE", "CACHE_KEY", "RING_SETTINGS", "digest", "call_header"]
 
@@ -64,8 +62,7 @@ class Header:
     graphs: int = 0  # CUDA graphs on/off
     validate: int = 0  # codes.VALIDATE_CODES (-1: invalid)
     transport: int = 0  # requested: codes.TRANSPORT_CODES (-1: invalid)
-    proof: int = 0  # a causal call's zigzag proof (sharding.py's codes)
-    total: int = 0  # the proved zigzag split's global length
+    split: int = 0  # the call's split: its kind and global length (split/value.py `Split.code`)
     choice: Choice = Choice.TOKEN_RING  # a host's ring choice (a call: TokenRing runs it)
     source: ChoiceSource = ChoiceSource.DEFAULT  # where the choice came from
     inputs: int = 0  # digest of what `auto` decides from (auto choices only)
@@ -74,7 +71,6 @@ class Header:
     docs: int = 0  # packed documents: digest of cu_seqlens, DOCS_BY_POSITIONS, or 0 (none)
     ndocs: int = 0  # packed documents: their count, or this rank's claims
     wire: int = 0  # how q is stored (layout.storage): the vote on the layout Q travels in
-    split: int = 0  # packed documents' layout: codes.SPLIT_CODES (the row's split, documents)
 
     def row(self) -> list[int]:
         return list(map(int, _ROW(self)))
@@ -100,11 +96,12 @@ _TYPED = {"kind": Kind, "problem": Problem, "mode": Mode, "choice": Choice, "sou
 # cache growing on one rank must not send it alone into the exchange) and how its q is stored
 # (each rank views or copies its q into the agreed wire layout, whatever the vote was).
 CACHE_KEY = tuple(name for name in FIELDS if name not in ("kv_len", "wire"))
-# A Ring's settings: the shapes but the lengths, and every setting (kernel, mode, transport...)
+# A Ring's settings: the shapes but the lengths, and every setting (kernel, mode, split...)
 RING_SETTINGS = (
-    FIELDS[FIELDS.index("batch") : FIELDS.index("q_len")]
-    + FIELDS[FIELDS.index("dtype") : FIELDS.index("gpu")]
-)
+    "batch", "heads", "kv_heads", "head_dim", "v_head_dim", "dtype", "layout", "mode", "chunks",
+    "device", "scale", "kernel", "graphs", "validate", "transport", "split", "choice", "source",
+    "inputs",
+)  # fmt: skip
 
 _ROW, _CACHE_KEY, _RING_SETTINGS = (attrgetter(*names) for names in (FIELDS, CACHE_KEY,
                                                                      RING_SETTINGS))  # fmt: skip
@@ -127,10 +124,8 @@ MUST_AGREE = {
     "TOKENRING_XDIT_TRAIN_CUDA_GRAPH / cuda_graph=)",
     "validate": "validate mode (TOKENRING_XDIT_VALIDATE)",
     "transport": "transport",
-    "proof": "causal layout proof",
-    "total": "global sequence length of the zigzag split",
+    "split": "split of the sequence (split=, or what positions= prove)",
     "docs": "packed documents (digest of cu_seqlens; -1: position ids; 0: none)",
-    "split": "packed documents' layout (what shard() declared for them, or doc_layout=)",
 }
 
 
@@ -149,18 +144,18 @@ def _stable(key) -> str:
     return repr(key)
 
 
-def call_header(spec: CallSpec, problem: Problem, proof: tuple[int, int]) -> Header:
+def call_header(spec: CallSpec, problem: Problem) -> Header:
     """This rank's header for one TokenRing call."""
     if problem == Problem.NOT_4D:
         return Header(problem=problem)
     q, k, v, layout = spec.q, spec.k, spec.v, spec.layout
     b, s, h, d = layout.dims(q)
     mode = (Mode.CAUSAL if spec.causal else Mode.NON_CAUSAL) | (
-        Mode.GRAD if needs_grad(q, k, v) else Mode.NON_CAUSAL
+        Mode.GRAD if spec.grad else Mode.NON_CAUSAL
     )
     docs, ndocs = 0, 0
-    if spec.documents is not None:
-        docs, ndocs = _docs_digest(spec.documents), spec.documents.count
+    if spec.split.docs is not None:
+        docs, ndocs = _docs_digest(spec.split.docs), spec.split.docs.count
     elif spec.doc_positions is not None:
         docs = DOCS_BY_POSITIONS
     return Header(
@@ -169,9 +164,8 @@ def call_header(spec: CallSpec, problem: Problem, proof: tuple[int, int]) -> Hea
         layout=layout.seq_dim, mode=mode, chunks=spec.chunks, device=device_code(q.device),
         scale=struct.unpack("<q", struct.pack("<d", spec.scale))[0], kernel=spec.kernel,
         graphs=int(spec.graphs), validate=VALIDATE_CODES.get(spec.validate, -1),
-        transport=TRANSPORT_CODES.get(spec.transport, -1), proof=proof[0], total=proof[1],
+        transport=TRANSPORT_CODES.get(spec.transport, -1), split=spec.split.code,
         gpu=_gpu_digest(q.device), docs=docs, ndocs=ndocs, wire=storage(q),
-        split=SPLIT_CODES[spec.split],
     )  # fmt: skip
 
 
@@ -219,9 +213,7 @@ def in_words(field: str, value: int, words: dict) -> str:
         codes = VALIDATE_CODES if field == "validate" else TRANSPORT_CODES
         return {i: name for name, i in codes.items()}.get(value, "invalid")
     if field == "split":
-        return repr({i: name for name, i in SPLIT_CODES.items()}.get(value, "unknown"))
-    if field == "proof":
-        return PROOF_WORDS.get(value, f"unknown ({value})")
+        return words.get("split") or split_words(value)
     if field == "chunks" and value < 1:
         return "an invalid value"
     return str(value)

@@ -12,8 +12,7 @@ from enum import IntEnum
 
 import torch
 
-from ..packed.doc_split import ROW
-from ..packed.pick import Documents
+from ..split.value import Split
 from ..tensor_layout import Layout
 
 __all__ = ["Problem", "CallSpec", "needs_grad", "local_problem"]
@@ -50,7 +49,8 @@ class Problem(IntEnum):
         (
             "causal=True needs zigzag shards: q, k and v of one even length (two equal halves, "
             "chunks r and 2N-1-r of 2N equal chunks), the same length on every rank, and no joint "
-            "K/V. Cut them with tokenring_xdit.shard(x, group, causal=True) or yunchang's "
+            "K/V. Cut them with tokenring_xdit.shard(x, group, split=split) (split = "
+            "tokenring_xdit.make_split(S, N, causal=True)) or yunchang's "
             "EXTRACT_FUNC_DICT['token_ring'], on a sequence whose length divides by 2N (pad it)"
         ),
         True,
@@ -87,18 +87,20 @@ class Problem(IntEnum):
     BAD_POSITIONS = (
         14,
         (
-            "causal=True: `positions` are not this rank's zigzag positions (rank r holds chunks r "
-            "and 2N-1-r of 2N equal chunks); cut the shards with tokenring_xdit.shard(x, group, "
-            "causal=True), whose positions are tokenring_xdit.ring.split.sharding.zigzag_positions(...)"
+            "causal=True: `positions` are not this rank's {detail} positions (zigzag: rank r holds "
+            "chunks r and 2N-1-r of 2N equal chunks); cut the shards with "
+            "tokenring_xdit.shard(x, group, split=split), whose positions are "
+            "tokenring_xdit.shard_positions(split, rank)"
         ),
     )
     NO_PROOF = (
         15,
         (
             "causal=True needs proof that the shards are zigzag shards (contiguous shards give "
-            "wrong results silently): cut them with tokenring_xdit.shard(x, group, causal=True) or "
-            "yunchang's EXTRACT_FUNC_DICT['token_ring'] (both record the split for the group), or "
-            "pass the shard's global token positions as positions="
+            "wrong results silently): pass the split they were cut by as split= (split = "
+            "tokenring_xdit.make_split(S, N, causal=True); q = tokenring_xdit.shard(q, group, "
+            "split=split)), or the shard's global token positions as positions=; yunchang's "
+            "ring_impl_type='token_ring' passes its zigzag split itself"
         ),
     )
     KERNEL_UNSUPPORTED = 16, "the kernel does not support this call: {detail}", True
@@ -119,34 +121,13 @@ class Problem(IntEnum):
             "where one starts; or pass cu_seqlens of the whole sequence"
         ),
     )
-    DOC_LAYOUT = 20, "the packed documents' layout does not fit this call: {detail}"
-    DOC_LAYOUT_PROOF = (
-        21,
-        (
-            "causal=True on shards in the documents layout needs proof that they are (other "
-            "shards give wrong results silently): cut them with tokenring_xdit.shard(x, group, "
-            "causal=True, cu_seqlens=cu, layout='documents'), which declares it for the group, or "
-            "pass positions=tokenring_xdit.ring.split.sharding.shard_positions(total, rank, N, "
-            "cu_seqlens=cu, layout='documents'); positions given that differ from those are "
-            "refused too"
-        ),
-    )
-    CONTIGUOUS_PROOF = (
-        22,
-        (
-            "causal=True on contiguous shards of a packed row needs proof that they are (other "
-            "shards give wrong results silently): cut them with tokenring_xdit.shard(x, group, "
-            "causal=True, cu_seqlens=cu, layout='contiguous'), which declares it for the group, "
-            "or pass positions=tokenring_xdit.ring.split.sharding.shard_positions(total, rank, N, "
-            "cu_seqlens=cu, layout='contiguous'); positions given that differ from those are "
-            "refused too"
-        ),
-    )
+    SPLIT = 20, "the split does not fit this call: {detail}"
+    # (21 and 22 were the proofs of packed layouts: a `Split` carries its proof)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CallSpec:
-    """What this rank asks of one TokenRing call (ring.api builds it)."""
+    """What this rank asks of one TokenRing call (seam/prepare.py builds it)."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -159,7 +140,9 @@ class CallSpec:
     graphs: bool
     validate: str
     joint_kv: tuple[torch.Tensor, torch.Tensor] | None = None
-    positions: torch.Tensor | None = None
+    grad: bool = False  # autograd wants gradients (the header's mode; prepare decides it)
+    split: Split = Split()  # how the sequence is cut (its documents, or those of doc_positions)
+    doc_positions: torch.Tensor | None = None  # packed: this rank's position ids that restart
     problem: Problem = Problem.NONE  # found before the check (the kernel's, the documents')
     detail: str = ""
     transport: str = "nccl"  # requested (config.TRANSPORTS); the agreed one is Ring.transport
@@ -174,13 +157,9 @@ class CallSpec:
             return f"{f[1]} (training pair{', deterministic' if f[2] else ''})"
         return "" if f is None else str(f)[:120]
 
-    documents: Documents | None = None  # packed documents from cu_seqlens (checked by the api)
-    doc_positions: torch.Tensor | None = None  # or this rank's position ids that restart
-    split: str = ROW  # their layout (doc_layout.py; sharding.call_layout decided it)
-
     @property
     def packed(self) -> bool:
-        return self.documents is not None or self.doc_positions is not None
+        return self.split.docs is not None or self.doc_positions is not None
 
 
 def needs_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -228,7 +207,7 @@ def local_problem(spec: CallSpec, device_type: str, dtypes: tuple) -> Problem:
         return Problem.HEAD_SIZE
     if spec.causal and (sk != layout.dims(q)[1] or joint_kv is not None):
         return Problem.NOT_ZIGZAG
-    if joint_kv is not None and needs_grad(q, k, v):
+    if joint_kv is not None and spec.grad:
         return Problem.JOINT_GRAD
     if joint_kv is not None and _joint_problem(k, v, joint_kv, layout):
         return Problem.JOINT_KV

@@ -18,7 +18,7 @@ from collections.abc import Hashable
 import torch
 
 from ...caches import Seen
-from ..packed.pick import Segment
+from ..segments import Segment
 from ..tensor_layout import BHSD, Layout
 from .base import HALF, BlockKernel, Kernel, row_delta
 from .exact import MASKED, MATH

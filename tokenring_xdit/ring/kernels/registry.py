@@ -13,7 +13,7 @@ import torch
 
 from .base import HALF, BlockKernel, Kernel, KeyedKernel
 from .exact import MASKED, MATH
-from .names import AUTO, DENSE, PACKED_ONLY, PRICED, KernelName
+from .names import AUTO, DENSE, PACKED_ONLY, KernelName
 from .probe import works
 from .varlen import FLASH_VARLEN
 from .wrappers import ExpandedBlock, expanded, segments_pair
@@ -160,19 +160,15 @@ def _pair_works(name: str, device: str, dtype: torch.dtype, d_qk: int, d_v: int)
     return name == "math" or works(REGISTRY[name], "pair", torch.device(device), dtype, d_qk, d_v)
 
 
-def auto_doc_kernel(device_type: str, dtype, row, usable: Callable[[str], bool]) -> str | None:
+def auto_doc_kernel(device_type: str, dtype, order, usable: Callable[[str], bool]) -> str | None:
     """The kernel name `auto` runs a packed-documents call with: "masked" off CUDA half
-    precision; on it the priced kernel (names.PRICED: flash_varlen, cuDNN per segment)
-    whose slowest rank is predicted fastest for `row` (a documents.PackedRow: the agreed
-    documents, ring size, causality and layout; None: the first usable) among those
-    `usable(name)` says work for this dtype and head size (the probe); None if none does. Pure
-    given `usable`: every rank with the same inputs gets the same name."""
+    precision; on it the first of `order` (the priced packed kernels, fastest predicted first:
+    the call's preparation prices them, ring/packed/) that `usable(name)` says works for this
+    dtype and head size (the probe); None if none does. Pure given `usable`: every rank with
+    the same inputs gets the same name."""
     if device_type != "cuda" or dtype not in HALF:
         return MASKED.name  # exact, and the CPU's fastest masked option at these sizes
-    ok = [name for name in PRICED if usable(name)]
-    if not ok:
-        return None
-    return ok[0] if row is None or len(ok) == 1 else row.kernel(ok)
+    return next((name for name in order if usable(name)), None)
 
 
 @functools.cache
@@ -182,11 +178,11 @@ def _doc_works(name: str, device: str, dtype: torch.dtype, d_qk: int, d_v: int) 
     return works(record, "segments", torch.device(device), dtype, d_qk, d_v)
 
 
-def doc_pair(kernel, device: torch.device, dtype, d_qk: int, d_v: int, dense, row=None) -> Kernel:
+def doc_pair(kernel, device: torch.device, dtype, d_qk: int, d_v: int, dense, order=()) -> Kernel:
     """The record for a packed-documents call. kernel: "auto", "masked", "flash_varlen", or a
     dense kernel name (then called per segment). `dense(name)` selects a dense record
-    (select_pair with the call's arguments); `row`: what `auto` picks the kernel for
-    (`auto_doc_kernel`)."""
+    (select_pair with the call's arguments); `order`: the priced kernels `auto` picks from,
+    fastest predicted first (`auto_doc_kernel`)."""
     fast = device.type == "cuda" and dtype in HALF
     if kernel in DOC_REGISTRY:
         if kernel == "flash_varlen" and not fast:
@@ -194,7 +190,7 @@ def doc_pair(kernel, device: torch.device, dtype, d_qk: int, d_v: int, dense, ro
         return DOC_REGISTRY[kernel]
     if kernel == "auto":
         usable = lambda name: _doc_works(name, device.type, dtype, d_qk, d_v)  # noqa: E731
-        kernel = auto_doc_kernel(device.type, dtype, row, usable) or "auto"
+        kernel = auto_doc_kernel(device.type, dtype, order, usable) or "auto"
         if kernel in DOC_REGISTRY:
             return DOC_REGISTRY[kernel]
     record = dense(kernel)

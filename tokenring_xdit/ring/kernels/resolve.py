@@ -40,17 +40,17 @@ class KernelChoice(NamedTuple):
 
 def resolve_kernel(
     kernel, kernel_key: Hashable | None, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-    layout: Layout, *, train: bool, deterministic: bool, packed: bool, row=None,
+    layout: Layout, *, train: bool, deterministic: bool, packed: bool, order: tuple = (),
 ) -> KernelChoice:  # fmt: skip
     """The kernel of a call: `kernel` is "auto", a registry name, a `KeyedKernel` or a callable
-    (q, k, v, scale, layout) -> (out, lse); training (`train`) takes names only. `row`: a packed
-    call's agreed documents, ring size, causality and layout (documents.PackedRow), from which
-    `auto` picks its packed kernel (registry.auto_doc_kernel)."""
+    (q, k, v, scale, layout) -> (out, lse); training (`train`) takes names only. `order`: a
+    packed call's priced kernels, fastest predicted first (priced in the call's preparation),
+    from which `auto` picks its packed kernel (registry.auto_doc_kernel)."""
     try:
         gqa = q.shape[layout.head_dim] != k.shape[layout.head_dim]  # K/V keep their head count
         args = (q.device, q.dtype, q.shape[3], v.shape[3])
         if train:
-            record = _training_record(kernel, args, deterministic, packed, row)
+            record = _training_record(kernel, args, deterministic, packed, order)
             check_layout(record, layout)
             fn = gqa_pair(record, *args) if gqa else record
             return KernelChoice(fn, None, ("pair", record.name, deterministic), Problem.NONE, "")
@@ -77,12 +77,10 @@ def resolve_kernel(
         return KernelChoice(None, None, "unusable", code, str(exc).splitlines()[0][:300])
 
 
-def _training_record(kernel, args, deterministic: bool, packed: bool, row) -> Kernel:
+def _training_record(kernel, args, deterministic: bool, packed: bool, order: tuple) -> Kernel:
     if not packed:
         return select_pair(kernel, *args, deterministic)
-    # deterministic: no priced kernel is, so auto keeps the one whose refusal names the way out
-    row = None if deterministic else row
-    record = doc_pair(kernel, *args, lambda name: select_pair(name, *args, deterministic), row)
+    record = doc_pair(kernel, *args, lambda name: select_pair(name, *args, deterministic), order)
     if deterministic and not record.deterministic:
         raise NotImplementedError(
             f"deterministic=True: the {record.name!r} backward is not deterministic; "

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ...caches import Lru
-from ..packed.doc_split import Segment, segment_runs
+from ..segments import Segment, segment_runs
 from ..graph_cache import keep_alive
 from ..tensor_layout import BHSD, Layout
 from .standin import out_standin_bhsd

@@ -6,7 +6,7 @@ its document starts (global index - position id), so each rank CLAIMS, per local
 start of the document its first token belongs to, plus every start inside its chunks; the
 ring all-gathers the claims and every rank builds the same documents from their union and
 checks them alike (same data, same verdict on every rank). Agreed in ring/agree/; the row's
-split only (the documents layout needs cu_seqlens: doc_layout.py).
+split only (the documents layout needs cu_seqlens: doc_split.py).
 """
 
 from __future__ import annotations
@@ -15,35 +15,23 @@ import bisect
 
 import torch
 
-from .pick import Documents
+from ..split.value import Documents
 
 __all__ = ["documents_from_position_ids", "claim_count", "local_claims", "documents_from_claims"]
 
 
 def documents_from_position_ids(position_ids: torch.Tensor) -> Documents:
     """Documents of a FULL packed sequence from its position ids, which restart at 0 at each
-    document (transformers' DataCollatorWithFlattening, TRL's padding-free packing).
-    position_ids: (S,) or (b, S) with equal rows. ValueError if they do not count up by one
-    inside a document."""
-    pos = position_ids.reshape(-1, position_ids.shape[-1]) if position_ids.dim() > 1 else None
-    if pos is not None:
-        if pos.shape[0] > 1 and not bool((pos == pos[:1]).all()):
-            raise ValueError(
-                "packed position_ids differ between batch rows: pack every document into ONE "
-                "row (batch size 1), as DataCollatorWithFlattening does"
-            )
-        position_ids = pos[0]
-    p = position_ids.to("cpu", torch.int64)
-    if p.numel() == 0:
-        raise ValueError("position_ids are empty")
-    starts = (p == 0).nonzero().flatten()
-    steps_ok = bool(((p[1:] == p[:-1] + 1) | (p[1:] == 0)).all()) if p.numel() > 1 else True
-    if int(p[0]) != 0 or not steps_ok:
+    document (transformers' DataCollatorWithFlattening, TRL's padding-free packing): the claims
+    of one rank that holds it all. position_ids: (S,) or (b, S) with equal rows."""
+    length = position_ids.shape[-1]
+    if not length or claim_count(position_ids, length, 1) < 0 or _rows_of(position_ids)[0]:
         raise ValueError(
-            "packed position_ids must start at 0 and count up by one inside each document, "
-            "restarting at 0 where a document starts"
+            "packed position_ids must be one row (batch size 1, or equal rows: pack every "
+            "document into ONE row, as DataCollatorWithFlattening does), start at 0 and count "
+            "up by one inside each document, restarting at 0 where a document starts"
         )
-    return Documents(tuple(starts.tolist()) + (p.numel(),))
+    return documents_from_claims([local_claims(position_ids, [0], length)], 1, length)
 
 
 def _rows_of(position_ids: torch.Tensor) -> torch.Tensor | None:

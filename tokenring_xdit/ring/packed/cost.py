@@ -12,7 +12,7 @@ backward through a packed kernel is modelled as
 - tiles: per segment the TILE x TILE kernel tiles it covers (a rectangle ceil(q/T) * ceil(k/T),
   a causal diagonal t(t+1)/2 with t = ceil(n/T)): a 105-token piece costs a whole tile row;
 - segments: the varlen entries (each with its own grid rows and bookkeeping);
-- calls: varlen calls, one per run of abutting segments (`doc_layout.segment_runs`), each with
+- calls: varlen calls, one per run of abutting segments (`segments.segment_runs`), each with
   its host work (cu_seqlens to the device, the lse slice, gradients added back, a merge);
 - rows: the query rows of every block that attends (its partial merged, its gradients summed).
 
@@ -45,8 +45,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..kernels.names import PRICED
-from .doc_split import Segment, piece_lengths, segment_runs
 from ..schedules.blocks import BACK, FRONT, part_len
+from ..segments import Segment, segment_runs
+from .doc_split import piece_lengths
 
 __all__ = [
     "Work", "LayoutCost", "block_work", "plan_work", "piece_work", "load", "load_kernels", "fit",
@@ -113,7 +114,7 @@ def _kind(a: int, b: int, causal: bool) -> bool | None:
 def _calls(q_slots: list[int], k_slots: list[int], causal: bool) -> int:
     """Varlen calls of a documents-layout block whose pieces are all non-empty: one per
     (query slot, key slot) kind, less the kinds that continue a run (the next query slot
-    against the next key slot with the same mask: doc_layout.segment_runs joins them)."""
+    against the next key slot with the same mask: segments.segment_runs joins them)."""
     kinds = {
         (i, j): k
         for i, a in enumerate(q_slots)

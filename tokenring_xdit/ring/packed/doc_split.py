@@ -34,20 +34,22 @@ from __future__ import annotations
 
 import functools
 from itertools import accumulate
-from typing import NamedTuple
 
 from ..schedules.blocks import ALL, FRONT
+from ..segments import Segment
+from ..split.value import CONTIGUOUS, DOCUMENTS
+from ..split.value import ZIGZAG as ROW
 
 __all__ = [
-    "ROW", "DOCUMENTS", "CONTIGUOUS", "LAYOUTS", "normal_split", "Segment", "check_total",
+    "ROW", "DOCUMENTS", "CONTIGUOUS", "LAYOUTS", "normal_split", "check_total",
     "piece_lengths", "local_pieces", "local_positions", "block_pieces", "pieces_meet",
-    "piece_pairs", "segment_runs",
+    "piece_pairs",
 ]  # fmt: skip
 
 # ROW: the row's own split (the zigzag; contiguous shards when not causal). CONTIGUOUS: a
 # causal row cut in N contiguous shards, documents whole where a shard holds them
-# (schedules/contiguous.py; the same cut as ROW when not causal, which it then becomes).
-ROW, DOCUMENTS, CONTIGUOUS = "zigzag", "documents", "contiguous"
+# (schedules/contiguous.py; the same cut as ROW when not causal, which it then becomes). The
+# names are the split kinds' (ring/split/value.py).
 LAYOUTS = (ROW, DOCUMENTS, CONTIGUOUS)
 
 
@@ -55,23 +57,6 @@ def normal_split(split: str, causal: bool, world_size: int) -> str:
     """The layout a row cut in `split` runs as: contiguous shards of a row that is not causal,
     or over one rank, are the row's own split."""
     return ROW if split == CONTIGUOUS and not (causal and world_size > 1) else split
-
-
-class Segment(NamedTuple):
-    """Queries [q0, q1) of a tile against keys [k0, k1) of a tile, one document; `causal`:
-    the same tokens on both sides, masked causally (else every key is visible). (A named tuple:
-    a packed row of many documents has ~10^5 of them per plan; this is the cheap record.)"""
-
-    q0: int
-    q1: int
-    k0: int
-    k1: int
-    causal: bool
-
-    @property
-    def pairs(self) -> int:
-        n_q, n_k = self.q1 - self.q0, self.k1 - self.k0
-        return n_q * (n_q + 1) // 2 if self.causal else n_q * n_k
 
 
 def check_total(total: int, world_size: int) -> None:
@@ -176,19 +161,3 @@ def block_pieces(bounds, world_size: int, q: tuple[int, str], kv: tuple[int, str
                     raise AssertionError("a causal piece must hold the same tokens on both sides")
                 segs.append(Segment(q0, q1, k0, k1, True))
     return tuple(segs)
-
-
-def segment_runs(segs: tuple[Segment, ...]) -> list[list[Segment]]:
-    """Runs of segments that abut on both sides with one causal flag: one varlen call each.
-    A segment joins the run that ends where it starts (in the documents layout the runs of a
-    block interleave: a query piece meets its document's front and back key pieces)."""
-    groups: list[list[Segment]] = []
-    ends: dict[tuple[int, int, bool], list[Segment]] = {}
-    for s in sorted(segs, key=lambda s: (s.q0, s.k0)):
-        group = ends.pop((s.q0, s.k0, s.causal), None)
-        if group is None:
-            group = []
-            groups.append(group)
-        group.append(s)
-        ends[(s.q1, s.k1, s.causal)] = group
-    return groups

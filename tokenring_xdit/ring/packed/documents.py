@@ -22,78 +22,26 @@ In the contiguous layout (a causal row in N contiguous shards, schedules/contigu
 pairs a query shard with an earlier key shard: full rectangles of the documents that reach from
 one into the other, nothing for a later key shard, the causal diagonal at step 0.
 
-In the documents layout (doc_layout.py: every document cut into 2N pieces) a tile is a list of
+In the documents layout (doc_split.py: every document cut into 2N pieces) a tile is a list of
 pieces instead, each inside one document, and a block's segments come from `block_pieces`: per
 document a full rectangle or a causal diagonal, several documents per block; `document_work`
-(documents.py) reports both layouts and which one `auto` picks.
+(report.py) reports the layouts and which one `auto` picks. `call_plan` is a call's plan from its
+agreed split (ring/split/value.py).
 """
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import functools
 from dataclasses import dataclass, field
 
-import torch
-
-from .doc_split import CONTIGUOUS, DOCUMENTS, ROW, Segment, block_pieces, check_total, pieces_meet
+from ..schedules import block_schedule
 from ..schedules.blocks import ALL, FRONT, BlockStep, Rows
+from ..segments import Segment
+from ..split.value import CONTIGUOUS, DOCUMENTS, PLAIN, Documents
+from .doc_split import ROW, block_pieces, check_total, normal_split, pieces_meet
 
-__all__ = ["Documents", "Segment", "DocPlan", "doc_plan", "block_segments"]
-
-
-@dataclass(frozen=True)
-class Documents:
-    """The document boundaries of the global sequence (cu_seqlens as a tuple of ints)."""
-
-    bounds: tuple[int, ...]
-
-    @property
-    def total(self) -> int:
-        return self.bounds[-1]
-
-    @property
-    def count(self) -> int:
-        return len(self.bounds) - 1
-
-    @classmethod
-    def of(cls, cu_seqlens, total: int | None = None) -> Documents:
-        """Checked Documents from cu_seqlens (tensor or sequence of ints); ValueError says why.
-        Zero-length documents are dropped (they attend nothing)."""
-        if isinstance(cu_seqlens, torch.Tensor):
-            if cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point():
-                raise ValueError("cu_seqlens must be a 1-d integer tensor")
-            cu_seqlens = cu_seqlens.tolist()  # a host read (keep it on the CPU: docs)
-        if isinstance(cu_seqlens, list | tuple) and all(type(x) is int for x in cu_seqlens):
-            return _checked(tuple(cu_seqlens), total)  # the same offsets every layer and call
-        return _check([int(x) for x in cu_seqlens], total)
-
-    def doc_at(self, index: int) -> int:
-        """Document number of global token `index`."""
-        return bisect.bisect_right(self.bounds, index) - 1
-
-
-def _check(bounds: list[int] | tuple[int, ...], total: int | None) -> Documents:
-    """Documents.of's checks of plain ints (ValueError says why)."""
-    if len(bounds) < 2 or bounds[0] != 0:
-        raise ValueError(
-            f"cu_seqlens must start at 0 and have >= 2 entries, got {list(bounds[:8])}"
-        )
-    if any(b > a for a, b in zip(bounds[1:], bounds, strict=False)):
-        raise ValueError("cu_seqlens must be non-decreasing (document offsets)")
-    if total is not None and bounds[-1] != total:
-        raise ValueError(
-            f"cu_seqlens ends at {bounds[-1]} but the global sequence has {total} tokens "
-            "(cu_seqlens describe the WHOLE packed sequence, not this rank's shard; pad with "
-            "a last document to reach the padded length)"
-        )
-    return Documents(tuple(dict.fromkeys(bounds)))  # drops repeats, keeps order
-
-
-@functools.lru_cache(maxsize=64)  # bounded; an error is raised again (never cached)
-def _checked(bounds: tuple[int, ...], total: int | None) -> Documents:
-    return _check(bounds, total)
+__all__ = ["DocPlan", "doc_plan", "call_plan", "layout_of", "block_segments"]
 
 
 # --- where a rank's tokens are --------------------------------------------------------------
@@ -156,10 +104,10 @@ class DocPlan:
     """Per (rank, step) of a block schedule: the kernel's segments and which transfers run.
 
     Pure and equal on every rank (built from the agreed documents, lengths, schedule and
-    layout: the row's split or `doc_layout.DOCUMENTS`). In the documents layout a block's
+    layout: the row's split or `doc_split.DOCUMENTS`). In the documents layout a block's
     segments are made when first asked for (a block holds ~2 per document; a rank runs only
     its own blocks and asks of the others only whether they attend, which the documents of
-    their pieces answer: `doc_layout.pieces_meet`)."""
+    their pieces answer: `doc_split.pieces_meet`)."""
 
     docs: Documents
     size: int
@@ -167,7 +115,14 @@ class DocPlan:
     steps: tuple[tuple[BlockStep, ...], ...]  # [rank] the schedule's rows
     split: str = ROW
     causal: bool = False  # the schedule's (the documents layout's rule needs it)
+    schedule: object = field(default=None, compare=False, repr=False)  # the rows' schedule
     _made: dict = field(default_factory=dict, compare=False, repr=False)  # lazy blocks
+
+    @property
+    def packing(self) -> tuple[str, Documents]:
+        """What a graph of a call with this plan bakes in: the layout and the documents (with
+        the schedule and the ring's lengths, held by the graph's key too)."""
+        return (self.split, self.docs)
 
     def block(self, rank: int, step: int) -> tuple[Segment, ...]:
         if step >= self.size:
@@ -238,7 +193,7 @@ def doc_plan(docs: Documents, schedule, q_lens: tuple[int, ...], split: str = RO
     steps = tuple(schedule.block_steps(r, n) for r in range(n))
     if split == DOCUMENTS:
         check_total(docs.total, n)
-        return DocPlan(docs, n, None, steps, split, bool(schedule.causal))
+        return DocPlan(docs, n, None, steps, split, bool(schedule.causal), schedule)
     zigzag = bool(schedule.causal) and n > 1 and split == ROW
     ranges = [_local_ranges(r, q_lens, zigzag) for r in range(n)]
     segments = []
@@ -255,7 +210,20 @@ def doc_plan(docs: Documents, schedule, q_lens: tuple[int, ...], split: str = RO
         segments.append(tuple(row))
     if split == CONTIGUOUS and schedule.causal:
         steps = _trimmed(steps, segments, n)
-    return DocPlan(docs, n, tuple(segments), steps, split)
+    return DocPlan(docs, n, tuple(segments), steps, split, schedule=schedule)
+
+
+def layout_of(kind: str, causal: bool, world_size: int) -> str:
+    """The layout a row cut as split `kind` runs in: the documents layout, a causal row's
+    contiguous shards, else the row's split (a plain split: contiguous shards in rank order)."""
+    return normal_split(ROW if kind == PLAIN else kind, causal, world_size)
+
+
+def call_plan(docs: Documents, kind: str, causal: bool, q_lens: tuple[int, ...]) -> DocPlan:
+    """The plan of a call over shards of `q_lens` tokens cut as split `kind` (its schedule:
+    `DocPlan.schedule`)."""
+    split = layout_of(kind, causal, len(q_lens))
+    return doc_plan(docs, block_schedule(causal, split), q_lens, split)
 
 
 def _trimmed(steps, segments, n: int) -> tuple[tuple[BlockStep, ...], ...]:

@@ -2,7 +2,7 @@
 
 Attention never crosses a document, so the order of the documents in a packed row changes no
 result, only where each document lands in the row's zigzag split and so each rank's work. The
-documents layout (doc_layout.py) balances the pairs but multiplies short pieces; a better
+documents layout (doc_split.py) balances the pairs but multiplies short pieces; a better
 packing order keeps the zigzag's few segments and skipped blocks and still evens the ranks
 (the committed H200 row of 7 documents at ring 4, with flash_varlen: the slowest rank
 predicted 8.67 ms as packed, 7.40 ms in the order found here, the best of all 5040 orders 7.16;
@@ -23,10 +23,11 @@ from collections.abc import Sequence
 from itertools import accumulate
 
 from ..kernels.names import KernelName
-from .doc_split import CONTIGUOUS, ROW, normal_split
-from .pick import Documents, doc_plan
-from .cost import LayoutCost, load, plan_work
 from ..schedules import block_schedule
+from ..split.value import Documents
+from .cost import LayoutCost, load, plan_work
+from .doc_split import CONTIGUOUS, ROW, normal_split
+from .documents import doc_plan
 
 __all__ = ["balanced_order", "row_ms"]
 

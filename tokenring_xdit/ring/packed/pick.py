@@ -1,11 +1,7 @@
-"""Packed documents over the ring: what `auto` picks, (layout, kernel) by predicted time, and the
-report of it.
-
-Which (query, key) pairs of a block share a document, and the plan of a call (`Documents`,
-`DocPlan`, `doc_plan`), are doc_blocks.py's (imported here: this is their public module).
+"""Packed documents over the ring: what `auto` picks, (layout, kernel) by predicted time.
 
 A packed call runs in one of three layouts (the row's zigzag; every document cut in 2N pieces,
-doc_layout.py; a causal row in N contiguous shards, schedules/contiguous.py) and, on CUDA in half
+doc_split.py; a causal row in N contiguous shards, schedules/contiguous.py) and, on CUDA in half
 precision, through one of two exact kernels: `flash_varlen` (torch flash with cu_seqlens, one
 call per run of segments) or `cudnn` (cuDNN once per segment).
 Neither wins everywhere: measured on 4 x H200, cuDNN per segment runs the zigzag's few segments
@@ -19,32 +15,30 @@ model says (4 x H200, docs/performance.md, packed training).
 
 The layout is picked when `shard(..., layout="auto")` cuts the row (`pick_layout`, from the
 documents and the ring's size: shard does not know the call's dtype, so it assumes every kernel
-of the table); the kernel when the call is prepared (`pick_kernel`, for the layout the call
+of the table); the kernels priced when the call is prepared (`kernel_order`, for the layout the call
 runs, among the kernels that work for its dtype and head size). Both are functions of agreed
 values and the packaged table only (never a reading of the local GPU), so every rank picks
 alike; the call's kernel record is part of the agreed header (its family).
 
-`document_work` reports it all without running anything, with the dense causal ring's predicted
-time beside it: the same row as ONE document (no mask), its zigzag blocks priced with cuDNN's
-constants (the dense ring runs cuDNN; the cuDNN fit includes the whole row as one call). A pair
-predicted slower than that is named in `slower_than_dense` (never switched to a dense call:
-that would attend across documents).
+`report.document_work` reports it all without running anything, beside the dense causal ring's
+predicted time (`dense_ring_ms`: the same row as ONE document, no mask, priced with cuDNN's
+constants: the dense ring runs cuDNN).
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
 
-from .documents import DocPlan, Documents, block_segments, doc_plan
-from .doc_split import CONTIGUOUS, DOCUMENTS, LAYOUTS, ROW, Segment, check_total, normal_split
+from ..schedules import block_schedule
+from ..split.value import Documents
 from ..kernels.names import PRICED, KernelName
 from .cost import LayoutCost, Work, load_kernels, piece_work, plan_work
+from .doc_split import CONTIGUOUS, DOCUMENTS, ROW
+from .documents import DocPlan, doc_plan
 
 __all__ = [
-    "Documents", "Segment", "DocPlan", "doc_plan", "block_segments", "PackedRow",
-    "document_work", "pick", "pick_layout", "pick_kernel", "dense_ring_ms", "AUTO_MARGIN",
+    "pick", "pick_layout", "kernel_order", "dense_ring_ms", "AUTO_MARGIN",
     "AUTO_LAYOUTS",
 ]  # fmt: skip
 
@@ -57,20 +51,6 @@ AUTO_MARGIN = 0.05
 AUTO_LAYOUTS = (ROW, DOCUMENTS, CONTIGUOUS)
 
 Costs = tuple[tuple[str, LayoutCost], ...]  # (kernel, its constants), in auto's tie order
-
-
-class PackedRow(NamedTuple):
-    """What a packed call's kernel choice depends on (all agreed by the input check): the
-    documents, the ring's size, causality and the layout the call runs."""
-
-    docs: Documents
-    world_size: int
-    causal: bool
-    split: str
-
-    def kernel(self, kernels: Sequence[str]) -> str:
-        """The fastest of `kernels` predicted for this row (`pick_kernel`)."""
-        return pick_kernel(self.docs, self.world_size, self.causal, self.split, kernels)
 
 
 def _costs(cost, kernels: Sequence[str] | None = None) -> Costs:
@@ -87,12 +67,6 @@ def _costs(cost, kernels: Sequence[str] | None = None) -> Costs:
     if not chosen:
         raise ValueError(f"no priced kernel in {list(kernels or ())}; the table has {list(table)}")
     return tuple((k, table[k]) for k in chosen)
-
-
-def _schedule(causal: bool, split: str = ROW):
-    from ..schedules import block_schedule
-
-    return block_schedule(causal, split)
 
 
 def _works(plan: DocPlan, q_lens: tuple[int, ...], tile: int) -> list[Work]:
@@ -134,7 +108,7 @@ def _split_ms(docs: Documents, n: int, causal: bool, split: str, costs: Costs) -
     if not _cuts(docs.total, n, causal, split):
         return {}
     q_lens = (docs.total // n,) * n
-    plan = doc_plan(docs, _schedule(causal, split), q_lens, split)
+    plan = doc_plan(docs, block_schedule(causal, split), q_lens, split)
     by_kernel = _rank_ms(_tile_works(plan, q_lens, costs), costs, fresh=True)
     return {k: max(ms) for k, ms in by_kernel.items()}
 
@@ -180,7 +154,7 @@ def pick(
     costs = _costs(cost, kernels)
     n = world_size
     if n == 1 or not _cuts(docs.total, n, causal, ROW):
-        return ROW, pick_kernel(docs, n, causal, ROW, kernels, cost)
+        return ROW, kernel_order(docs, n, causal, ROW, kernels, cost)[0]
     return _pick(_predicted(docs, n, causal, costs))
 
 
@@ -189,22 +163,24 @@ def pick_layout(docs: Documents, world_size: int, causal: bool, cost=None) -> st
     return pick(docs, world_size, causal, cost)[0]
 
 
-def pick_kernel(
+def kernel_order(
     docs: Documents,
     world_size: int,
     causal: bool,
     split: str,
     kernels: Sequence[str] | None = None,
     cost=None,
-) -> str:
-    """The kernel `auto` runs a packed call of `docs` in layout `split` with: the one of
-    `kernels` (those that work here; default the table's) whose slowest rank is predicted
-    fastest. Rows the layout cannot cut (the input check names them) get the first one."""
+) -> tuple[str, ...]:
+    """`kernels` (default the table's) by the slowest rank's predicted time on a new packing of
+    `docs` in layout `split`, fastest first (the table's order on a tie, and where the layout
+    cannot cut the row): a call's preparation prices them once, and `auto` runs the first that
+    works for the call's dtype and head size."""
     costs = _costs(cost, kernels)
+    names = tuple(k for k, _ in costs)
     if world_size < 1 or not _cuts(docs.total, world_size, causal, split):
-        return costs[0][0]
-    found = _best(_split_ms(docs, world_size, causal, split, costs))
-    return found[0] if found is not None else costs[0][0]
+        return names
+    ms = _split_ms(docs, world_size, causal, split, costs)
+    return tuple(sorted(names, key=lambda k: ms.get(k, float("inf"))))
 
 
 def dense_ring_ms(total: int, world_size: int, causal: bool = True, cost=None) -> float:
@@ -215,121 +191,5 @@ def dense_ring_ms(total: int, world_size: int, causal: bool = True, cost=None) -
     dense = table.get(KernelName.CUDNN.value) or next(iter(table.values()))
     n = world_size
     q_lens = (total // n,) * n
-    plan = doc_plan(Documents((0, total)), _schedule(causal), q_lens)
+    plan = doc_plan(Documents((0, total)), block_schedule(causal), q_lens)
     return max(dense.ms(w) for w in _works(plan, q_lens, dense.tile))
-
-
-def _report(plan: DocPlan, q_lens: tuple[int, ...], costs: Costs) -> dict:
-    """One layout's report. Per rank: pairs, blocks that run a kernel, segments, varlen calls,
-    kernel tiles, predicted ms with the layout's best kernel (and with each), query transfers
-    and returns; over the ranks: pairs, spread, the best kernel and the slowest rank's ms."""
-    n = len(q_lens)
-    tile_works = _tile_works(plan, q_lens, costs)
-    by_kernel = _rank_ms(tile_works, costs)
-    slowest = {k: max(ms) for k, ms in by_kernel.items()}
-    fresh = {k: max(ms) for k, ms in _rank_ms(tile_works, costs, fresh=True).items()}
-    kernel = _best(slowest)[0]
-    works = tile_works[costs[0][1].tile]
-    ranks = []
-    for r, work in enumerate(works):
-        blocks = [plan.block(r, t) for t in range(n)]
-        ranks.append(
-            {
-                "pairs": sum(s.pairs for b in blocks for s in b),
-                "kernel_calls": sum(1 for b in blocks if b),
-                "segments": sum(len(b) for b in blocks),
-                "varlen_calls": work.calls,
-                "tiles": work.tiles,
-                "predicted_ms": by_kernel[kernel][r],
-                "predicted_ms_by_kernel": {k: ms[r] for k, ms in by_kernel.items()},
-                "q_transfers": sum(plan.q_send(r, st) for st in plan.steps[r]),
-                "returns": sum(plan.ret_send(r, st) for st in plan.steps[r]),
-            }
-        )
-    pairs = [x["pairs"] for x in ranks]
-    mean = sum(pairs) / len(pairs)
-    return {
-        "ranks": ranks,
-        "pairs_total": sum(pairs),
-        "spread": (max(pairs) / mean) if mean else 1.0,
-        "kernel": kernel,
-        "predicted_ms": slowest[kernel],
-        "kernels": slowest,
-        "kernels_new_packing": fresh,
-    }
-
-
-def document_work(
-    cu_seqlens,
-    world_size: int,
-    causal: bool = True,
-    layout: str = ROW,
-    cost=None,
-    kernels: Sequence[str] | None = None,
-) -> dict:
-    """Load-balance and time report of a packed sequence over a ring of `world_size` without
-    running anything. Top level: the layout `layout` ("zigzag": the row's split, TokenRing's zigzag
-    when causal and contiguous shards otherwise; "documents"; "contiguous": a causal row in N
-    contiguous shards; "auto": the one `auto` picks): per rank the attended (query, key) pairs,
-    kernel calls (blocks that attend), segments, varlen calls, kernel tiles, predicted ms (forward +
-    backward, layout_cost.py) with the layout's fastest kernel ("predicted_ms") and with each
-    ("predicted_ms_by_kernel"), query transfers and returns; the spread (max / mean pairs), that
-    kernel ("kernel"), the slowest rank's predicted ms, each kernel's ("kernels"; with its plans
-    built) and on a new packing ("kernels_new_packing": with cuDNN's plan builds over
-    LAYERS_PER_PACKING calls), and the dense pairs it replaces.
-    "layouts" holds the report of each layout (None where it cannot cut the row: the zigzag and the
-    documents layout with T not a multiple of 2N, the contiguous layout of a row that is not
-    causal); "auto" / "auto_kernel" the (layout, kernel) pair `auto` picks on CUDA in half precision
-    (`pick`, for a new packing); "choices" every pair's predicted ms (both ways; fastest on a new
-    packing first) and its ratio to "dense_ring_ms", the dense causal ring's predicted time on the
-    same row (cuDNN, no mask); "slower_than_dense" the pairs predicted slower than it. `cost`: the
-    table (default the packaged one; a single LayoutCost prices flash_varlen alone); `kernels`: the
-    kernels auto may pick (default every one of the table: CUDA half precision where cuDNN
-    works)."""
-    docs, costs = Documents.of(cu_seqlens), _costs(cost, kernels)
-    n, total = world_size, docs.total
-    if layout not in (*LAYOUTS, "auto"):
-        raise ValueError(f"layout must be one of {[*LAYOUTS, 'auto']}, got {layout!r}")
-    layout = normal_split(layout, causal, n)  # ("auto" stays)
-    if total % n or (layout != CONTIGUOUS and total % (2 * n if causal else n)):
-        raise ValueError(f"{total} tokens do not split evenly over {n} ranks; pad the sequence")
-    q_lens = (total // n,) * n
-    layouts: dict = {}
-    for split in LAYOUTS:
-        layouts[split] = None
-        if _cuts(total, n, causal, split):
-            plan = doc_plan(docs, _schedule(causal, split), q_lens, split)
-            layouts[split] = _report(plan, q_lens, costs)
-    predicted = {k: (v["kernels"] if v else {}) for k, v in layouts.items()}
-    fresh = {k: (v["kernels_new_packing"] if v else {}) for k, v in layouts.items()}
-    if layouts[ROW] is None:  # only contiguous shards cut it; auto needs the zigzag (`pick`)
-        auto, auto_kernel = ROW, PRICED[0]
-    elif n > 1:
-        auto, auto_kernel = _pick(fresh)  # (it reads AUTO_LAYOUTS' entries only)
-    else:
-        auto, auto_kernel = ROW, _best(fresh[ROW])[0]
-    chosen = layouts[auto if layout == "auto" else layout]
-    if chosen is None:
-        check_total(total, n)
-    dense_ms = dense_ring_ms(total, n, causal, cost)
-    choices = [
-        {"layout": split, "kernel": k, "predicted_ms": ms, "vs_dense": ms / dense_ms,
-         "new_packing_ms": fresh[split][k]}
-        for split, by in predicted.items()
-        for k, ms in by.items()
-    ]  # fmt: skip
-    return {
-        "documents": docs.count,
-        "tokens": total,
-        "layout": auto if layout == "auto" else layout,
-        **chosen,
-        "dense_pairs": total * (total + 1) // 2 if causal else total * total,
-        "layouts": layouts,
-        "auto": auto,
-        "auto_kernel": auto_kernel,
-        "choices": sorted(choices, key=lambda c: c["new_packing_ms"]),
-        "dense_ring_ms": dense_ms,
-        "slower_than_dense": [
-            f"{c['layout']}/{c['kernel']}" for c in choices if c["predicted_ms"] > dense_ms
-        ],
-    }

@@ -30,7 +30,7 @@ __all__ = [
 def block_schedule(causal: bool, split: str = CAUSAL_ZIGZAG.name) -> BlockSchedule:
     """The block schedule of a training (or packed) call: non-causal blocks, or for a causal
     call the zigzag, or the contiguous table where a packed row is cut in contiguous shards
-    (`split`: doc_layout.py's layout name)."""
+    (`split`: ring/packed's layout name)."""
     if not causal:
         return NON_CAUSAL_BLOCKS
     return CAUSAL_CONTIGUOUS if split == CAUSAL_CONTIGUOUS.name else CAUSAL_ZIGZAG

@@ -23,15 +23,16 @@ graph gets one node, `tokenring::attn`, a `torch.library.custom_op`:
 The eager path never comes here: outside compilation the only cost is the one
 `is_compiling()` test in `api.attend` (a flag read).
 
-Arguments: the operator's schema is derived from `call.CallOptions` (each field's `OpArg`:
-schema type, encode in traced code, decode in the op), followed by what the adapter adds
-(`_EXTRA`: train, the host the call is counted for, a validate override). The process group
-travels by name, the layout by name, a `RingConfig` as its fields (a literal string), packed
-documents as tensors, and the kernel only by NAME: a Python-callable block kernel cannot be a
-graph constant, so under compile hosts map theirs to a named kernel (`hosts/*`), and a direct
-call with one gets a NotImplementedError saying so. The real side decodes the options and runs
-`call.prepare` like the eager API, so compiled calls agree the same header as eager ones
-(timeout, kernel family, documents included).
+Arguments: the operator's schema is derived from `call.CallOptions` (each field's `OpArg`: schema
+type, encode in traced code, decode in the op), followed by what the adapter adds (`_EXTRA`: train,
+the host the call is counted for, a validate override). The process group travels by name, the
+layout by name, a `RingConfig` as its fields (a literal string), packed documents as tensors, and
+the kernel only by NAME: a Python-callable block kernel cannot be a graph constant, so under compile
+hosts map theirs to a named kernel (`hosts/*`), and a direct call with one gets a
+NotImplementedError saying so. A `Split` travels as a tensor, its documents in the cu_seqlens tensor
+(passed so, a new packing compiles nothing new). The real side decodes the options and runs
+`call.prepare` like the eager API, so compiled calls agree the same header as eager ones (timeout,
+kernel family, documents included).
 """
 
 from __future__ import annotations
@@ -40,10 +41,10 @@ from collections import Counter
 
 import torch
 
-from .prepare import CallOptions, op_args, prepare
 from ..inference.run import infer
 from ..tensor_layout import get_layout
 from ..training.run import train_backward, train_forward
+from .prepare import CallOptions, op_args, prepare
 
 __all__ = ["HOST_CALLS", "HostCalls", "compiled_attn", "count_host"]
 
@@ -76,7 +77,10 @@ def compiled_attn(qkv: tuple[torch.Tensor, ...], options: CallOptions, host: str
     code, so it only turns the options into the operator's arguments."""
     q, k, v = qkv
     train = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    args = [op.encode(getattr(options, name)) for name, op in _OPTIONS]
+    given, split = {"cu_seqlens": options.cu_seqlens}, options.split
+    if given["cu_seqlens"] is None and split is not None and split.docs is not None:
+        given["cu_seqlens"] = split.docs.bounds  # (the encoded split has none)
+    args = [op.encode(given.get(name, getattr(options, name))) for name, op in _OPTIONS]
     out, lse = torch.ops.tokenring.attn(q, k, v, *args, train, host, validate)
     return out, lse.detach()  # as in eager: lse takes no gradient
 

@@ -1,14 +1,15 @@
 """One TokenRing call, prepared the same way for every entry.
 
-`CallOptions` holds what a caller may ask of one call (the keyword arguments of
-`token_ring_attn`, documented on the class); `prepare(q, k, v, options)` turns them into a
-`PreparedCall`: the kernel resolved (`kernels.resolve_kernel`), the input check agreed across
-the ring (`agree`), the ring, the loop's call object (schedule, kernel, layout, scale,
-document plan, head start) and the settings the runner needs. The eager API (api.py), the
-training Function (function.py) and the torch.compile operator (compiled.py) all call
-`prepare`, so they cannot drift apart. The operator's schema is derived from the fields below:
-each carries an `OpArg` saying how it travels through a graph (its schema type, and how it is
-turned into that and back), so adding an option is one field here plus where it is used.
+`CallOptions` holds what a caller may ask of one call (the keyword arguments of `token_ring_attn`,
+documented on the class); `prepare(q, k, v, options)` turns them into a `PreparedCall`: the call's
+split and its proof (`split.proof.call_split`), a packed call's kernels priced (ring/packed/), the
+kernel resolved (`kernels.resolve_kernel`), the input check agreed across the ring (`agree`: the
+ring, with a packed call's plan), the loop's call object (schedule, kernel, layout, scale, plan,
+head start) and the settings the runner needs. The eager API (api.py), the training Function
+(function.py) and the torch.compile operator (compiled.py) all call `prepare`, so they cannot drift
+apart. The operator's schema is derived from the fields below: each carries an `OpArg` saying how it
+travels through a graph (its schema type, and how it is turned into that and back), so adding an
+option is one field here plus where it is used.
 
 The environment's configuration is read here only (`prepare`: the call's `config`, else
 `config.current()`), and passed down as values.
@@ -20,25 +21,25 @@ import ast
 import functools
 import warnings
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 
 from ...config import RingConfig, current
-from ..agree import CallSpec, Problem, agree, digest, needs_grad
-from ..training.forward import BlockCall
-from ..comm import RingPosition
-from ..packed.doc_split import ROW, normal_split
-from ..packed.pick import Documents, PackedRow, doc_plan
-from ..inference.loop import RingCall
-from ..head_start import ring_pause_us
-from ..kernels import BlockKernel, KernelChoice, SwappedKernel, resolve_kernel
-from ..tensor_layout import Layout, get_layout
+from .. import packed
+from ..agree import CallSpec, agree, digest, needs_grad
 from ..agreed_ring import Ring
+from ..comm import RingPosition
+from ..head_start import ring_pause_us
+from ..inference.loop import RingCall
+from ..kernels import BlockKernel, KernelChoice, SwappedKernel, resolve_kernel
 from ..schedules import NON_CAUSAL, block_schedule
-from ..split.sharding import call_layout
+from ..split.proof import call_split
+from ..split.value import Split
+from ..tensor_layout import Layout, get_layout
+from ..training.forward import BlockCall
 
 __all__ = [
     "CallOptions", "OpArg", "PreparedCall", "prepare", "op_args",
@@ -108,6 +109,8 @@ def _cu_tensor(cu_seqlens):
     return torch.tensor(list(cu_seqlens), dtype=torch.int64)
 
 
+
+
 def _opt(default, schema: str | None, encode=None, decode=None):
     op = OpArg(schema, *(f for f in (encode, decode) if f is not None))
     return field(default=default, metadata={"op": op})
@@ -131,9 +134,8 @@ class CallOptions:
     group: the ring's process group; None: the default (world) group.
     layout: "bshd" or "bhsd" (or a `Layout`).
     softmax_scale: float. Default 1 / sqrt(headdim).
-    causal: causal attention over zigzag shards (rank r holds chunks r and 2N-1-r of 2N): cut
-        them with `tokenring_xdit.shard(x, group, causal=True)` (or yunchang's
-        EXTRACT_FUNC_DICT["token_ring"]), or pass `positions`.
+    causal: causal attention over zigzag shards (rank r holds chunks r and 2N-1-r of 2N): pass
+        the split they were cut by (`split`), or `positions`.
     kernel: a name from `kernels.KERNELS`, "auto", or a callable (q, k, v, scale, layout) ->
         (out, lse fp32); a `KeyedKernel` names itself for the CUDA-graph cache, a plain callable
         needs `kernel_key` to be graphed. Training: "auto" or a name from
@@ -148,24 +150,21 @@ class CallOptions:
     kernel_key: names a callable kernel for the CUDA-graph cache.
     config: a `RingConfig`; None: the environment's (`tokenring_xdit.config`).
     deterministic: training path only: a deterministic backward pair.
-    positions: (seqlen_q,) or (batch_size, seqlen_q) int, the global token positions of this
-        shard: the proof of a causal call's zigzag layout.
+    split: the `Split` the shards were cut by (`tokenring_xdit.make_split`; ring/split/): kind,
+        global length, ring size, packed documents, proof; equal on every rank, agreed. None:
+        no claim (a causal call then needs `positions`).
+    positions: (seqlen_q,) or (batch_size, seqlen_q) int, this shard's global token positions:
+        a causal call's proof of zigzag shards without `split`, checked against it with one.
     cu_seqlens: (num_docs + 1,) int offsets of packed documents in the WHOLE global sequence
-        (0, ..., S; flash-attn's convention), equal on every rank; keep them on the CPU (read
-        on the host). Attention stays inside each document.
+        (0, ..., S; flash-attn's convention), equal on every rank, on the CPU (read on the
+        host); the split's documents where it has none (a tensor: no graph bakes them in).
     position_ids: (seqlen_q,) or (batch_size, seqlen_q) int, this shard's per-document
         positions that restart at 0 where a document starts (transformers' packed batches);
         every rank learns the same documents from them in the input check.
-    doc_layout: the layout of packed shards: None (what `shard(..., cu_seqlens=)` declared for
-        these documents on this group; the row's split if nothing was), "zigzag" (the row's
-        split), "documents" (every document in 2N pieces, ring/packed/doc_split.py; needs
-        cu_seqlens) or "contiguous" (a causal row in N contiguous shards,
-        schedules/contiguous.py; needs cu_seqlens; not causal it is the row's split). A value
-        that contradicts the declaration is refused on every rank.
 
-    Packed documents: non-causal shards are the contiguous shards in rank order, causal ones
-    zigzag shards (unless in the documents or the contiguous layout); K/V must be the query's
-    tokens; batch size 1; blocks whose tiles share no document are skipped (ring/packed/pick.py).
+    Packed documents: without a split, non-causal shards are the contiguous shards in rank
+    order, causal ones zigzag shards proved by `positions`; K/V must be the query's tokens;
+    batch size 1; blocks whose tiles share no document are skipped (ring/packed/).
     Under torch.compile every option travels as an argument of one operator (`OpArg` in each
     field; compiled.py): the kernel by name only, `kernel_key` not at all (it names a callable
     kernel, which a graph cannot carry).
@@ -185,35 +184,17 @@ class CallOptions:
     kernel_key: Hashable | None = _opt(None, None)
     config: RingConfig | None = _opt(None, "str", _encode_config, _decode_config)
     deterministic: bool = _opt(False, "bool")
+    # without its documents (compiled_op.compiled_attn moves them into cu_seqlens)
+    split: Split | None = _opt(None, "Tensor?", lambda s: None if s is None else s.encoded(),
+                               lambda t: None if t is None else Split.decoded(t))  # fmt: skip
     positions: torch.Tensor | None = _opt(None, "Tensor?")
     cu_seqlens: torch.Tensor | list[int] | None = _opt(None, "Tensor?", _cu_tensor)
     position_ids: torch.Tensor | None = _opt(None, "Tensor?")
-    doc_layout: str | None = _opt(None, "str?")
-
-    @property
-    def packed(self) -> bool:
-        return self.cu_seqlens is not None or self.position_ids is not None
 
 
 def op_args() -> tuple[tuple[str, OpArg], ...]:
     """(name, OpArg) of every option a compiled graph carries, in the operator's order."""
     return tuple((f.name, f.metadata["op"]) for f in fields(CallOptions) if f.metadata["op"].schema)
-
-
-# --- the kernel ---------------------------------------------------------------------------------
-
-
-def _documents(options: CallOptions) -> tuple[Documents | None, Problem, str]:
-    """(checked documents from cu_seqlens, problem, its text) for the input check."""
-    cu_seqlens, position_ids = options.cu_seqlens, options.position_ids
-    if cu_seqlens is None:
-        if position_ids is not None and not isinstance(position_ids, torch.Tensor):
-            return None, Problem.POSITION_IDS, ""
-        return None, Problem.NONE, ""
-    try:
-        return Documents.of(cu_seqlens), Problem.NONE, ""
-    except (ValueError, TypeError) as exc:
-        return None, Problem.CU_SEQLENS, str(exc).splitlines()[0][:300]
 
 
 # --- prepare ------------------------------------------------------------------------------------
@@ -249,52 +230,62 @@ def prepare(
     tensors; the compiled operator says so, its tensors never require grad); `validate`
     overrides the config's mode (an adapter's need, e.g. diffusers' uneven shards)."""
     cfg = options.config if options.config is not None else current()
-    validate = validate or cfg.validate  # no per-call copy of the config for an override
     layout = get_layout(options.layout)
     if options.joint_strategy not in JOINT_STRATEGIES:
         strategy = options.joint_strategy
         raise ValueError(f"joint_strategy must be 'front' or 'rear', got {strategy!r}")
-    chunks = options.final_chunks if options.final_chunks is not None else cfg.final_chunks
-    scale = options.softmax_scale if options.softmax_scale is not None else q.shape[-1] ** -0.5
-    docs, problem, text = _documents(options)
     pos = RingPosition.of(options.group)
-    split, why = ROW, ""
-    if options.packed or options.doc_layout is not None:
-        total = q.shape[layout.seq_dim] * pos.size
-        split, why = call_layout(options.group, docs, options.doc_layout, total)
-        split = normal_split(split, options.causal, pos.size)
-    if why and not problem:
-        problem, text = Problem.DOC_LAYOUT, why
     grad = needs_grad(q, k, v) if grad is None else grad
-    packed = options.packed
-    train = options.causal or grad or packed
-    # a packed call's `auto` kernel: from the documents, ring size and layout (all agreed below)
-    row = PackedRow(docs, pos.size, options.causal, split) if packed and docs is not None else None
+    spec, kernel = _spec(q, k, v, options, layout, pos, grad, cfg, validate or cfg.validate)
+    train = options.causal or grad or spec.packed
+    ring = agree(spec, pos, comm=cfg.comm)
+    head_start_us = ring_pause_us(cfg.comm_head_start_us, ring.transport)
+    if train:
+        plan = ring.plan
+        call = BlockCall(
+            schedule=plan.schedule if plan is not None else block_schedule(options.causal),
+            pair=kernel.fn, layout=layout, scale=spec.scale, plan=plan,
+            head_start_us=head_start_us, hold_back=cfg.train_hold_back,
+        )  # fmt: skip
+    else:
+        call = _ring_call(kernel, layout, ring, spec, options, cfg, head_start_us)
+    return PreparedCall(ring, call, train, layout, kernel, spec.graphs, options.joint_kv, spec)
+
+
+def _spec(q, k, v, options, layout, pos, grad, cfg, validate) -> tuple[CallSpec, KernelChoice]:
+    """What this rank asks (the header is made of it) and its kernel: the call's split (and its
+    problem), a packed call's kernels priced, the kernel resolved."""
+    q_len = q.shape[layout.seq_dim] if q.dim() == 4 else 0
+    split, problem, text = call_split(options, pos.rank, pos.size, q_len)
+    by_ids = options.position_ids if split.docs is None else None  # documents from claims
+    packed = split.docs is not None or by_ids is not None
     kernel = resolve_kernel(
         options.kernel, options.kernel_key, q, k, v, layout,
-        train=train, deterministic=options.deterministic, packed=packed, row=row,
+        train=options.causal or grad or packed, deterministic=options.deterministic,
+        packed=packed, order=_priced(split, options, pos.size) if packed else (),
     )  # fmt: skip
     if kernel.problem or not problem:
         problem, text = kernel.problem, kernel.problem_text
-    graphs = _graphs(options.cuda_graph, cfg, train, kernel.key)
+    chunks = options.final_chunks if options.final_chunks is not None else cfg.final_chunks
+    scale = options.softmax_scale if options.softmax_scale is not None else q.shape[-1] ** -0.5
     spec = CallSpec(
-        q, k, v, layout, options.causal, chunks, scale, digest(kernel.family), graphs,
-        validate, options.joint_kv, options.positions, problem, text, transport=cfg.transport,
-        documents=docs, doc_positions=options.position_ids if options.cu_seqlens is None else None,
-        timeout=cfg.timeout, family=kernel.family, split=split,
+        q=q, k=k, v=v, layout=layout, causal=options.causal, chunks=chunks, scale=scale,
+        kernel=digest(kernel.family), family=kernel.family, validate=validate,
+        graphs=_graphs(options.cuda_graph, cfg, options.causal or grad or packed, kernel.key),
+        joint_kv=options.joint_kv, grad=grad, split=split, doc_positions=by_ids, problem=problem,
+        detail=text, transport=cfg.transport, timeout=cfg.timeout,
     )  # fmt: skip
-    ring = _agree(spec, pos, grad, cfg)
-    head_start_us = ring_pause_us(cfg.comm_head_start_us, ring.transport)
-    if train:
-        schedule = block_schedule(options.causal, ring.split)
-        plan = None
-        if ring.docs is not None:
-            plan = doc_plan(ring.docs, schedule, ring.q_lens, ring.split)
-        call = BlockCall(schedule, kernel.fn, layout, scale, plan, head_start_us=head_start_us,
-                         hold_back=cfg.train_hold_back)  # fmt: skip
-    else:
-        call = _ring_call(kernel, layout, ring, scale, chunks, options, cfg, head_start_us)
-    return PreparedCall(ring, call, train, layout, kernel, graphs, options.joint_kv, spec)
+    return spec, kernel
+
+
+def _priced(split: Split, options: CallOptions, size: int) -> tuple[str, ...]:
+    """The packed kernels `auto` may run, fastest predicted first: priced once per call, from
+    the split and its documents (all agreed), or the table's order where the documents come
+    later (position ids) or a deterministic call keeps the first."""
+    if split.docs is None or options.deterministic:
+        return packed.PRICED
+    layout = packed.layout_of(split.kind, options.causal, size)
+    return packed.kernel_order(split.docs, size, options.causal, layout)
 
 
 def _graphs(asked: bool | None, cfg: RingConfig, train: bool, kernel_key) -> bool:
@@ -323,16 +314,7 @@ def _warn_graph_register_hazard() -> None:
     )
 
 
-def _agree(spec: CallSpec, pos: RingPosition, grad: bool, cfg: RingConfig) -> Ring:
-    """agree(), with the gradient mode the header carries taken from `grad` where the tensors
-    do not say it (inside the compiled operator): a detached q that requires grad says it."""
-    if not grad or needs_grad(spec.q, spec.k, spec.v) or not spec.q.is_floating_point():
-        return agree(spec, pos, comm=cfg.comm)
-    with torch.enable_grad():
-        return agree(replace(spec, q=spec.q.detach().requires_grad_()), pos, comm=cfg.comm)
-
-
-def _ring_call(kernel, layout, ring, scale, chunks, options, cfg, head_start_us) -> RingCall:
+def _ring_call(kernel, layout, ring, spec, options, cfg, head_start_us) -> RingCall:
     # Q and partials travel in the agreed wire layout: the other one where q is stored with
     # seq and heads swapped (xDiT's (b, h, s, d) views of (b, s, h, d) projections), so neither
     # q nor the output is copied; the output then keeps q's storage order, as SDPA's does.
@@ -342,8 +324,8 @@ def _ring_call(kernel, layout, ring, scale, chunks, options, cfg, head_start_us)
         kernel=kernel.fn if wire is layout else SwappedKernel(kernel.fn, layout),
         kernel_key=kernel.key,
         layout=wire,
-        scale=scale,
-        chunks=min(chunks, min(ring.q_lens)),  # equal piece count on every rank
+        scale=spec.scale,
+        chunks=min(spec.chunks, min(ring.q_lens)),  # equal piece count on every rank
         joint_strategy=options.joint_strategy,
         fused_merge=cfg.fused_merge,
         defer_own=cfg.defer_own,

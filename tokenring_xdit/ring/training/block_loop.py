@@ -7,10 +7,10 @@ names (schedules/blocks.py). What travels, what comes home and how it is summed 
 `Payload`: block_forward.py (Q out; (out, lse) home, fp32 LSE merge) and backward.py ((Q, dO,
 lse, delta) out; dQ home, summed; dK/dV summed where they are made).
 
-Packed documents (`BlockCall.docs`, a `documents.DocPlan`): a step's kernel gets the block's
-segments instead of the causal flag; a block without any is skipped, and so are the return of
-its partial and the transfers of a query no later holder needs (every rank knows which from
-the agreed plan, so both ends of each transfer skip it together).
+Packed documents (`BlockCall.plan`, a `agreed_ring.BlockPlan`): a step's kernel gets the block's
+segments instead of the causal flag; a block without any is skipped, and so are the return of its
+partial and the transfers of a query no later holder needs (every rank knows which from the agreed
+plan, so both ends of each transfer skip it together).
 
 Held back (`BlockCall.hold_back`, diagonal.py): step 0 runs the own block on its first K/V
 heads, the return-only row on the rest, behind the last return; the transfers are the same.
@@ -19,20 +19,19 @@ heads, the return-only row on the rest, behind the last return; the transfers ar
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
+from ..agreed_ring import BlockPlan, Ring
 from ..comm import COUNTERS
-from .hold_back import Pieces, pieces
-from ..packed.pick import DocPlan
 from ..head_start import head_start
 from ..kernels import KernelPair
-from ..tensor_layout import Layout
-from ..agreed_ring import Ring
 from ..schedules.blocks import BlockStep, Part, part_len, part_slice, sub_slice
+from ..tensor_layout import Layout
+from .hold_back import Pieces, pieces
 
 __all__ = ["BlockCall", "Payload", "run_blocks"]
 
@@ -47,23 +46,23 @@ class BlockCall:
     pair: KernelPair
     layout: Layout
     scale: float
-    docs: DocPlan | None = None  # packed documents: the per-step segments and skips
+    plan: BlockPlan | None = None  # packed documents: the per-step segments and skips
     head_start_us: float = 0.0  # pause after a partial's post (ring/head_start.py)
     hold_back: bool = False  # part of the own block runs behind the last return (diagonal.py)
 
     def own_pieces(self, q: torch.Tensor, k: torch.Tensor) -> Pieces | None:
         """How the own block is split (None: it runs whole at step 0). Local to the rank: the
         own block never travels. Packed documents keep their own per-step segments."""
-        if not self.hold_back or self.docs is not None:
+        if not self.hold_back or self.plan is not None:
             return None
         return pieces(self.layout.dims(q)[2], self.layout.dims(k)[2])
 
     @property
-    def packing(self) -> tuple | None:
-        """The agreed packed documents this call runs (None: not packed): the documents and
-        their layout, from which every rank's plan, segments and transfer table follow (with
-        the schedule and the ring's lengths, which the graph key holds too)."""
-        return None if self.docs is None else (self.docs.split, self.docs.docs)
+    def packing(self) -> Hashable:
+        """The agreed packed documents this call runs (None: not packed), from which every
+        rank's plan, segments and transfer table follow (with the schedule and the ring's
+        lengths, which the graph key holds too)."""
+        return None if self.plan is None else self.plan.packing
 
     def graph_key(self) -> tuple | None:
         """Everything a captured graph of this call bakes in besides the ring's agreed value
@@ -77,22 +76,22 @@ class BlockCall:
     def steps(self, rank: int, n: int) -> tuple[BlockStep, ...]:
         """This rank's rows: the schedule's, or the packed plan's (which may trim what travels,
         `schedules.blocks.Rows`)."""
-        return self.schedule.block_steps(rank, n) if self.docs is None else self.docs.steps[rank]
+        return self.schedule.block_steps(rank, n) if self.plan is None else self.plan.steps[rank]
 
     def mask(self, rank: int, st: BlockStep):
         """The kernel's mask argument at this step: the causal flag, or the block's segments
         (an empty tuple: nothing to attend, the step is skipped)."""
-        return st.causal if self.docs is None else self.docs.block(rank, st.step)
+        return st.causal if self.plan is None else self.plan.block(rank, st.step)
 
     # Which sides of a scheduled transfer run (always, without documents; the plan's table).
     def sends_q(self, rank: int, st: BlockStep) -> bool:
-        return self.docs is None or self.docs.transfers(rank)[st.step][0]
+        return self.plan is None or self.plan.transfers(rank)[st.step][0]
 
     def receives_q(self, rank: int, st: BlockStep) -> bool:
-        return self.docs is None or self.docs.transfers(rank)[st.step][1]
+        return self.plan is None or self.plan.transfers(rank)[st.step][1]
 
     def receives_return(self, rank: int, st: BlockStep) -> bool:
-        return self.docs is None or self.docs.transfers(rank)[st.step][2]
+        return self.plan is None or self.plan.transfers(rank)[st.step][2]
 
     def seq(self, x: torch.Tensor, held: Part, wanted: Part, length: int) -> torch.Tensor:
         """The `wanted` part of x, which holds the `held` part of a sequence of `length`."""

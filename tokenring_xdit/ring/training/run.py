@@ -13,7 +13,7 @@ what autograd saves for the backward (out, lse) and what it gets back (dq, dk, d
 caller's own tensors, never buffers a later replay overwrites. Every layer of one shape shares a
 forward graph and a backward graph.
 
-Packed documents (`BlockCall.docs`) are graphed too: the key holds the agreed documents and
+Packed documents (`BlockCall.plan`) are graphed too: the key holds the agreed documents and
 their layout (`BlockCall.packing`), and one packing is shared by every layer of a step, so per
 step and half a packing runs eagerly once, is captured once and replays for the other layers.
 The ring keeps the graphs of its last `graphs.PACKINGS_KEPT` packings and drops older ones when
