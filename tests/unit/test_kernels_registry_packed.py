@@ -16,7 +16,8 @@ import torch
 
 from tokenring_xdit.ring.packed import pick as documents
 from tokenring_xdit.ring.packed.doc_split import CONTIGUOUS, DOCUMENTS, ROW
-from tokenring_xdit.ring.packed import KERNELS, Documents, kernel_order
+from tokenring_xdit.ring.packed import PRICED as KERNELS
+from tokenring_xdit.ring.packed import Documents, kernel_order
 from tokenring_xdit.ring.kernels import MASKED, doc_pair, resolve_kernel, select_pair
 from tokenring_xdit.ring.kernels.registry import auto_doc_kernel
 from tokenring_xdit.ring.tensor_layout import BSHD
