@@ -124,13 +124,23 @@ def _gain(text: str) -> float:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
+    """compare's flags, in groups (their order is --help's)."""
+    _run_arguments(p)
+    add_device_and_dtype(p)
+    _check_arguments(p)
+    _model_arguments(p)
+    _output_arguments(p)
+
+
+def _run_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("what runs")
+    g.add_argument(
         "--model",
         choices=MODELS,
         default=None,
         help="pipeline (default: pixart with --host xdit, flux with --host diffusers)",
     )
-    p.add_argument(
+    g.add_argument(
         "--host",
         choices=HOSTS,
         default="xdit",
@@ -139,67 +149,74 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "enable_parallelism(ContextParallelConfig(ring_degree=N)), its ring / TokenRing; "
         "models with a _cp_plan only: flux). Default xdit",
     )
-    p.add_argument(
+    g.add_argument(
         "--size",
         choices=SIZES,
         default="tiny",
         help="tiny: a 2-layer model, seconds on CPU; full: the real PixArt-alpha XL-2 1024 / "
         "Flux.1-dev architecture (GPU). Weights are seeded random either way (default tiny)",
     )
-    p.add_argument(
+    g.add_argument(
         "--nproc",
         type=positive_int,
         default=None,
         help="ranks of the ring runs (default: ulysses x ring if given, else the GPU count "
         "with CUDA, at least 2; 2 on CPU)",
     )
-    p.add_argument("--ulysses-degree", type=positive_int, default=1, help="ulysses degree (1)")
-    p.add_argument(
+    g.add_argument("--ulysses-degree", type=positive_int, default=1, help="ulysses degree (1)")
+    g.add_argument(
         "--ring-degree",
         type=positive_int,
         default=None,
         help="ring degree, at least 2 (default: nproc / ulysses)",
     )
-    p.add_argument(
+    g.add_argument(
         "--steps",
         type=positive_int,
         default=None,
         help=f"denoising steps (default {DEFAULT_STEPS['tiny']} tiny, {DEFAULT_STEPS['full']} "
         "full)",
     )
-    p.add_argument(
+    g.add_argument(
         "--height",
         type=positive_int,
         default=None,
         help=f"pixels (default {DEFAULT_PIXELS['tiny']} tiny, {DEFAULT_PIXELS['full']} full)",
     )
-    p.add_argument("--width", type=positive_int, default=None, help="pixels (default: as height)")
-    p.add_argument("--seed", type=int, default=0, help="seed of weights, prompt and latents (0)")
-    p.add_argument(
+    g.add_argument("--width", type=positive_int, default=None, help="pixels (default: as height)")
+    g.add_argument("--seed", type=int, default=0, help="seed of weights, prompt and latents (0)")
+    g.add_argument(
         "--out", metavar="DIR", default="tokenring-compare", help="output folder (created)"
     )
-    add_device_and_dtype(p)
-    p.add_argument(
+
+
+def _check_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("what the comparison checks")
+    g.add_argument(
         "--psnr-min",
         type=float,
         default=None,
         help="image PSNR floor in dB (default 60 for float32, 35 for bf16/fp16)",
     )
-    p.add_argument(
+    g.add_argument(
         "--max-diff",
         type=float,
         default=None,
         help="image max |diff| ceiling, pixels in [0, 1] (default 1/255 for float32, "
         "unchecked (inf) for bf16/fp16)",
     )
-    p.add_argument(
+    g.add_argument(
         "--latent-rtol",
         type=float,
         default=None,
         help="final latents' max |diff| / max |latent| ceiling (default 1e-4 for float32, "
         "unchecked (inf) for bf16/fp16)",
     )
-    p.add_argument(
+
+
+def _model_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("the random model and its prompt")
+    g.add_argument(
         "--qk-gain",
         type=_gain,
         default=DEFAULT_QK_GAIN,
@@ -207,40 +224,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"uniform attention, which hides ring errors); 1 = the plain random model "
         f"(default {DEFAULT_QK_GAIN:g})",
     )
-    p.add_argument(
+    g.add_argument(
         "--text-len",
         type=positive_int,
         default=None,
         help="prompt tokens (seeded random embeddings; default 16 tiny, 120 PixArt full, "
         "512 Flux full); for Flux a multiple of ulysses x ring",
     )
-    p.add_argument("--guidance", type=float, default=None, help="guidance scale (4.5 / 3.5)")
-    p.add_argument(
+    g.add_argument("--guidance", type=float, default=None, help="guidance scale (4.5 / 3.5)")
+    g.add_argument(
         "--warmup-steps",
         type=int,
         default=2,
         help="an untimed call of this many steps before the timed one (0: none; default 2)",
     )
-    p.add_argument(
+
+
+def _output_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("output and limits")
+    g.add_argument(
         "--gain",
         type=_gain,
         default=None,
         help="amplification of the difference maps (default: the power of ten that shows "
         "the largest difference)",
     )
-    p.add_argument(
+    g.add_argument(
         "--timeout",
         type=positive_seconds,
         default=900.0,
         help="seconds per run before it is killed (900)",
     )
-    p.add_argument(
+    g.add_argument(
         "--force",
         action="store_true",
         help="run on CPU even when the estimate says the weights do not fit in memory",
     )
-    p.add_argument("--no-progress", action="store_true", help="no live progress display")
-    p.add_argument(
+    g.add_argument("--no-progress", action="store_true", help="no live progress display")
+    g.add_argument(
         "--verbose",
         action="store_true",
         help="keep the ranks' own logging (xDiT, diffusers, warnings); default: errors only",
