@@ -180,7 +180,7 @@ def _traffic(case, rank, n, torch):
     k, v = (_local(case, torch, x, kv_pos, rank) for x in (k, v))
     layout = get_layout(case["layout"])
     pos = RingPosition.of(dist.group.WORLD)
-    ring = Ring(pos, comms_of(pos.group), tuple(map(len, q_pos)), ())
+    ring = Ring(pos=pos, comms=comms_of(pos.group), q_lens=tuple(map(len, q_pos)), settings=())
     call = KvCall(expanded(MATH), layout, case["d"] ** -0.5, case["causal"],
                   split_by_heads(case["h_kv"]))  # fmt: skip
     kv_lens = tuple(map(len, kv_pos))

@@ -93,7 +93,8 @@ def kv_ring_attn_func(
     q_lens, kv_lens = tuple(r[-2] for r in rows), tuple(r[-1] for r in rows)
     if causal and (len(set(q_lens)) > 1 or q_lens != kv_lens or q_lens[0] % 2):
         raise ValueError(f"K/V ring, causal: zigzag shards of one even length; got {q_lens}")
-    ring = Ring(pos, comms_of(pos.group) if pos.size > 1 else None, q_lens, ())
+    comms = comms_of(pos.group) if pos.size > 1 else None
+    ring = Ring(pos=pos, comms=comms, q_lens=q_lens, settings=())
     pair = select_pair(kernel, q.device, q.dtype, d, d_v, False)
     if h_kv < h:
         pair = gqa_pair(pair, q.device, q.dtype, d, d_v)
