@@ -23,10 +23,9 @@ from collections.abc import Sequence
 from itertools import accumulate
 
 from ..schedules import block_schedule
-from ..split.value import Documents
 from .cost import LayoutCost, load, plan_work
 from .doc_split import CONTIGUOUS, ROW, normal_split
-from .documents import doc_plan
+from .documents import Documents, doc_plan
 
 __all__ = ["balanced_order", "row_ms"]
 
