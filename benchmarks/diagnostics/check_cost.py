@@ -31,7 +31,7 @@ def _worker(rank: int, n: int, report) -> dict:
     from tokenring_xdit.ring.agree import agree, digest
     from tokenring_xdit.ring.comm import RingPosition, setup_token_ring_group
     from tokenring_xdit.ring.seam.prepare import CallOptions
-    from tokenring_xdit.ring.split.proof import call_split
+    from tokenring_xdit.ring.agree.proof import call_split
     from tokenring_xdit.ring.split.sharding import make_split, zigzag_positions
     from tokenring_xdit.ring.tensor_layout import BHSD
 

@@ -16,7 +16,7 @@ from tokenring_xdit import Split, make_split, shard, shard_positions, unshard
 from tokenring_xdit.ring.agree.header import CACHE_KEY, FIELDS, MUST_AGREE, RING_SETTINGS
 from tokenring_xdit.ring.agree.problems import Problem
 from tokenring_xdit.ring.seam.prepare import CallOptions, op_args
-from tokenring_xdit.ring.split.proof import call_split
+from tokenring_xdit.ring.agree.proof import call_split
 from tokenring_xdit.ring.split.value import KINDS, split_words
 
 SPLIT_DIR = Path(__file__).resolve().parents[2] / "tokenring_xdit" / "ring" / "split"

@@ -76,7 +76,7 @@ def agree(spec: CallSpec, pos: RingPosition, *, comm: CommSettings | None = None
 
 def _header(spec: CallSpec, pos: RingPosition, device_type: str) -> Header:
     """This rank's header: its own problem with the call (found before any exchange: its
-    split's too, `split.proof.call_split`), its claims of packed documents."""
+    split's too, `proof.call_split`), its claims of packed documents."""
     problem = local_problem(spec, device_type, DTYPES)
     claims = 0
     if not problem and spec.doc_positions is not None:
@@ -201,7 +201,8 @@ def _plan(comms, rank: int, headers: list[Header], spec: CallSpec):
     docs = _documents(comms, rank, headers, spec)
     if docs is None:
         return None
-    return call_plan(docs, spec.split.kind, spec.causal, tuple(h.q_len for h in headers))
+    q_lens = tuple(h.q_len for h in headers)
+    return call_plan(docs, spec.split.layout(spec.causal, len(q_lens)), spec.causal, q_lens)
 
 
 def _documents(comms, rank: int, headers: list[Header], spec: CallSpec) -> Documents | None:

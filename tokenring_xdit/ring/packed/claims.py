@@ -15,7 +15,7 @@ import bisect
 
 import torch
 
-from ..split.value import Documents
+from .documents import Documents
 
 __all__ = ["documents_from_position_ids", "claim_count", "local_claims", "documents_from_claims"]
 

@@ -37,8 +37,6 @@ from itertools import accumulate
 
 from ..schedules.blocks import ALL, FRONT
 from ..segments import Segment
-from ..split.value import CONTIGUOUS, DOCUMENTS
-from ..split.value import ZIGZAG as ROW
 
 __all__ = [
     "ROW", "DOCUMENTS", "CONTIGUOUS", "LAYOUTS", "normal_split", "check_total",
@@ -49,7 +47,8 @@ __all__ = [
 # ROW: the row's own split (the zigzag; contiguous shards when not causal). CONTIGUOUS: a
 # causal row cut in N contiguous shards, documents whole where a shard holds them
 # (schedules/contiguous.py; the same cut as ROW when not causal, which it then becomes). The
-# names are the split kinds' (ring/split/value.py).
+# names are also the split kinds (ring/split/value.py).
+ROW, DOCUMENTS, CONTIGUOUS = "zigzag", "documents", "contiguous"
 LAYOUTS = (ROW, DOCUMENTS, CONTIGUOUS)
 
 

@@ -24,24 +24,78 @@ one into the other, nothing for a later key shard, the causal diagonal at step 0
 
 In the documents layout (doc_split.py: every document cut into 2N pieces) a tile is a list of
 pieces instead, each inside one document, and a block's segments come from `block_pieces`: per
-document a full rectangle or a causal diagonal, several documents per block; `document_work`
-(report.py) reports the layouts and which one `auto` picks. `call_plan` is a call's plan from its
-agreed split (ring/split/value.py).
+document a full rectangle or a causal diagonal, several documents per block (`call_plan`: a
+call's, in its agreed split's layout; report.py: the layouts, and `auto`'s pick).
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 from dataclasses import dataclass, field
 
+import torch
+
 from ..schedules import block_schedule
 from ..schedules.blocks import ALL, FRONT, BlockStep, Rows
 from ..segments import Segment
-from ..split.value import CONTIGUOUS, DOCUMENTS, PLAIN, Documents
-from .doc_split import ROW, block_pieces, check_total, normal_split, pieces_meet
+from .doc_split import CONTIGUOUS, DOCUMENTS, ROW, block_pieces, check_total, pieces_meet
 
-__all__ = ["DocPlan", "doc_plan", "call_plan", "layout_of", "block_segments"]
+__all__ = ["Documents", "DocPlan", "doc_plan", "call_plan", "block_segments"]
+
+
+@dataclass(frozen=True)
+class Documents:
+    """The document boundaries of the global sequence (cu_seqlens as a tuple of ints)."""
+
+    bounds: tuple[int, ...]
+
+    @property
+    def total(self) -> int:
+        return self.bounds[-1]
+
+    @property
+    def count(self) -> int:
+        return len(self.bounds) - 1
+
+    @classmethod
+    def of(cls, cu_seqlens, total: int | None = None) -> Documents:
+        """Checked Documents from cu_seqlens (tensor or sequence of ints); ValueError says why.
+        Zero-length documents are dropped (they attend nothing)."""
+        if isinstance(cu_seqlens, torch.Tensor):
+            if cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point():
+                raise ValueError("cu_seqlens must be a 1-d integer tensor")
+            cu_seqlens = cu_seqlens.tolist()  # a host read (keep it on the CPU: docs)
+        if isinstance(cu_seqlens, list | tuple) and all(type(x) is int for x in cu_seqlens):
+            return _checked(tuple(cu_seqlens), total)  # the same offsets every layer and call
+        return _check([int(x) for x in cu_seqlens], total)
+
+    def doc_at(self, index: int) -> int:
+        """Document number of global token `index`."""
+        return bisect.bisect_right(self.bounds, index) - 1
+
+
+def _check(bounds: list[int] | tuple[int, ...], total: int | None) -> Documents:
+    """Documents.of's checks of plain ints (ValueError says why)."""
+    if len(bounds) < 2 or bounds[0] != 0:
+        raise ValueError(
+            f"cu_seqlens must start at 0 and have >= 2 entries, got {list(bounds[:8])}"
+        )
+    if any(b > a for a, b in zip(bounds[1:], bounds, strict=False)):
+        raise ValueError("cu_seqlens must be non-decreasing (document offsets)")
+    if total is not None and bounds[-1] != total:
+        raise ValueError(
+            f"cu_seqlens ends at {bounds[-1]} but the global sequence has {total} tokens "
+            "(cu_seqlens describe the WHOLE packed sequence, not this rank's shard; pad with "
+            "a last document to reach the padded length)"
+        )
+    return Documents(tuple(dict.fromkeys(bounds)))  # drops repeats, keeps order
+
+
+@functools.lru_cache(maxsize=64)  # bounded; an error is raised again (never cached)
+def _checked(bounds: tuple[int, ...], total: int | None) -> Documents:
+    return _check(bounds, total)
 
 
 # --- where a rank's tokens are --------------------------------------------------------------
@@ -213,16 +267,9 @@ def doc_plan(docs: Documents, schedule, q_lens: tuple[int, ...], split: str = RO
     return DocPlan(docs, n, tuple(segments), steps, split, schedule=schedule)
 
 
-def layout_of(kind: str, causal: bool, world_size: int) -> str:
-    """The layout a row cut as split `kind` runs in: the documents layout, a causal row's
-    contiguous shards, else the row's split (a plain split: contiguous shards in rank order)."""
-    return normal_split(ROW if kind == PLAIN else kind, causal, world_size)
-
-
-def call_plan(docs: Documents, kind: str, causal: bool, q_lens: tuple[int, ...]) -> DocPlan:
-    """The plan of a call over shards of `q_lens` tokens cut as split `kind` (its schedule:
+def call_plan(docs: Documents, split: str, causal: bool, q_lens: tuple[int, ...]) -> DocPlan:
+    """The plan of a call over shards of `q_lens` tokens in layout `split` (its schedule:
     `DocPlan.schedule`)."""
-    split = layout_of(kind, causal, len(q_lens))
     return doc_plan(docs, block_schedule(causal, split), q_lens, split)
 
 

@@ -24,10 +24,9 @@ from itertools import accumulate
 
 from ..kernels.names import KernelName
 from ..schedules import block_schedule
-from ..split.value import Documents
 from .cost import LayoutCost, load, plan_work
 from .doc_split import CONTIGUOUS, ROW, normal_split
-from .documents import doc_plan
+from .documents import Documents, doc_plan
 
 __all__ = ["balanced_order", "row_ms"]
 

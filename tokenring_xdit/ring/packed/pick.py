@@ -31,11 +31,10 @@ import functools
 from collections.abc import Mapping, Sequence
 
 from ..schedules import block_schedule
-from ..split.value import Documents
 from ..kernels.names import PRICED, KernelName
 from .cost import LayoutCost, Work, load_kernels, piece_work, plan_work
 from .doc_split import CONTIGUOUS, DOCUMENTS, ROW
-from .documents import DocPlan, doc_plan
+from .documents import DocPlan, Documents, doc_plan
 
 __all__ = [
     "pick", "pick_layout", "kernel_order", "dense_ring_ms", "AUTO_MARGIN",

@@ -10,10 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..schedules import block_schedule
-from ..split.value import Documents
 from ..kernels.names import PRICED
 from .doc_split import CONTIGUOUS, LAYOUTS, ROW, check_total, normal_split
-from .documents import DocPlan, doc_plan
+from .documents import DocPlan, Documents, doc_plan
 from .pick import Costs, _best, _costs, _cuts, _pick, _rank_ms, _tile_works, dense_ring_ms
 
 __all__ = ["document_work"]

@@ -2,7 +2,7 @@
 
 `CallOptions` holds what a caller may ask of one call (the keyword arguments of `token_ring_attn`,
 documented on the class); `prepare(q, k, v, options)` turns them into a `PreparedCall`: the call's
-split and its proof (`split.proof.call_split`), a packed call's kernels priced (ring/packed/), the
+split and its proof (`agree.proof.call_split`), a packed call's kernels priced (ring/packed/), the
 kernel resolved (`kernels.resolve_kernel`), the input check agreed across the ring (`agree`: the
 ring, with a packed call's plan), the loop's call object (schedule, kernel, layout, scale, plan,
 head start) and the settings the runner needs. The eager API (api.py), the training Function
@@ -30,13 +30,13 @@ import torch.distributed as dist
 from ...config import RingConfig, current
 from .. import packed
 from ..agree import CallSpec, agree, digest, needs_grad
+from ..agree.proof import call_split
 from ..agreed_ring import Ring
 from ..comm import RingPosition
 from ..head_start import ring_pause_us
 from ..inference.loop import RingCall
 from ..kernels import BlockKernel, KernelChoice, SwappedKernel, resolve_kernel
 from ..schedules import NON_CAUSAL, block_schedule
-from ..split.proof import call_split
 from ..split.value import Split
 from ..tensor_layout import Layout, get_layout
 from ..training.forward import BlockCall
@@ -284,7 +284,7 @@ def _priced(split: Split, options: CallOptions, size: int) -> tuple[str, ...]:
     later (position ids) or a deterministic call keeps the first."""
     if split.docs is None or options.deterministic:
         return packed.PRICED
-    layout = packed.layout_of(split.kind, options.causal, size)
+    layout = split.layout(options.causal, size)
     return packed.kernel_order(split.docs, size, options.causal, layout)
 
 

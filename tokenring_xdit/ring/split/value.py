@@ -14,77 +14,26 @@ the zigzag shards its EXTRACT_FUNC_DICT["token_ring"] cuts).
 
 from __future__ import annotations
 
-import bisect
 import functools
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 import torch
 
+from ..packed import CONTIGUOUS, DOCUMENTS, Documents, normal_split
+from ..packed import ROW as ZIGZAG
+
 __all__ = [
     "Split", "Documents", "KINDS", "ZIGZAG", "CONTIGUOUS", "DOCUMENTS", "PLAIN", "CUT",
     "POSITIONS", "HOST", "PROOFS", "split_words",
 ]  # fmt: skip
 
-ZIGZAG, CONTIGUOUS, DOCUMENTS, PLAIN = "zigzag", "contiguous", "documents", "plain"
+PLAIN = "plain"  # (the other kinds are ring/packed's layout names)
 KINDS = (PLAIN, ZIGZAG, DOCUMENTS, CONTIGUOUS)  # a kind's index is its header code
 CUT, POSITIONS, HOST = "cut", "positions", "host"
 PROOFS = ("", CUT, POSITIONS, HOST)
 _PROOF_WORDS = MappingProxyType({CUT: "cut by tokenring_xdit.shard",
                                  POSITIONS: "proved by positions", HOST: "the host's contract"})
-
-
-@dataclass(frozen=True)
-class Documents:
-    """The document boundaries of the global sequence (cu_seqlens as a tuple of ints)."""
-
-    bounds: tuple[int, ...]
-
-    @property
-    def total(self) -> int:
-        return self.bounds[-1]
-
-    @property
-    def count(self) -> int:
-        return len(self.bounds) - 1
-
-    @classmethod
-    def of(cls, cu_seqlens, total: int | None = None) -> Documents:
-        """Checked Documents from cu_seqlens (tensor or sequence of ints); ValueError says why.
-        Zero-length documents are dropped (they attend nothing)."""
-        if isinstance(cu_seqlens, torch.Tensor):
-            if cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point():
-                raise ValueError("cu_seqlens must be a 1-d integer tensor")
-            cu_seqlens = cu_seqlens.tolist()  # a host read (keep it on the CPU: docs)
-        if isinstance(cu_seqlens, list | tuple) and all(type(x) is int for x in cu_seqlens):
-            return _checked(tuple(cu_seqlens), total)  # the same offsets every layer and call
-        return _check([int(x) for x in cu_seqlens], total)
-
-    def doc_at(self, index: int) -> int:
-        """Document number of global token `index`."""
-        return bisect.bisect_right(self.bounds, index) - 1
-
-
-def _check(bounds: list[int] | tuple[int, ...], total: int | None) -> Documents:
-    """Documents.of's checks of plain ints (ValueError says why)."""
-    if len(bounds) < 2 or bounds[0] != 0:
-        raise ValueError(
-            f"cu_seqlens must start at 0 and have >= 2 entries, got {list(bounds[:8])}"
-        )
-    if any(b > a for a, b in zip(bounds[1:], bounds, strict=False)):
-        raise ValueError("cu_seqlens must be non-decreasing (document offsets)")
-    if total is not None and bounds[-1] != total:
-        raise ValueError(
-            f"cu_seqlens ends at {bounds[-1]} but the global sequence has {total} tokens "
-            "(cu_seqlens describe the WHOLE packed sequence, not this rank's shard; pad with "
-            "a last document to reach the padded length)"
-        )
-    return Documents(tuple(dict.fromkeys(bounds)))  # drops repeats, keeps order
-
-
-@functools.lru_cache(maxsize=64)  # bounded; an error is raised again (never cached)
-def _checked(bounds: tuple[int, ...], total: int | None) -> Documents:
-    return _check(bounds, total)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -113,6 +62,10 @@ class Split:
         if self.kind == PLAIN:
             return "no split (plain shards)"
         return f"{split_words(self.code)} over {self.world_size} ranks, {_PROOF_WORDS[self.proof]}"
+
+    def layout(self, causal: bool, size: int) -> str:
+        """The packed layout shards cut so run in (plain: contiguous shards in rank order)."""
+        return normal_split(ZIGZAG if self.kind == PLAIN else self.kind, causal, size)
 
     def with_docs(self, docs: Documents | None) -> Split:
         return self if docs is None or docs == self.docs else replace(self, docs=docs)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from ..agree.problems import Problem
-from .sharding import shard_positions
-from .value import CONTIGUOUS, DOCUMENTS, PLAIN, POSITIONS, ZIGZAG, Documents, Split
+from ..split.sharding import shard_positions
+from ..split.value import CONTIGUOUS, DOCUMENTS, PLAIN, POSITIONS, ZIGZAG, Documents, Split
+from .problems import Problem
 
 __all__ = ["call_split"]
 
