@@ -35,9 +35,9 @@ H, D, S = 4, 64, 128  # heads, head size, local length (a zigzag shard: two halv
 
 
 class Block(torch.nn.Module):
-    def __init__(self, causal: bool):
+    def __init__(self, causal: bool, split=None):
         super().__init__()
-        self.causal = causal
+        self.causal, self.split = causal, split  # the split its input's shards were cut by
         self.qkv = torch.nn.Linear(H * D, 3 * H * D)
         self.proj = torch.nn.Linear(H * D, H * D)
 
@@ -46,20 +46,26 @@ class Block(torch.nn.Module):
 
         b, s, _ = x.shape
         q, k, v = self.qkv(x).view(b, s, 3, H, D).unbind(2)
-        out = tr.token_ring_attn_func(q, k, v, causal=self.causal)
+        out = tr.token_ring_attn_func(q, k, v, causal=self.causal, split=self.split)
         return self.proj(out.reshape(b, s, H * D))
 
 
-def _block(causal, dtype):
+def _split(n, causal):
+    from tokenring_xdit import make_split
+
+    return make_split(S * n, n, causal=causal)
+
+
+def _block(n, causal, dtype):
     torch.manual_seed(0)  # the same weights on every rank
-    return Block(causal).to("cuda", dtype)
+    return Block(causal, _split(n, causal)).to("cuda", dtype)
 
 
 def _input(rank, n, dtype, causal):
-    from tokenring_xdit.ring.split.sharding import shard
+    from tokenring_xdit import shard
 
     full = torch.randn(1, S * n, H * D, generator=torch.Generator().manual_seed(7))
-    return shard(full, causal=causal).to("cuda", dtype)
+    return shard(full, split=_split(n, causal)).to("cuda", dtype)
 
 
 def _step(model, x, train):
@@ -87,7 +93,7 @@ def _time(fn, reps=10):
 def _case(rank, n, dtype, causal, train, mode="default"):
     from torch._dynamo.testing import CompileCounterWithBackend
 
-    model, x = _block(causal, dtype), _input(rank, n, dtype, causal)
+    model, x = _block(n, causal, dtype), _input(rank, n, dtype, causal)
     eager, eager_grads = _step(model, x, train)
     torch._dynamo.utils.counters.clear()
     if mode == "default":

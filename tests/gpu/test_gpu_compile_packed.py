@@ -4,9 +4,9 @@ python3 -m pytest -m gpu -q tests/gpu/test_gpu_compile_packed.py
 
 Ranks are processes with a gloo world group and CUDA tensors on cuda:0
 (TOKENRING_XDIT_TRANSPORT=ipc), as in test_gpu_compile.py. Every case is causal and packed:
-documents as cu_seqlens (a list, an int32 tensor) and as position ids that restart, shards cut
-in the row's zigzag and in the documents layout (declared by `shard`, or also asked for with
-doc_layout="documents"); training in fp32 (out, lse, dq, dk, dv) and inference in bf16 (out,
+documents as cu_seqlens (a list, an int32 tensor, or with the split) and as position ids that
+restart, shards cut in the row's zigzag and in the documents layout (the call gets the split the
+shards were cut by); training in fp32 (out, lse, dq, dk, dv) and inference in bf16 (out,
 lse). The compiled function scales q by 2 before the ring (and the softmax scale by 1/2, exact
 in both dtypes), so Inductor emits kernels around the ring and feeds it its own buffers.
 - torch.compile(fullgraph=True) and torch.compile() (the default: graph breaks allowed), both
@@ -27,6 +27,7 @@ PYTHONPATH=$PWD python3 -m tests.gpu.test_gpu_compile_packed --device cpu --back
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 import traceback
@@ -36,7 +37,7 @@ import torch
 
 from tests.harness import run_ranks, tiny_llama_config, values
 from tests.reference import exact_attention, exact_grads
-from tokenring_xdit import shard, shard_positions, token_ring_attn
+from tokenring_xdit import make_split, shard, shard_positions, token_ring_attn
 
 pytestmark = [
     pytest.mark.gpu,
@@ -52,19 +53,19 @@ LLAMA_GRAD_REL_TOL = 1e-4
 H, HK, D = 4, 2, 64  # query heads, K/V heads (GQA), head size
 DOCS = [0, 1, 37, 38, 61, 96]  # lengths 1, 36, 1, 23, 35: across chunk and shard bounds
 SCALE = D**-0.5
-# name: (documents as, shard layout, doc_layout asked for)
+# name: (documents as: beside the split as a list, a tensor, or position ids; or with it)
 PACKINGS = {
-    "cu-list-zigzag": ("list", "zigzag", None),
-    "cu-list-documents": ("list", "documents", None),
-    "cu-tensor-zigzag": ("tensor", "zigzag", None),
-    "cu-tensor-documents-asked": ("tensor", "documents", "documents"),
-    "positions-zigzag": ("positions", "zigzag", None),
+    "cu-list-zigzag": ("list", "zigzag"),
+    "cu-list-documents": ("list", "documents"),
+    "cu-tensor-zigzag": ("tensor", "zigzag"),
+    "cu-with-split-documents": ("split", "documents"),
+    "positions-zigzag": ("positions", "zigzag"),
 }
 # (packing, train, fullgraph) per ring size: fullgraph everything on ring 2, the default mode on
 # one case per documents form and dtype; ring 3 (uneven) the fullgraph training cases
 CASES = {
     2: [(p, train, True) for p in PACKINGS for train in (True, False)]
-    + [("positions-zigzag", True, False), ("cu-tensor-documents-asked", True, False),
+    + [("positions-zigzag", True, False), ("cu-with-split-documents", True, False),
        ("cu-list-zigzag", False, False)],
     3: [(p, True, True) for p in PACKINGS],
 }  # fmt: skip
@@ -129,21 +130,24 @@ def _case(rank, n, dev, backend, packing, train, fullgraph) -> dict:
     """One packed case: eager and compiled (twice), errors vs each other and vs exact."""
     start = time.perf_counter()
     torch._dynamo.reset()  # a fresh compile per case (one code object serves every case)
-    form, layout, asked = PACKINGS[packing]
+    form, layout = PACKINGS[packing]
     dtype = torch.float32 if train else torch.bfloat16
     gen = torch.Generator().manual_seed(list(PACKINGS).index(packing) + 10 * train)
     full = [torch.randn(1, DOCS[-1], h, D, generator=gen).to(dtype) for h in (H, HK, HK, H)]
     ref = _exact(full)  # of the rounded inputs
     cut = {"cu_seqlens": DOCS, "layout": layout} if form != "positions" else {}
-    # shard declares the layout it cut for these documents: the calls below follow it
-    q, k, v, do = (shard(x, causal=True, **cut).to(dev) for x in full)
-    pos = shard_positions(DOCS[-1], rank, n, causal=True, **cut)
+    split = make_split(DOCS[-1], n, causal=True, **cut)  # the calls get it: split=
+    q, k, v, do = (shard(x, split=split).to(dev) for x in full)
+    pos = shard_positions(split, rank)
+    bare = dataclasses.replace(split, docs=None)
     if form == "positions":
         restart = torch.cat([torch.arange(b - a) for a, b in zip(DOCS, DOCS[1:], strict=False)])
-        packed = {"position_ids": shard(restart[None], causal=True, dim=-1).to(dev)}
+        packed = {"split": bare, "position_ids": shard(restart[None], split=split, dim=-1).to(dev)}
+    elif form == "split":
+        packed = {"split": split}
     else:
         cu = list(DOCS) if form == "list" else torch.tensor(DOCS, dtype=torch.int32)
-        packed = {"cu_seqlens": cu, **({"doc_layout": asked} if asked else {})}
+        packed = {"split": bare, "cu_seqlens": cu}
     breaks, graphs = _counts()
     compiled_fn = _compile(_ring_fn, backend, fullgraph)
     runs = [_run(compiled_fn, (q, k, v), do, packed, train) for _ in range(2)]

@@ -52,9 +52,10 @@ def _calls(torch, full, cu):
         replayed = token_ring_attn(*plain, kernel="cudnn", cuda_graph=True)
     got.update(captured=captured, replayed=replayed, graphs=len(RING_GRAPHS))
     got["capture_refused"] = list(RING_GRAPHS.stats.refused)
-    shards = [tokenring_xdit.shard(x, causal=True, cu_seqlens=cu) for x in full]
+    split = tokenring_xdit.make_split(full[0].shape[1], n, causal=True, cu_seqlens=cu)
+    shards = [tokenring_xdit.shard(x, split=split) for x in full]
     q, k, v = (x.requires_grad_() for x in shards[:3])
-    out = token_ring_attn_func(q, k, v, causal=True, cu_seqlens=cu, kernel="cudnn")
+    out = token_ring_attn_func(q, k, v, causal=True, split=split, kernel="cudnn")
     out.backward(shards[3])
     got.update(packed=out.detach(), dq=q.grad, dk=k.grad, dv=v.grad)
     torch.cuda.synchronize()

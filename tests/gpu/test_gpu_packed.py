@@ -63,10 +63,8 @@ def test_auto_picks_flash_varlen(dtype):
 def test_auto_picks_the_cost_models_kernel_for_the_row(dtype):
     """doc_pair("auto") on a GPU runs the kernel the cost model prices fastest for the row (a
     new packing: cuDNN pays a plan per new segment shape), on rows where it prices each one."""
-    from tokenring_xdit.ring.packed import Documents
-    from tokenring_xdit.ring.packed.pick import PackedRow
     from tokenring_xdit.ring.kernels import doc_pair, select_pair
-    from tokenring_xdit.ring.kernels.names import PRICED
+    from tokenring_xdit.ring.packed import Documents, kernel_order
 
     dev = torch.device("cuda")
     args = (dev, dtype, 128, 128)
@@ -75,9 +73,9 @@ def test_auto_picks_the_cost_models_kernel_for_the_row(dtype):
     rows = [(measured, "zigzag"), (measured, "documents"), ((0, 40000, 65536), "zigzag")]
     picked = set()
     for bounds, split in rows:
-        row = PackedRow(Documents(bounds), 4, True, split)
-        want = record[row.kernel(PRICED)]
-        pair = doc_pair("auto", *args, lambda n: select_pair(n, *args, False), row)
+        order = kernel_order(Documents(bounds), 4, True, split)
+        want = record[order[0]]
+        pair = doc_pair("auto", *args, lambda n: select_pair(n, *args, False), order)
         assert pair.name == want, (bounds, split, pair.name)
         picked.add(want)
     assert picked == set(record.values())  # the rows exercise both outcomes
@@ -284,7 +282,7 @@ def _blockwise(q, k, v, do, cu, n, layout, kernels=None):
 
 
 def _api_worker(rank, n):
-    """token_ring_attn_func(causal=True, cu_seqlens=) on shards cut by shard(..., layout=) for
+    """token_ring_attn_func(causal=True, split=) on shards cut by shard(..., split=) for
     both layouts (bf16, GQA 8/2, d 128), the same block decomposition on this GPU alone
     (`_blockwise`), and each document alone through SDPA flash in bf16: max errors of out, dq,
     dk, dv vs fp64 on this rank's positions, relative to the reference's max magnitude there;
@@ -295,9 +293,8 @@ def _api_worker(rank, n):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from tests.packed_blocks import blocks, max_partials
-    from tokenring_xdit import shard, token_ring_attn_func
+    from tokenring_xdit import make_split, shard, shard_positions, token_ring_attn_func
     from tokenring_xdit.ring import setup_token_ring_group
-    from tokenring_xdit.ring.split.sharding import shard_positions
 
     setup_token_ring_group(dist.group.WORLD)
     cu, total, h, hk, d = API_DOCS, API_DOCS[-1], 8, 2, 128
@@ -324,11 +321,11 @@ def _api_worker(rank, n):
     result = {"per_document": [rel(x, r) for x, r in zip((out, *(x.grad for x in ins)), ref,
                                                           strict=True)]}  # fmt: skip
     for layout in ("zigzag", "documents"):
-        pos = shard_positions(total, rank, n, cu_seqlens=cu, layout=layout, device="cuda")
-        local = [shard(x.transpose(1, 2), causal=True, cu_seqlens=cu, layout=layout)
-                 for x in (q, k, v, do)]  # fmt: skip
+        split = make_split(total, n, causal=True, cu_seqlens=cu, layout=layout)
+        pos = shard_positions(split, rank, device="cuda")
+        local = [shard(x.transpose(1, 2), split=split) for x in (q, k, v, do)]
         ins = [x.detach().contiguous().requires_grad_() for x in local[:3]]
-        out = token_ring_attn_func(*ins, causal=True, cu_seqlens=torch.tensor(cu))
+        out = token_ring_attn_func(*ins, causal=True, split=split)
         out.backward(local[3])
         got = (out, *(x.grad for x in ins))
         result[layout] = [

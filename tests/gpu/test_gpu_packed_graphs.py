@@ -39,15 +39,18 @@ def _packing(rng: random.Random, total: int) -> list[int]:
     return cu
 
 
-def _packed_layers(ins, cu, kernel, graphs):
+def _packed_layers(ins, split, kernel, graphs):
     """Forward of every layer, then their backwards (autograd: the last layer's first), as a
-    model runs them: [(out, dq, dk, dv)] per layer."""
+    model runs them: [(out, dq, dk, dv)] per layer. The documents go beside the split, as a
+    tensor (as transformers' batches carry them)."""
+    from dataclasses import replace
+
     from tokenring_xdit import token_ring_attn_func
 
     leaves = [[x.detach().clone().requires_grad_() for x in layer[:3]] for layer in ins]
-    cu_t = torch.tensor(cu)
+    given = {"split": replace(split, docs=None), "cu_seqlens": torch.tensor(split.docs.bounds)}
     outs = [
-        token_ring_attn_func(*qkv, causal=True, cu_seqlens=cu_t, kernel=kernel, cuda_graph=graphs)
+        token_ring_attn_func(*qkv, causal=True, kernel=kernel, cuda_graph=graphs, **given)
         for qkv in leaves
     ]
     torch.autograd.backward(outs, [layer[3] for layer in ins])
@@ -61,7 +64,7 @@ def _graph_worker(rank, n):
     packing the graph cache's counts of the graphed run, and how many graphs it holds after."""
     import torch.distributed as dist
 
-    from tokenring_xdit import shard
+    from tokenring_xdit import make_split, shard
     from tokenring_xdit.ring import setup_token_ring_group
     from tokenring_xdit.ring.graph_cache import RING_GRAPHS, clear_graphs
 
@@ -75,16 +78,17 @@ def _graph_worker(rank, n):
         eager, graphed, counts, held = [], [], [], []
         for p in range(GRAPH_PACKINGS):
             cu = _packing(rng, total)
+            split = make_split(total, n, causal=True, cu_seqlens=cu, layout=layout)
             gen = torch.Generator(device="cuda").manual_seed(1000 * c + p)
             ins = []
             for _ in range(GRAPH_LAYERS):
                 full = [torch.randn(1, total, hh, d, device="cuda", generator=gen).bfloat16()
                         for hh in (h, hk, hk, h)]  # fmt: skip
-                ins.append([shard(x, causal=True, cu_seqlens=cu, layout=layout) for x in full])
-            eager += _packed_layers(ins, cu, kernel, False)
+                ins.append([shard(x, split=split) for x in full])
+            eager += _packed_layers(ins, split, kernel, False)
             s = RING_GRAPHS.stats
             before = (s.captures, s.replays, s.dropped, len(s.refused))
-            graphed += _packed_layers(ins, cu, kernel, True)
+            graphed += _packed_layers(ins, split, kernel, True)
             after = (s.captures, s.replays, s.dropped, len(s.refused))
             counts.append([b - a for a, b in zip(before, after, strict=True)])
             held.append(len(RING_GRAPHS))

@@ -30,13 +30,15 @@ def call_split(options, rank: int, size: int, q_len: int) -> Found:
     if problem:
         return _PLAIN, problem, text
     if split is None or split.kind == PLAIN:
-        return _by_positions(positions, docs, causal, rank, size, q_len)
-    split, text = _given(split, docs, options.position_ids is not None, causal, size)
-    if text:
-        return split, Problem.SPLIT, text
-    if causal and split.kind == ZIGZAG and q_len % 2:
-        return split, Problem.NOT_ZIGZAG, ""
-    if causal and positions is not None and not _matches(positions, split, rank, q_len):
+        split, problem = _unproven(positions, docs, causal, size, q_len)
+    else:
+        split, text = _given(split, docs, options.position_ids is not None, causal, size)
+        problem = Problem.SPLIT if text else Problem.NONE
+    if not problem and causal and split.kind == ZIGZAG and q_len % 2:
+        problem = Problem.NOT_ZIGZAG  # a zigzag shard is two equal halves
+    if problem or not causal or positions is None:
+        return split, problem, text
+    if not _matches(positions, split, rank, q_len):  # (given, or the split they would prove)
         return split, Problem.BAD_POSITIONS, split.kind
     return split, Problem.NONE, ""
 
@@ -53,20 +55,18 @@ def _documents(cu_seqlens, position_ids) -> tuple[Documents | None, Problem, str
         return None, Problem.CU_SEQLENS, str(exc).splitlines()[0][:300]
 
 
-def _by_positions(positions, docs, causal: bool, rank: int, size: int, q_len: int) -> Found:
+def _unproven(positions, docs, causal: bool, size: int, q_len: int) -> tuple[Split, Problem]:
     """No split given: plain (any cut serves a non-causal call or a ring of one), or the zigzag
-    split a causal call's positions prove."""
-    plain = _PLAIN.with_docs(docs)
+    split a causal call's positions would prove (`call_split` checks them)."""
     if not causal:
-        return plain, Problem.NONE, ""
+        return _PLAIN.with_docs(docs), Problem.NONE
     if q_len % 2 or not q_len:
-        return plain, Problem.NOT_ZIGZAG, ""  # a zigzag shard is two equal halves
+        return _PLAIN.with_docs(docs), Problem.NOT_ZIGZAG
     if positions is None:
-        return plain, Problem.NO_PROOF, ""
-    proved = Split(kind=ZIGZAG, total=q_len * size, world_size=size, docs=docs, proof=POSITIONS)
-    if not _matches(positions, proved, rank, q_len):
-        return plain, Problem.BAD_POSITIONS, ZIGZAG
-    return proved, Problem.NONE, ""
+        return _PLAIN.with_docs(docs), Problem.NO_PROOF
+    return Split(kind=ZIGZAG, total=q_len * size, world_size=size, docs=docs, proof=POSITIONS), (
+        Problem.NONE
+    )
 
 
 def _given(split: Split, docs, by_position_ids: bool, causal: bool, size: int):
