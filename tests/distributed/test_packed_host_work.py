@@ -36,7 +36,7 @@ def test_packed_call_host_work(tmp_path):
     assert 0 < row["cpu_us"] and 0 < row["median_us"] <= row["p90_us"]
     assert row["python_calls_per_call"] > 100
     # rank 0: forward and backward loops, its 5 segments run one by one in each
-    assert _calls(row, "block_loop.py", "run_blocks") == 2
+    assert _calls(row, "training/block_loop.py", "run_blocks") == 2
     assert _calls(row, "kernels/sdpa.py", "_cpu_forward") == 5
     assert _calls(row, "kernels/sdpa.py", "_cpu_backward") == 5
     # made once per agreed layout, never per call
@@ -44,6 +44,7 @@ def test_packed_call_host_work(tmp_path):
         ("packed/documents.py", "_check"),  # cu_seqlens' checks
         ("packed/documents.py", "q_needed"),  # the plan's transfer flags
         ("packed/documents.py", "doc_plan"),
+        ("packed/pick.py", "_split_ms"),  # the packed kernels, priced once per packing
         ("kernels/wrappers.py", "_rewrapped"),  # the per-segment record
         ("kernels/wrappers.py", "_cut"),  # the segments' cuts
         ("agree/header.py", "_docs_digest"),
