@@ -151,8 +151,7 @@ def _check(args, documents, device, dtype, heads, layouts) -> dict:
         q, k, v, do, split = _shards(full, layout, cu)
         out = _fwd_bwd(q, k, v, do, split, kernel)
         got = [
-            tokenring_xdit.unshard(x.detach(), split=split)
-            for x in (out, q.grad, k.grad, v.grad)
+            tokenring_xdit.unshard(x.detach(), split=split) for x in (out, q.grad, k.grad, v.grad)
         ]
         errs = {
             name: float((g.double() - r).abs().max())

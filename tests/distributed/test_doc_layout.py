@@ -132,8 +132,10 @@ def _errors(rank: int, n: int) -> dict:
         "split_differs": call(per_doc, causal=True, split=doc_split if rank == 0 else zig_split),
         "by_position_ids": call(per_doc, split=no_docs, position_ids=torch.arange(4)),
         # 3 tokens on every rank, a split of 4 per rank
-        "odd_rows": call(row[:, :3], split=make_split(s, n, causal=False, cu_seqlens=[0, 1, s],
-                                                      layout="documents")),  # fmt: skip
+        "odd_rows": call(
+            row[:, :3],
+            split=make_split(s, n, causal=False, cu_seqlens=[0, 1, s], layout="documents"),
+        ),
         "shard_odd": lambda: shard(row, causal=True, cu_seqlens=[0, 1, s + 2], layout="documents"),
         "bad_layout": lambda: shard(full, causal=True, cu_seqlens=cu, layout="rows"),
     }

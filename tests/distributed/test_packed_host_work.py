@@ -44,6 +44,7 @@ def test_packed_call_host_work(tmp_path):
         ("packed/documents.py", "_check"),  # cu_seqlens' checks
         ("packed/documents.py", "q_needed"),  # the plan's transfer flags
         ("packed/documents.py", "doc_plan"),
+        ("packed/pick.py", "_split_ms"),  # the packed kernels, priced once per packing
         ("kernels/wrappers.py", "_rewrapped"),  # the per-segment record
         ("kernels/wrappers.py", "_cut"),  # the segments' cuts
         ("agree/header.py", "_docs_digest"),

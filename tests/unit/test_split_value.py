@@ -15,8 +15,8 @@ import torch
 from tokenring_xdit import Split, make_split, shard, shard_positions, unshard
 from tokenring_xdit.ring.agree.header import CACHE_KEY, FIELDS, MUST_AGREE, RING_SETTINGS
 from tokenring_xdit.ring.agree.problems import Problem
-from tokenring_xdit.ring.seam.prepare import CallOptions, op_args
 from tokenring_xdit.ring.agree.proof import call_split
+from tokenring_xdit.ring.seam.prepare import CallOptions, op_args
 from tokenring_xdit.ring.split.value import KINDS, split_words
 
 SPLIT_DIR = Path(__file__).resolve().parents[2] / "tokenring_xdit" / "ring" / "split"
@@ -143,10 +143,12 @@ def test_what_does_not_fit_a_call_is_named():
         "cu_seqlens differ": (_options(split=docs, cu_seqlens=[0, 4, 16]), 2),
         "cannot place the pieces": (_options(split=bare, position_ids=torch.arange(8)), 2),
         "needs the row's documents": (
-            _options(split=Split(kind="contiguous", total=16, world_size=2, proof="cut")), 2
+            _options(split=Split(kind="contiguous", total=16, world_size=2, proof="cut")),
+            2,
         ),
         "need causal=True": (
-            _options(causal=False, split=make_split(16, 2, causal=True), cu_seqlens=cu), 2
+            _options(causal=False, split=make_split(16, 2, causal=True), cu_seqlens=cu),
+            2,
         ),
     }
     for words, (options, size) in cases.items():

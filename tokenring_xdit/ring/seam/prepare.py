@@ -109,8 +109,6 @@ def _cu_tensor(cu_seqlens):
     return torch.tensor(list(cu_seqlens), dtype=torch.int64)
 
 
-
-
 def _opt(default, schema: str | None, encode=None, decode=None):
     op = OpArg(schema, *(f for f in (encode, decode) if f is not None))
     return field(default=default, metadata={"op": op})

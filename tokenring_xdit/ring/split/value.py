@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, replace
-from types import MappingProxyType
 
 import torch
 
@@ -32,8 +31,6 @@ PLAIN = "plain"  # (the other kinds are ring/packed's layout names)
 KINDS = (PLAIN, ZIGZAG, DOCUMENTS, CONTIGUOUS)  # a kind's index is its header code
 CUT, POSITIONS, HOST = "cut", "positions", "host"
 PROOFS = ("", CUT, POSITIONS, HOST)
-_PROOF_WORDS = MappingProxyType({CUT: "cut by tokenring_xdit.shard",
-                                 POSITIONS: "proved by positions", HOST: "the host's contract"})
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -61,7 +58,9 @@ class Split:
         """The split as errors name it."""
         if self.kind == PLAIN:
             return "no split (plain shards)"
-        return f"{split_words(self.code)} over {self.world_size} ranks, {_PROOF_WORDS[self.proof]}"
+        how = "cut by tokenring_xdit.shard" if self.proof == CUT else "the host's contract"
+        how = "proved by positions" if self.proof == POSITIONS else how
+        return f"{split_words(self.code)} over {self.world_size} ranks, {how}"
 
     def layout(self, causal: bool, size: int) -> str:
         """The packed layout shards cut so run in (plain: contiguous shards in rank order)."""
