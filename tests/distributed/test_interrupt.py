@@ -98,7 +98,7 @@ def _restarted_member_waits(rank: int, world_size: int) -> float:
 
     os.environ["TORCHELASTIC_RESTART_COUNT"] = "0"  # the previous attempt arrived, then died
     groups._members_arrive((0, 1), timedelta(seconds=30))
-    groups._ARRIVALS.clear()  # the restarted processes start afresh
+    groups.LIVE.arrivals.clear()  # the restarted processes start afresh
     os.environ["TORCHELASTIC_RESTART_COUNT"] = "1"
     if rank == 1:
         time.sleep(2.0)
