@@ -19,7 +19,7 @@ from ..comm import COUNTERS
 from ..kernels import row_delta
 from ..schedules.blocks import ALL
 from ..schedules.kv_both_ways import A, B, KvStep
-from .kv_halves import KvCall, acc_dtype
+from .kv_halves import KvCall, TravellingKv, acc_dtype
 from .kv_loop import run_kv
 
 __all__ = ["kv_backward"]
@@ -40,7 +40,7 @@ def kv_backward(
     return run_kv(call.causal, ring, kv_lens, pay)
 
 
-class _Backward:
+class _Backward(TravellingKv):
     """The backward's payload (kv_loop.KvPayload): K/V halves and their dK/dV sums travel, dQ
     is summed here."""
 
@@ -54,12 +54,6 @@ class _Backward:
         self.travel = self.k.dtype if n == 2 else acc_dtype(self.k.dtype)
         self.made: list = [None, None]  # per half: this row's block (dk, dv) and its row
         self.sums: list = [[], []]  # per half: the sum made at the previous row, posted now
-
-    def own(self, half: int) -> list[torch.Tensor]:
-        return [self.call.cut(self.k, half), self.call.cut(self.v, half)]
-
-    def kv_buffers(self, half: int, length: int) -> list[torch.Tensor]:
-        return [self.call.empty(x, half, length) for x in (self.k, self.v)]
 
     def grad_buffers(self, half: int, length: int) -> list[torch.Tensor]:
         return [self.call.empty(x, half, length, self.travel) for x in (self.k, self.v)]

@@ -15,7 +15,7 @@ from ..comm import COUNTERS
 from ..merge import fused as fused_merge
 from ..merge.partials import lse_merge
 from ..schedules.kv_both_ways import A, B, KvStep
-from .kv_halves import KvCall, acc_dtype
+from .kv_halves import KvCall, TravellingKv, acc_dtype
 from .kv_loop import run_kv
 
 __all__ = ["kv_forward"]
@@ -33,7 +33,7 @@ def kv_forward(
     return run_kv(call.causal, ring, kv_lens, _Forward(call, kv_lens, q, k, v, out, lse))
 
 
-class _Forward:
+class _Forward(TravellingKv):
     """The forward's payload (kv_loop.KvPayload): K/V halves travel, partials merge here."""
 
     grads = False
@@ -43,12 +43,6 @@ class _Forward:
         self.out = out.to(acc_dtype(q.dtype), copy=True)  # step 0's block starts the sums
         self.lse = lse.float().clone()
         self.fused = fused_merge.serves(self.out)
-
-    def own(self, half: int) -> list[torch.Tensor]:
-        return [self.call.cut(self.k, half), self.call.cut(self.v, half)]
-
-    def kv_buffers(self, half: int, length: int) -> list[torch.Tensor]:
-        return [self.call.empty(x, half, length) for x in (self.k, self.v)]
 
     def step(self, st: KvStep, held) -> None:
         if st.diagonal:

@@ -18,7 +18,7 @@ from ..schedules.blocks import FRONT, part_slice
 from ..schedules.kv_both_ways import front_len, half_ranges
 from ..tensor_layout import Layout
 
-__all__ = ["KvCall", "acc_dtype"]
+__all__ = ["KvCall", "TravellingKv", "acc_dtype"]
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -87,3 +87,18 @@ class KvCall:
         for start, stop in ranges:
             seq(mine, slice(start, stop)).add_(seq(got, slice(at, at + stop - start)))
             at += stop - start
+
+
+class TravellingKv:
+    """What both passes' payloads send of this rank's K/V: its halves, and buffers for a half
+    arriving from `length` tokens (the payload sets `call`, `k` and `v`)."""
+
+    call: KvCall
+    k: torch.Tensor
+    v: torch.Tensor
+
+    def own(self, half: int) -> list[torch.Tensor]:
+        return [self.call.cut(self.k, half), self.call.cut(self.v, half)]
+
+    def kv_buffers(self, half: int, length: int) -> list[torch.Tensor]:
+        return [self.call.empty(x, half, length) for x in (self.k, self.v)]
