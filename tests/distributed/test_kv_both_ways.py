@@ -105,9 +105,10 @@ def _local(case, torch, x, pos, rank):
 
 
 def _run_case(case, rank, n, torch):
-    """Max |err| of out, dq, dk, dv on this rank through the thin entry, with autograd."""
+    """Max |err| of out, dq, dk, dv on this rank through the public call (travel="kv"), with
+    autograd; causal calls prove their zigzag shards by their positions."""
+    from tokenring_xdit import token_ring_attn
     from tokenring_xdit.ring.comm import COUNTERS
-    from tokenring_xdit.ring.training.kv_function import kv_ring_attn_func
 
     (q, k, v, do), q_pos, kv_pos = _inputs(case, n, torch)
     ref, *grads = exact_grads(*(x.double() for x in (q, k, v, do)), causal=case["causal"],
@@ -115,8 +116,9 @@ def _run_case(case, rank, n, torch):
     loc = [_local(case, torch, x, p, rank).requires_grad_()
            for x, p in ((q, q_pos), (k, kv_pos), (v, kv_pos))]  # fmt: skip
     COUNTERS.reset()
-    out = kv_ring_attn_func(*loc, causal=case["causal"], layout=case["layout"],
-                            kernel=case["kernel"])  # fmt: skip
+    positions = torch.tensor(q_pos[rank]) if case["causal"] else None
+    out, _ = token_ring_attn(*loc, causal=case["causal"], layout=case["layout"],
+                             kernel=case["kernel"], positions=positions, travel="kv")  # fmt: skip
     kernels_fwd = COUNTERS.kernel_calls
     out.backward(_local(case, torch, do, q_pos, rank))
     errs = {"out": max_err(out, _local(case, torch, ref, q_pos, rank))}
@@ -206,24 +208,32 @@ def _worker(rank, n, cases):
 
 
 def _rejections(rank, torch):
-    """Calls the thin entry must refuse on every rank: K/V heads that do not divide the query
-    heads on one rank, head counts that differ between ranks, a causal call on unequal shards."""
-    from tokenring_xdit.ring.training.kv_function import kv_ring_attn_func
+    """Calls refused on every rank: K/V heads that do not divide the query heads on one rank,
+    head counts that differ between ranks, a causal call on unequal shards, `travel` that
+    differs between ranks (an agreed option, named), packed documents forced onto K/V, and a
+    travel that does not exist."""
+    from tokenring_xdit import token_ring_attn
 
     def qkv(s=8, h=4, h_kv=2):
-        return (torch.randn(1, s, h, 16), torch.randn(1, s, h_kv, 16), torch.randn(1, s, h_kv, 16))
+        xs = (torch.randn(1, s, h, 16), torch.randn(1, s, h_kv, 16), torch.randn(1, s, h_kv, 16))
+        return [x.requires_grad_() for x in xs]
 
+    zigzag = torch.tensor([0, 1, 2, 3, 12, 13, 14, 15] if rank == 0 else [4, 5, 6, 9, 10, 11])
     calls = {
         "gqa": dict(args=qkv(h_kv=3 if rank == 0 else 2)),
         "heads": dict(args=qkv(h=4 if rank == 0 else 8)),
-        "zigzag": dict(args=qkv(s=8 if rank == 0 else 6), causal=True),
+        "zigzag": dict(args=qkv(s=8 if rank == 0 else 6), causal=True, positions=zigzag),
+        "travel": dict(args=qkv(), travel="kv" if rank == 0 else "q"),
+        "packed": dict(args=qkv(), cu_seqlens=[0, 5, 16], travel="kv"),
+        "bogus": dict(args=qkv(), travel="k"),
     }
     found = {}
     for name, call in calls.items():
+        kwargs = {"travel": "kv", **{k: x for k, x in call.items() if k != "args"}}
         try:
-            kv_ring_attn_func(*call["args"], causal=call.get("causal", False))
+            token_ring_attn(*call["args"], **kwargs)
             found[name] = None
-        except ValueError as e:
+        except (ValueError, NotImplementedError) as e:
             found[name] = str(e)
     return found
 
@@ -251,7 +261,12 @@ def test_forward_and_gradients_match_exact_attention(n):
 
 def test_bad_input_is_one_error_on_every_rank():
     for rank, res in enumerate(_launch(2)):
-        for name, needle in (("gqa", "dividing"), ("heads", "one batch"), ("zigzag", "zigzag")):
+        for name, needle in (("gqa", "divides q's"), ("heads", "head count differs"),
+                             ("zigzag", "zigzag"),
+                             ("travel", "travel differs across ring ranks: rank 0 has 'kv', "
+                                        "rank 1 has 'q'"),
+                             ("packed", "travel='kv' (K/V both ways) does not run packed"),
+                             ("bogus", "travel must be one of")):  # fmt: skip
             got = res["rejections"][name]
             assert got is not None and needle in got, (rank, name, got)
 

@@ -22,15 +22,16 @@ time, docs/training.md). GQA's per-block K/V expansion is the same in both and l
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ..ring.schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
 from ..ring.schedules.blocks import FRONT, part_len
 from ..ring.schedules.kv_both_ways import front_len, half_ranges, kv_steps, split_by_heads
 from .ceiling import CAUSAL_OVER_FULL, TRAIN_OVER_FORWARD
-from .machine import Machine
+from .machine import Machine, make_machine
 from .schedules import LSE_BYTES, _flows_ms
 
-__all__ = ["TrainShape", "FAMILIES", "train_ms", "pass_bytes"]
+__all__ = ["TrainShape", "FAMILIES", "train_ms", "pass_bytes", "choose_travel"]
 
 BWD_OVER_FWD = TRAIN_OVER_FORWARD - 1
 FAMILIES = ("token_ring", "kv_both_ways")
@@ -191,3 +192,22 @@ def pass_bytes(family: str, s: TrainShape, n: int, backward: bool) -> float:
         return s.tokens * s.heads * (q_per + ret_per)
     travel = 4 if n > 2 else e
     return 2 * s.tokens * s.kv_heads * d * (e + (travel if backward else 0))
+
+
+# The K/V family must win by this much to be picked over TokenRing (the model's median error
+# on the measured rows is 2-7 %; TokenRing is what every host ran so far).
+TRAVEL_MARGIN = 0.02
+
+
+@lru_cache(maxsize=256)
+def choose_travel(s: TrainShape, ring: int, fabric: str = "nvswitch") -> tuple[str, str]:
+    """("q" or "kv", why) for one training call of shape `s` on a ring of `ring` GPUs of one
+    node on `fabric`: the K/V family where it is predicted MARGIN faster. A pure function of
+    its arguments, so every rank that agreed them picks the same."""
+    if ring < 2:
+        return "q", "no ring"
+    m = make_machine(ring, fabric_name=fabric)
+    ranks = list(range(ring))
+    tr, kv = (train_ms(m, family, s, ranks)["ms"] for family in FAMILIES)
+    pick = "kv" if kv < tr * (1 - TRAVEL_MARGIN) else "q"
+    return pick, f"predicted fwd+bwd {tr:.3f} ms moving Q vs {kv:.3f} ms moving K/V ({fabric})"

@@ -63,6 +63,7 @@ class Ring:
     transport: str = "nccl"  # how the lanes move data: a name in TRANSPORTS
     plan: BlockPlan | None = None  # a packed call's plan (agreed split and documents)
     swapped: bool = False  # Q and partials travel with seq and heads swapped (layout.storage)
+    kv_lens: tuple[int, ...] = ()  # a training call's: every rank's local K/V length
 
     @property
     def rank(self) -> int:
@@ -75,7 +76,7 @@ class Ring:
     @property
     def key(self) -> tuple:
         """The agreed value, for caches (no rank-local fact in it)."""
-        return (self.q_lens, self.settings, self.swapped)
+        return (self.q_lens, self.kv_lens, self.settings, self.swapped)
 
     def lanes(self):
         """(Q lane, return lane) for one call."""

@@ -52,6 +52,7 @@ def token_ring_attn(
     positions: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | list[int] | None = None,
     position_ids: torch.Tensor | None = None,
+    travel: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact attention of the local queries against the K/V of every rank of `group`.
 
@@ -72,6 +73,7 @@ def token_ring_attn(
         final_chunks=final_chunks, joint_kv=joint_kv, joint_strategy=joint_strategy,
         cuda_graph=cuda_graph, kernel_key=kernel_key, config=config, deterministic=deterministic,
         split=split, positions=positions, cu_seqlens=cu_seqlens, position_ids=position_ids,
+        travel=travel,
     )  # fmt: skip
     return attend(q, k, v, options)
 

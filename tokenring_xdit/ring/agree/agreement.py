@@ -40,7 +40,7 @@ def _fast_key(spec: CallSpec, pos: RingPosition) -> tuple | None:
     return (pos.group, spec.layout, spec.chunks, spec.scale, spec.kernel, spec.graphs,
             spec.validate, spec.transport, spec.problem, grad, joint_sig, q.shape, k.shape, v.shape,
             q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, spec.timeout,
-            spec.split.code)  # fmt: skip
+            spec.split.code, spec.agreed)  # fmt: skip
 
 
 def agree(spec: CallSpec, pos: RingPosition, *, comm: CommSettings | None = None) -> Ring:
@@ -62,7 +62,7 @@ def agree(spec: CallSpec, pos: RingPosition, *, comm: CommSettings | None = None
         _raise_for([header], spec, device_type)  # a ring of one: its own words
         plan = _plan(None, 0, [header], spec)
         return Ring(pos=pos, comms=None, q_lens=(header.q_len,), settings=header.ring_settings(),
-                    plan=plan)  # fmt: skip
+                    plan=plan, kv_lens=(header.train_kv_len,))  # fmt: skip
     key = (pos.group, header.cache_key(), spec.q.device, spec.timeout)
     use_cache = use_cache and spec.doc_positions is None  # their documents are new per call
     hit = cached(key) if use_cache and not header.problem else None
@@ -99,6 +99,7 @@ def _exchanged(
         pos=pos, comms=comms, q_lens=tuple(h.q_len for h in headers),
         settings=headers[0].ring_settings(), transport=_resolve_transport(headers, comms.backend),
         plan=_plan(comms, pos.rank, headers, spec), swapped=wire_swapped([h.wire for h in headers]),
+        kv_lens=tuple(h.train_kv_len for h in headers),
     )  # fmt: skip
 
 
@@ -132,6 +133,8 @@ def _raise_for(
         )
     if differ:
         f = differ[0]
+        if f == "options":
+            _option_differs(words)
         each = ", ".join(
             f"rank {r} has {in_words(f, getattr(h, f), words[r])}" for r, h in enumerate(headers)
         )
@@ -140,6 +143,17 @@ def _raise_for(
             "every rank"
         )
     _check_lengths(headers)
+
+
+def _option_differs(words: list[dict]) -> None:
+    """The error for agreed options that differ: the first that does, each rank's value."""
+    for name, value in words[0]["options"].items():
+        values = [w["options"].get(name) for w in words]
+        if any(v != value for v in values):
+            each = ", ".join(f"rank {r} has {v!r}" for r, v in enumerate(values))
+            raise ValueError(
+                f"TokenRing: {name} differs across ring ranks: {each}; pass the same on every rank"
+            )
 
 
 def _device_hint(got: str, transport: int) -> str:
@@ -158,7 +172,7 @@ def _words(comms: RingComms | None, spec: CallSpec) -> list[dict]:
     """Every rank's own words for an error that the headers only hold as codes (a kernel's
     reason, its family's name). Only on the error path, which every ring rank takes together."""
     mine = {"detail": spec.detail, "kernel": spec.kernel_name, "docs": _docs_words(spec),
-            "split": spec.split.words}  # fmt: skip
+            "split": spec.split.words, "options": dict(spec.agreed)}  # fmt: skip
     if comms is None:
         return [mine]
     everyone: list = [None] * len(comms.ranks)

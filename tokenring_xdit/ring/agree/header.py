@@ -71,6 +71,10 @@ class Header:
     docs: int = 0  # packed documents: digest of cu_seqlens, DOCS_BY_POSITIONS, or 0 (none)
     ndocs: int = 0  # packed documents: their count, or this rank's claims
     wire: int = 0  # how q is stored (layout.storage): the vote on the layout Q travels in
+    options: int = 0  # digest of the call's agreed options (CallSpec.agreed)
+    # a training call's K/V length: agreed and keyed on (the K/V family sizes its buffers by
+    # every rank's), unlike kv_len, which an inference KV cache grows on one rank alone
+    train_kv_len: int = 0
 
     def row(self) -> list[int]:
         return list(map(int, _ROW(self)))
@@ -100,7 +104,7 @@ CACHE_KEY = tuple(name for name in FIELDS if name not in ("kv_len", "wire"))
 RING_SETTINGS = (
     "batch", "heads", "kv_heads", "head_dim", "v_head_dim", "dtype", "layout", "mode", "chunks",
     "device", "scale", "kernel", "graphs", "validate", "transport", "split", "choice", "source",
-    "inputs",
+    "inputs", "options",
 )  # fmt: skip
 
 _ROW, _CACHE_KEY, _RING_SETTINGS = (attrgetter(*names) for names in (FIELDS, CACHE_KEY,
@@ -126,6 +130,7 @@ MUST_AGREE = {
     "transport": "transport",
     "split": "split of the sequence (split=, or what positions= prove)",
     "docs": "packed documents (digest of cu_seqlens; -1: position ids; 0: none)",
+    "options": "call options",  # the error names the option (agreement._option_differs)
 }
 
 
@@ -150,6 +155,7 @@ def call_header(spec: CallSpec, problem: Problem) -> Header:
         return Header(problem=problem)
     q, k, v, layout = spec.q, spec.k, spec.v, spec.layout
     b, s, h, d = layout.dims(q)
+    train = spec.causal or spec.grad or spec.packed
     mode = (Mode.CAUSAL if spec.causal else Mode.NON_CAUSAL) | (
         Mode.GRAD if spec.grad else Mode.NON_CAUSAL
     )
@@ -166,6 +172,7 @@ def call_header(spec: CallSpec, problem: Problem) -> Header:
         graphs=int(spec.graphs), validate=VALIDATE_CODES.get(spec.validate, -1),
         transport=TRANSPORT_CODES.get(spec.transport, -1), split=spec.split.code,
         gpu=_gpu_digest(q.device), docs=docs, ndocs=ndocs, wire=storage(q),
+        options=digest(spec.agreed), train_kv_len=k.shape[layout.seq_dim] if train else 0,
     )  # fmt: skip
 
 

@@ -148,6 +148,9 @@ class CallSpec:
     transport: str = "nccl"  # requested (config.TRANSPORTS); the agreed one is Ring.transport
     timeout: float | None = None  # this call's deadline in seconds (RingConfig.timeout)
     family: object = None  # the kernel family (`kernel` is its agreed digest; errors name it)
+    # ((name, value), ...) of the options declared agreed (seam/prepare.py AGREED): the header
+    # carries their digest, an error names the one that differs
+    agreed: tuple = ()
 
     @property
     def kernel_name(self) -> str:

@@ -37,9 +37,12 @@ from ..head_start import ring_pause_us
 from ..inference.loop import RingCall
 from ..kernels import BlockKernel, KernelChoice, SwappedKernel, resolve_kernel
 from ..schedules import NON_CAUSAL, block_schedule
+from ..schedules.kv_both_ways import split_by_heads
 from ..split.value import Split
 from ..tensor_layout import Layout, get_layout
 from ..training.forward import BlockCall
+from ..training.kv_halves import KvCall
+from .travel import TRAVELS, resolve_travel
 
 __all__ = [
     "CallOptions", "OpArg", "PreparedCall", "prepare", "op_args",
@@ -109,9 +112,13 @@ def _cu_tensor(cu_seqlens):
     return torch.tensor(list(cu_seqlens), dtype=torch.int64)
 
 
-def _opt(default, schema: str | None, encode=None, decode=None):
+def _opt(default, schema: str | None, encode=None, decode=None, agreed: bool = False):
+    """A CallOptions field: how it travels through a graph (`OpArg`), and `agreed`: every ring
+    rank must pass the same (its value joins the header's options digest and a mismatch is one
+    error naming it; it must be hashable with a stable repr). An agreed option is one field
+    here and the code that uses it: nothing in agree/ names it."""
     op = OpArg(schema, *(f for f in (encode, decode) if f is not None))
-    return field(default=default, metadata={"op": op})
+    return field(default=default, metadata={"op": op, "agreed": agreed})
 
 
 # --- the options ------------------------------------------------------------------------------
@@ -159,6 +166,10 @@ class CallOptions:
     position_ids: (seqlen_q,) or (batch_size, seqlen_q) int, this shard's per-document
         positions that restart at 0 where a document starts (transformers' packed batches);
         every rank learns the same documents from them in the input check.
+    travel: what moves round the ring on the training (block-schedule) path: "q" (TokenRing:
+        queries travel, partials come home), "kv" (K/V halves both ways, ring/schedules/
+        kv_both_ways.py: fewer bytes under GQA), "auto" (predicted per call from the agreed
+        shapes, seam/travel.py). Agreed. Inference always moves queries.
 
     Packed documents: without a split, non-causal shards are the contiguous shards in rank
     order, causal ones zigzag shards proved by `positions`; K/V must be the query's tokens;
@@ -188,6 +199,10 @@ class CallOptions:
     positions: torch.Tensor | None = _opt(None, "Tensor?")
     cu_seqlens: torch.Tensor | list[int] | None = _opt(None, "Tensor?", _cu_tensor)
     position_ids: torch.Tensor | None = _opt(None, "Tensor?")
+    travel: str = _opt("auto", "str", agreed=True)
+
+
+AGREED = tuple(f.name for f in fields(CallOptions) if f.metadata["agreed"])
 
 
 def op_args() -> tuple[tuple[str, OpArg], ...]:
@@ -201,11 +216,12 @@ def op_args() -> tuple[tuple[str, OpArg], ...]:
 class PreparedCall(NamedTuple):
     """One call after its input check: everything the loops run, equal on every ring rank
     (except the ring's rank and handles). `call` is a BlockCall (`train`: causal, gradients or
-    packed documents; the block-schedule path) or a RingCall (no-grad non-causal inference; its
+    packed documents; the block-schedule path), a KvCall (the same calls where K/V travel,
+    seam/travel.py) or a RingCall (no-grad non-causal inference; its
     layout is the agreed wire layout, `layout` the caller's)."""
 
     ring: Ring
-    call: BlockCall | RingCall
+    call: BlockCall | KvCall | RingCall
     train: bool
     layout: Layout
     kernel: KernelChoice
@@ -234,11 +250,16 @@ def prepare(
         raise ValueError(f"joint_strategy must be 'front' or 'rear', got {strategy!r}")
     pos = RingPosition.of(options.group)
     grad = needs_grad(q, k, v) if grad is None else grad
+    if options.travel not in TRAVELS:
+        raise ValueError(f"travel must be one of {TRAVELS}, got {options.travel!r}")
     spec, kernel = _spec(q, k, v, options, layout, pos, grad, cfg, validate or cfg.validate)
     train = options.causal or grad or spec.packed
     ring = agree(spec, pos, comm=cfg.comm)
     head_start_us = ring_pause_us(cfg.comm_head_start_us, ring.transport)
-    if train:
+    if train and resolve_travel(options.travel, ring, spec) == "kv":
+        h_kv = k.shape[layout.head_dim]
+        call = KvCall(kernel.fn, layout, spec.scale, options.causal, split_by_heads(h_kv))
+    elif train:
         plan = ring.plan
         call = BlockCall(
             schedule=plan.schedule if plan is not None else block_schedule(options.causal),
@@ -271,9 +292,10 @@ def _spec(q, k, v, options, layout, pos, grad, cfg, validate) -> tuple[CallSpec,
         kernel=digest(kernel.family), family=kernel.family, validate=validate,
         graphs=_graphs(options.cuda_graph, cfg, options.causal or grad or packed, kernel.key),
         joint_kv=options.joint_kv, grad=grad, split=split, doc_positions=by_ids, problem=problem,
-        detail=text, transport=cfg.transport, timeout=cfg.timeout,
+        detail=text, transport=cfg.transport, timeout=cfg.timeout, agreed=tuple((name, getattr(options, name)) for name in AGREED),
     )  # fmt: skip
     return spec, kernel
+
 
 
 def _priced(split: Split, options: CallOptions, size: int) -> tuple[str, ...]:

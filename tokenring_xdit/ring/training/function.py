@@ -18,8 +18,7 @@ from ..agreed_ring import Ring
 from .backward import fold_lse_grad
 from ..comm.teardown import on_release
 from ..seam.prepare import PreparedCall
-from .forward import BlockCall
-from .run import train_backward, train_forward
+from .run import TrainCall, train_backward, train_forward
 
 __all__ = ["TokenRingAttention", "train_attn"]
 
@@ -56,7 +55,7 @@ class TokenRingAttention(torch.autograd.Function):
     clones of the graph's outputs, the caller's own)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, call: BlockCall, ring: Ring, q_lens: tuple[int, ...], graphs=False):
+    def forward(ctx, q, k, v, call: TrainCall, ring: Ring, q_lens: tuple[int, ...], graphs=False):
         out, lse = train_forward(call, ring, q_lens, q, k, v, graphs)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.call, ctx.held, ctx.q_lens, ctx.graphs = call, _Held(ring), q_lens, graphs
@@ -86,7 +85,7 @@ def train_attn(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prepared: PreparedCall
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The block-schedule path of a prepared call (call.prepare; `prepared.train`), with
-    autograd: `prepared.call` is its BlockCall (schedule, pair, document plan, head start);
+    autograd: `prepared.call` is its BlockCall (schedule, pair, document plan, head start) or KvCall;
     `prepared.graphs`: replay its halves as CUDA graphs (RingConfig.train_cuda_graph)."""
     ring = prepared.ring
     return TokenRingAttention.apply(q, k, v, prepared.call, ring, ring.q_lens, prepared.graphs)

@@ -49,9 +49,9 @@ class _Backward(TravellingKv):
     def __init__(self, call: KvCall, kv_lens, n: int, inputs, own):
         self.call, self.kv_lens = call, kv_lens
         self.dout, self.q, self.k, self.v, self.out, self.lse, self.delta = inputs
-        acc = acc_dtype(self.q.dtype)
+        acc = acc_dtype(self.q.dtype, call.acc)
         self.dq, self.dk, self.dv = (g.to(acc, copy=True) for g in own)  # step 0 starts them
-        self.travel = self.k.dtype if n == 2 else acc_dtype(self.k.dtype)
+        self.travel = self.k.dtype if n == 2 else acc_dtype(self.k.dtype, call.acc)
         self.made: list = [None, None]  # per half: this row's block (dk, dv) and its row
         self.sums: list = [[], []]  # per half: the sum made at the previous row, posted now
 

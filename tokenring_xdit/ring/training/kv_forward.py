@@ -40,7 +40,7 @@ class _Forward(TravellingKv):
 
     def __init__(self, call: KvCall, kv_lens, q, k, v, out, lse):
         self.call, self.kv_lens, self.q, self.k, self.v = call, kv_lens, q, k, v
-        self.out = out.to(acc_dtype(q.dtype), copy=True)  # step 0's block starts the sums
+        self.out = out.to(acc_dtype(q.dtype, call.acc), copy=True)  # step 0's block starts the sums
         self.lse = lse.float().clone()
         self.fused = fused_merge.serves(self.out)
 

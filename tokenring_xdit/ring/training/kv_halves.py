@@ -21,9 +21,9 @@ from ..tensor_layout import Layout
 __all__ = ["KvCall", "TravellingKv", "acc_dtype"]
 
 
-def acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Sums in fp32 at least (fp64 stays fp64)."""
-    return torch.promote_types(dtype, torch.float32)
+def acc_dtype(dtype: torch.dtype, acc: torch.dtype = torch.float32) -> torch.dtype:
+    """Sums in `acc` at least (fp32 by default; fp64 stays fp64)."""
+    return torch.promote_types(dtype, acc)
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,16 @@ class KvCall:
     scale: float
     causal: bool
     by_heads: bool  # halves by K/V heads (schedules.kv_both_ways.split_by_heads), else tokens
+    # what partials and gradients are summed (and multi-hop sums travel) in: fp32; fp64 sums
+    # measure what the block kernels' own rounding alone makes of a ring (the GPU tests)
+    acc: torch.dtype = torch.float32
+    packing = None  # no packed documents (a class attribute, as BlockCall's property)
+
+    def graph_key(self) -> tuple:
+        """What a captured graph of this call bakes in besides the ring's agreed value and the
+        tensors' signature (training/run.py)."""
+        return ("kv", self.pair, self.layout.name, self.scale, self.causal, self.by_heads,
+                self.acc)  # fmt: skip
 
     def heads(self, x: torch.Tensor, half: int) -> torch.Tensor:
         """x's heads that go with a half (all of them for token halves): q, out, dO or K/V."""

@@ -31,10 +31,15 @@ from collections.abc import Callable, Hashable
 
 import torch
 
+from ..agreed_ring import Ring
+from ..graph_cache import graphs_wanted
 from .backward import block_backward
 from .forward import BlockCall, block_forward
-from ..graph_cache import graphs_wanted
-from ..agreed_ring import Ring
+from .kv_backward import kv_backward
+from .kv_forward import kv_forward
+from .kv_halves import KvCall
+
+TrainCall = BlockCall | KvCall  # what travels: queries (TokenRing) or K/V both ways
 
 __all__ = ["train_backward", "train_forward", "train_graph_key"]
 
@@ -42,7 +47,7 @@ FORWARD, BACKWARD = "train-fwd", "train-bwd"
 
 
 def train_graph_key(
-    ring: Ring, call: BlockCall, half: str, inputs: tuple[torch.Tensor, ...]
+    ring: Ring, call: TrainCall, half: str, inputs: tuple[torch.Tensor, ...]
 ) -> Hashable | None:
     """The graph cache key of one half of a call (None: this call is not graphed): `Ring.
     graph_key` of what the call bakes in, the half and the autocast state it is captured under
@@ -56,7 +61,7 @@ def train_graph_key(
 
 
 def _run(
-    ring: Ring, call: BlockCall, half: str, inputs: tuple[torch.Tensor, ...], run: Callable,
+    ring: Ring, call: TrainCall, half: str, inputs: tuple[torch.Tensor, ...], run: Callable,
     graphs: bool,
 ) -> tuple[torch.Tensor, ...]:  # fmt: skip
     key = None
@@ -70,25 +75,29 @@ def _run(
 
 
 def train_forward(
-    call: BlockCall, ring: Ring, q_lens: tuple[int, ...], q, k, v, graphs: bool = False
+    call: TrainCall, ring: Ring, q_lens: tuple[int, ...], q, k, v, graphs: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of `block_forward`, then the ring's end-of-call check; `graphs`: through the
     ring's graph cache where this call can be (module docstring)."""
 
     def run(xs):
+        if isinstance(call, KvCall):
+            return kv_forward(call, ring, ring.kv_lens, *xs)
         return block_forward(call, ring, q_lens, *xs)
 
     return _run(ring, call, FORWARD, (q, k, v), run, graphs)
 
 
 def train_backward(
-    call: BlockCall, ring: Ring, q_lens: tuple[int, ...], dout, q, k, v, out, lse,
+    call: TrainCall, ring: Ring, q_lens: tuple[int, ...], dout, q, k, v, out, lse,
     graphs: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """(dq, dk, dv) of `block_backward`, then the ring's end-of-call check; `graphs` as in
     `train_forward`."""
 
     def run(xs):
+        if isinstance(call, KvCall):
+            return kv_backward(call, ring, ring.kv_lens, *xs)
         return block_backward(call, ring, q_lens, *xs)
 
     return _run(ring, call, BACKWARD, (dout, q, k, v, out, lse), run, graphs)

@@ -1,0 +1,38 @@
+"""`travel="auto"`: the rule the call seam applies (ring/seam/travel.py) against the planner's
+step-by-step model of both ring families (planner/kv_both_ways.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tokenring_xdit.planner.kv_both_ways import TRAVEL_MARGIN, TrainShape, choose_travel, train_ms
+from tokenring_xdit.planner.machine import make_machine
+from tokenring_xdit.ring.seam.travel import travel_rule
+
+
+def test_rule_moves_kv_under_gqa_and_queries_for_mha_on_cuda():
+    assert travel_rule("cuda", 32, 8, 4)[0] == "kv"
+    assert travel_rule("cuda", 8, 1, 2)[0] == "kv"
+    assert travel_rule("cuda", 32, 32, 4)[0] == "q"
+    assert travel_rule("cpu", 32, 8, 4)[0] == "q"  # no calibration on CPU: TokenRing by rule
+    assert travel_rule("cuda", 32, 8, 1)[0] == "q"
+
+
+@pytest.mark.parametrize("ring", [2, 4, 8])
+def test_rule_is_the_planners_pick_or_within_its_margin(ring):
+    """Over the planner's grid the rule and the model pick alike, or the model's two times are
+    within its margin of each other (a tie either pick serves)."""
+    m = make_machine(ring)
+    off = []
+    for heads, kv_heads in ((32, 8), (64, 8), (32, 32)):
+        for tokens in (4096, 8192, 16384, 32768, 65536):
+            for causal in (True, False):
+                s = TrainShape(heads, kv_heads, 128, tokens, causal)
+                model, _ = choose_travel(s, ring)
+                if model == travel_rule("cuda", heads, kv_heads, ring)[0]:
+                    continue
+                tr, kv = (train_ms(m, f, s, list(range(ring)))["ms"] for f in
+                          ("token_ring", "kv_both_ways"))  # fmt: skip
+                if abs(kv / tr - 1) > TRAVEL_MARGIN:
+                    off.append((heads, kv_heads, tokens, causal, round(kv / tr, 3)))
+    assert not off, off
