@@ -292,10 +292,10 @@ def _spec(q, k, v, options, layout, pos, grad, cfg, validate) -> tuple[CallSpec,
         kernel=digest(kernel.family), family=kernel.family, validate=validate,
         graphs=_graphs(options.cuda_graph, cfg, options.causal or grad or packed, kernel.key),
         joint_kv=options.joint_kv, grad=grad, split=split, doc_positions=by_ids, problem=problem,
-        detail=text, transport=cfg.transport, timeout=cfg.timeout, agreed=tuple((name, getattr(options, name)) for name in AGREED),
+        detail=text, transport=cfg.transport, timeout=cfg.timeout,
+        agreed=tuple((name, getattr(options, name)) for name in AGREED),
     )  # fmt: skip
     return spec, kernel
-
 
 
 def _priced(split: Split, options: CallOptions, size: int) -> tuple[str, ...]:

@@ -39,7 +39,7 @@ def travel_rule(device_type: str, heads: int, kv_heads: int, ring_size: int) -> 
 
 
 def resolve_travel(asked: str, ring: Ring, spec: CallSpec) -> str:
-    """"q" or "kv" for a training call on the agreed `ring` (`spec`'s shapes and settings are
+    """ "q" or "kv" for a training call on the agreed `ring` (`spec`'s shapes and settings are
     agreed by now). Raises the same error on every rank where "kv" is forced and cannot run."""
     blocker = "does not run packed documents yet" if ring.plan is not None else ""
     if asked == "kv" and blocker:

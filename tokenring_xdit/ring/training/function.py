@@ -15,9 +15,9 @@ import torch
 import torch.distributed as dist
 
 from ..agreed_ring import Ring
-from .backward import fold_lse_grad
 from ..comm.teardown import on_release
 from ..seam.prepare import PreparedCall
+from .backward import fold_lse_grad
 from .run import TrainCall, train_backward, train_forward
 
 __all__ = ["TokenRingAttention", "train_attn"]
