@@ -1,5 +1,6 @@
 """Exact attention in fp32 (fp64 stays fp64), any device, also under packed documents' mask:
-the `math` kernel (the probes' reference) and `masked` (the same kernel under its packed name)."""
+the `math` kernel (the probes' reference) and `masked` (the same kernel under its packed name,
+which also takes a sliding window's banded segments: the window's fallback on any device)."""
 
 from __future__ import annotations
 
@@ -75,4 +76,4 @@ def math_backward(dout, q, k, v, out, lse, delta, scale, layout: Layout, mask):
 
 
 MATH = Kernel("math", math_forward, math_backward, True, packed_as="masked")
-MASKED = Kernel("masked", math_forward, math_backward, True, segments=True)
+MASKED = Kernel("masked", math_forward, math_backward, True, segments=True, bands=True)

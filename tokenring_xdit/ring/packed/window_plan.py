@@ -140,4 +140,18 @@ def _piece(window: Window, s: Segment, q_run, k_run) -> tuple[Segment | None, bo
         seg = Segment(q[0], q[1], k[0], k[1], False)
     if same:
         return seg, True
-    return seg._replace(causal=False, band=band_of(gq[0], gk[0], lo, hi, s.causal)), False
+    return _trim(seg._replace(causal=False, band=band_of(gq[0], gk[0], lo, hi, s.causal))), False
+
+
+def _trim(s: Segment) -> Segment:
+    """A banded segment cut to the rows and columns that see something (the kernel's block and
+    the rows a travelling query must carry shrink with the window)."""
+    lo, hi = s.band
+    n_q, n_k = s.q1 - s.q0, s.k1 - s.k0
+    a0 = max(0, lo) if lo is not None else 0  # row a sees b = a - lo at the latest
+    a1 = min(n_q, n_k + hi) if hi is not None else n_q  # ... and b = a - hi at the earliest
+    b0 = max(0, -hi) if hi is not None else 0
+    b1 = min(n_k, n_q - lo) if lo is not None else n_k
+    shift = a0 - b0  # a - b = (a - a0) - (b - b0) + shift
+    band = (None if lo is None else lo - shift, None if hi is None else hi - shift)
+    return Segment(s.q0 + a0, s.q0 + a1, s.k0 + b0, s.k0 + b1, False, band)

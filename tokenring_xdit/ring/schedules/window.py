@@ -23,10 +23,11 @@ Note (causal zigzag, N = 4, W a causal window shorter than a chunk; "." skipped,
   step | rank 0     | rank 1     | rank 2     | rank 3       chunk distance of the pairs met
   -----+------------+------------+------------+-----------
    0   | Q0 x KV0   | Q1 x KV1   | Q2 x KV2   | Q3 x KV3     0 (diagonals, banded)
-   1   | Q1 x F0    | Q2 x F1    | Q3 x F2    | Q0b x KV3    1 (adjacent chunks: a corner)
+   1   | Q1 x F0    | Q2 x F1    | Q3 x F2    | .            1 (adjacent chunks: a corner)
    2   | .          | .          | .          | .            2: nothing, no kernel, no return
    3   | .          | Q0b x KV1  | Q1b x KV2  | Q2b x KV3    1 (back halves, after the wrap)
 
+  (rank 3 at step 1 holds Q0's back half, chunk 7, three chunks after its own 3 and 4.)
   The zigzag's back halves meet their neighbours only after the wrap, so Q still travels the
   whole ring there (only kernels and returns are skipped); on contiguous shards (the causal
   contiguous table) a query needs the ceil(W / L) shards before it only and stops travelling
