@@ -36,6 +36,7 @@ Note (causal zigzag, N = 4, W a causal window shorter than a chunk; "." skipped,
 
 from __future__ import annotations
 
+import operator
 from typing import NamedTuple
 
 __all__ = ["Window", "NONE", "SOME", "ALL_VISIBLE", "relation", "band_of"]
@@ -56,12 +57,15 @@ class Window(NamedTuple):
         if window_size is None:
             return None
         try:
-            left, right = (int(x) for x in window_size)
+            left, right = (operator.index(x) for x in window_size)  # ints, not floats
+            bad = any(isinstance(x, bool) for x in window_size)
         except (TypeError, ValueError):
+            bad = True
+        if bad:
             raise ValueError(
                 f"window_size must be a pair of ints (left, right), got {window_size!r}"
-            ) from None
-        if left < -1 or right < -1 or any(type(x) is bool for x in window_size):
+            )
+        if left < -1 or right < -1:
             raise ValueError(
                 f"window_size must be (left, right) with each >= 0 or -1 (unbounded), got "
                 f"{tuple(window_size)!r}; a causal window of W tokens is (W - 1, 0)"
