@@ -74,10 +74,10 @@ def run_counted(n: int, rank_fn) -> tuple[list, dict]:
 
 
 def window_case(n, causal, split, local, window_size, *, bounds=None, b=1, h=2, h_kv=None, d=8,
-                dtype=torch.float64, pair=None, seed=0):  # fmt: skip
+                dtype=torch.float64, pair=None, seed=0, device="cpu"):  # fmt: skip
     """Forward + backward of every rank of a windowed call vs fp64 autograd of the whole
     sequence. Returns (max errors {out, dq, dk, dv} (abs / max(|ref|, 1)), counts of the run,
-    the plan)."""
+    the plan). `pair`: the call's own kernel record (default: the masked one)."""
     from tokenring_xdit.ring.comm import COUNTERS
     from tokenring_xdit.ring.kernels import MASKED, gqa_pair, window_pair
     from tokenring_xdit.ring.packed import Documents
@@ -90,9 +90,10 @@ def window_case(n, causal, split, local, window_size, *, bounds=None, b=1, h=2, 
     total = n * local
     docs = Documents(tuple(bounds)) if bounds is not None else None
     plan = window_plan(Window.of(window_size, causal), causal, (local,) * n, split, docs)
-    pair = window_pair(pair or MASKED, torch.device("cpu"), dtype, d, d)
+    dev = torch.device(device)
+    pair = window_pair(pair or MASKED, dev, dtype, d, d)
     if h_kv is not None:  # (as resolve_kernel: the probe decides native or expanded K/V)
-        pair = gqa_pair(pair, torch.device("cpu"), dtype, d, d)
+        pair = gqa_pair(pair, dev, dtype, d, d)
     call = BlockCall(schedule=plan.schedule, pair=pair, layout=BSHD, scale=d**-0.5, plan=plan)
     gen = torch.Generator().manual_seed(seed)
     heads = (h, h_kv or h, h_kv or h, h)
@@ -110,7 +111,7 @@ def window_case(n, causal, split, local, window_size, *, bounds=None, b=1, h=2, 
 
     def rank_fn(ring):
         idx = torch.tensor(pos[ring.rank])
-        ql, kl, vl, dol = (BSHD.from_bhsd(x.index_select(2, idx)).to(dtype).contiguous()
+        ql, kl, vl, dol = (BSHD.from_bhsd(x.index_select(2, idx)).to(dev, dtype).contiguous()
                            for x in (q, k, v, do))  # fmt: skip
         out, lse = block_forward(call, ring, (local,) * n, ql, kl, vl)
         return [out, *block_backward(call, ring, (local,) * n, dol, ql, kl, vl, out, lse)]
@@ -121,7 +122,7 @@ def window_case(n, causal, split, local, window_size, *, bounds=None, b=1, h=2, 
     order = torch.tensor([x for r in range(n) for x in pos[r]])
     errs = {}
     for i, name in enumerate(("out", "dq", "dk", "dv")):
-        got = torch.cat([BSHD.to_bhsd(res[i]).double() for res in results], dim=2)
+        got = torch.cat([BSHD.to_bhsd(res[i]).double().cpu() for res in results], dim=2)
         want = refs[i].index_select(2, order)
         errs[name] = (got - want).abs().max().item() / max(want.abs().max().item(), 1.0)
     return errs, counts, plan
