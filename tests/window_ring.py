@@ -47,7 +47,8 @@ class CountingLane(ThreadLane):
         if sends:
             self._counts[what] = self._counts.get(what, 0) + 1
             self._counts["tokens_" + what] = self._counts.get("tokens_" + what, 0) + sum(
-                t.shape[1] for t, _ in sends[:1]  # the first tensor of a bundle: (b, s, h, d)
+                t.shape[1]
+                for t, _ in sends[:1]  # the first tensor of a bundle: (b, s, h, d)
             )
         return super().post(sends, recvs, what)
 
@@ -65,7 +66,9 @@ class CountingRing(ThreadRing):
 def run_counted(n: int, rank_fn) -> tuple[list, dict]:
     """run_ring with counting lanes: (results, counts summed over the ranks)."""
     mail, per_rank = _Mail(), [{} for _ in range(n)]
-    results = run_ring(n, lambda ring: rank_fn(CountingRing(mail, ring.rank, n, per_rank[ring.rank])))
+    results = run_ring(
+        n, lambda ring: rank_fn(CountingRing(mail, ring.rank, n, per_rank[ring.rank]))
+    )
     total: dict = {}
     for counts in per_rank:
         for key, value in counts.items():

@@ -9,7 +9,9 @@ import pytest
 from tests.window_ring import window_case
 from tokenring_xdit.ring.packed.window_traffic import plan_traffic
 
-TOL = 2e-5  # fp64 inputs; partials merge in fp32 and lse is fp32 (as tests/unit/test_thread_ring.py)
+TOL = (
+    2e-5  # fp64 inputs; partials merge in fp32 and lse is fp32 (as tests/unit/test_thread_ring.py)
+)
 
 # (ring, causal, split, local length, window): windows inside a shard, over several, past the row
 CASES = [

@@ -88,5 +88,3 @@ def _bands_work(name: str, device: str, dtype: torch.dtype, d_qk: int, d_v: int)
     """The bands probe of one kernel (`masked`, the reference, always works)."""
     return name == "masked" or works(_band_record(name), "bands", torch.device(device), dtype,
                                      d_qk, d_v)  # fmt: skip
-
-
