@@ -5,6 +5,7 @@
 - exact.py, sdpa.py, flashattn.py, fa4.py, varlen.py: the kernels, one family per module,
   each ending in its records (fa4: flash-attn 4, by name only).
 - wrappers.py: GQA, packed documents' segments and the swapped wire layout, around any record.
+- window.py: a windowed call's record (its own kernel, and a kernel for the banded blocks).
 - probe.py: the one probe (a tiny run compared with the exact kernel), cached.
 - names.py: every kernel's name, its record's place, devices and role, `auto`'s orders and the
   packed cost model's kernels, without torch (the CLI, hosts and packed/ read names there).
@@ -35,6 +36,7 @@ _LAZY = {
         ("DOC_KERNELS", "KERNELS", "PAIRS", "REGISTRY", "auto_order", "doc_pair", "gqa_kernel",
          "gqa_pair", "select_kernel", "select_pair"), "registry"),
     **dict.fromkeys(("KernelChoice", "resolve_kernel"), "resolve"),
+    **dict.fromkeys(("banded", "window_pair"), "window"),
     **dict.fromkeys(("FLASH_VARLEN", "segment_runs"), "varlen"),
     **dict.fromkeys(
         ("SwappedKernel", "expand_kv", "fold_kv_grad", "kv_groups", "segments_pair"), "wrappers"),

@@ -9,7 +9,8 @@ GQA, packed documents' segments and the swapped wire layout are wrappers around 
 
 forward(q, k, v, scale, layout, mask) -> (out in q's layout and dtype, lse (b, h, s_q) fp32,
 natural log). `mask` is the causal flag (top-left aligned) or, for a record with
-`segments=True`, a tuple of documents' `Segment`s. A kernel whose lse is a placeholder
+`segments=True`, a tuple of documents' `Segment`s (with `bands=True` also a sliding window's
+banded ones, ring/segments.py). A kernel whose lse is a placeholder
 (yunchang's TORCH_MATH / TORCH_CUDNN return zeros) is never a record: a ring merge with a fake
 lse is silently wrong.
 
@@ -60,6 +61,7 @@ class Kernel:
     # does not take the dtype); said in the log when it happens (registry.select_pair)
     train_as: str | None = None
     segments: bool = False  # the forward/backward take packed documents' segments themselves
+    bands: bool = False  # ... and a window's banded segments (`Segment.band`)
     # packed documents: the record that runs them instead (None: this one per segment)
     packed_as: str | None = None
     packed_refused: str | None = None  # why it is refused with packed documents on CUDA

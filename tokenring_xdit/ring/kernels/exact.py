@@ -1,5 +1,6 @@
 """Exact attention in fp32 (fp64 stays fp64), any device, also under packed documents' mask:
-the `math` kernel (the probes' reference) and `masked` (the same kernel under its packed name)."""
+the `math` kernel (the probes' reference) and `masked` (the same kernel under its packed name,
+which also takes a sliding window's banded segments: the window's fallback on any device)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from .base import Kernel, from_bhsd, row_delta
 
 def segments_mask(mask, s_q: int, s_k: int, device) -> torch.Tensor:
     """(s_q, s_k) bool: True where a query may see a key. `mask`: a bool (top-left causal or
-    all) or packed documents' segments (query run x key run, causal or full)."""
+    all) or segments (query run x key run of packed documents, causal or full, or a window's
+    rectangle with its band)."""
     if isinstance(mask, bool):
         full = torch.ones(s_q, s_k, dtype=torch.bool, device=device)
         return full.tril() if mask else full
@@ -21,7 +23,20 @@ def segments_mask(mask, s_q: int, s_k: int, device) -> torch.Tensor:
         block.fill_(True)
         if s.causal:
             block.tril_()
+        if s.band is not None:
+            block &= _band(s.q1 - s.q0, s.k1 - s.k0, *s.band, device)
     return m
+
+
+def _band(n_q: int, n_k: int, lo, hi, device) -> torch.Tensor:
+    """(n_q, n_k) bool: lo <= row - column <= hi (None: unbounded)."""
+    d = torch.arange(n_q, device=device)[:, None] - torch.arange(n_k, device=device)[None, :]
+    keep = torch.ones_like(d, dtype=torch.bool)
+    if lo is not None:
+        keep &= d >= lo
+    if hi is not None:
+        keep &= d <= hi
+    return keep
 
 
 def _scores(q, k, scale, layout, mask):
@@ -61,4 +76,4 @@ def math_backward(dout, q, k, v, out, lse, delta, scale, layout: Layout, mask):
 
 
 MATH = Kernel("math", math_forward, math_backward, True, packed_as="masked")
-MASKED = Kernel("masked", math_forward, math_backward, True, segments=True)
+MASKED = Kernel("masked", math_forward, math_backward, True, segments=True, bands=True)

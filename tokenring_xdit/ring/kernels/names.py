@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from types import MappingProxyType
 
-__all__ = ["KernelName", "AUTO", "DENSE", "PACKED_ONLY", "PRICED", "runs_on"]
+__all__ = ["KernelName", "AUTO", "DENSE", "PACKED_ONLY", "PRICED", "WINDOWED", "runs_on"]
 
 CPU, CUDA, ANY = ("cpu",), ("cuda",), ("cpu", "cuda")
 
@@ -55,6 +55,10 @@ PACKED_ONLY = _names(*(k for k in _K if k.packed_only))
 # the packed kernels the packed cost model prices (packed/data/cost_model.json holds their
 # constants; benchmarks/fit_layout_cost.py fits them), in `auto`'s order on a tie
 PRICED = _names(_K.FLASH_VARLEN, _K.CUDNN)
+# the kernels that take a sliding window's banded segments (their records say `bands=True`), in
+# the order a windowed call picks the one for its partly visible blocks (kernels/window.py):
+# torch's flash op with its window arguments, else the exact masked kernel (any device)
+WINDOWED = _names(_K.FLASH_VARLEN, _K.MASKED)
 
 # `auto`: fastest first, then filtered by device, dtype, installed package and the probe
 # (registry.auto_order). Inference: cuDNN reaches 450-680 TFLOP/s on H200 vs 265-358 for torch

@@ -5,7 +5,8 @@ sizes; it runs where the kernel is chosen, before any ring step (never inside a 
 capture).
 
 Checks: "forward" (a block kernel, no causality), "pair" (a record's causal forward and
-stand-in backward), "segments" (a record on a block of two packed documents), "gqa-forward" /
+stand-in backward), "segments" (a record on a block of two packed documents), "bands" (on a
+sliding window's banded segments, overlapping in rows and keys), "gqa-forward" /
 "gqa-pair" (does the kernel take 4 query heads against 2 K/V heads itself and give what the
 expanded call gives, dK/dV in 2 heads?). `runs_once` is the one check of a host's own kernel.
 """
@@ -30,6 +31,7 @@ _UNSERVED = (
     AttributeError,
 )  # fmt: skip
 _TWO_DOCS = (Segment(0, 17, 0, 17, True), Segment(17, 40, 17, 40, True))
+_BANDS = (Segment(0, 40, 0, 40, False, (0, 7)), Segment(0, 8, 30, 40, False, (-9, 0)))
 
 
 @functools.cache
@@ -75,6 +77,12 @@ def _segments(kernel: Kernel, rand, d_qk, d_v, scale):
     return got, _fwd_bwd(MASKED, q, k, v, do, scale, _TWO_DOCS)
 
 
+def _bands(kernel: Kernel, rand, d_qk, d_v, scale):
+    q, k, v, do = rand(2, 40, d_qk), rand(2, 40, d_qk), rand(2, 40, d_v), rand(2, 40, d_v)
+    got = _fwd_bwd(kernel, q, k, v, do, scale, _BANDS)
+    return got, _fwd_bwd(MASKED, q, k, v, do, scale, _BANDS)
+
+
 def _gqa_inputs(rand, d_qk, d_v):
     q, k, v, do = rand(4, 16, d_qk), rand(2, 16, d_qk), rand(2, 16, d_v), rand(4, 16, d_v)
     return q, k, v, do, expand_kv(k, 2, BHSD), expand_kv(v, 2, BHSD)
@@ -98,6 +106,7 @@ _RUNS = {
     "forward": _forward,
     "pair": _pair,
     "segments": _segments,
+    "bands": _bands,
     "gqa-forward": _gqa_forward,
     "gqa-pair": _gqa_pair,
 }

@@ -15,6 +15,7 @@ import torch
 from ..agree.problems import Problem
 from ..tensor_layout import Layout
 from .base import Kernel, KeyedKernel
+from .names import PACKED_ONLY
 from .registry import (
     REGISTRY,
     check_layout,
@@ -24,6 +25,7 @@ from .registry import (
     select_kernel,
     select_pair,
 )
+from .window import window_pair
 
 
 class KernelChoice(NamedTuple):
@@ -41,16 +43,21 @@ class KernelChoice(NamedTuple):
 def resolve_kernel(
     kernel, kernel_key: Hashable | None, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     layout: Layout, *, train: bool, deterministic: bool, packed: bool, order: tuple = (),
+    windowed: bool = False,
 ) -> KernelChoice:  # fmt: skip
     """The kernel of a call: `kernel` is "auto", a registry name, a `KeyedKernel` or a callable
     (q, k, v, scale, layout) -> (out, lse); training (`train`) takes names only. `order`: a
     packed call's priced kernels, fastest predicted first (priced in the call's preparation),
-    from which `auto` picks its packed kernel (registry.auto_doc_kernel)."""
+    from which `auto` picks its packed kernel (registry.auto_doc_kernel). `windowed`: a call
+    with a sliding window (training path; kernels/window.py adds the kernel of its bands)."""
     try:
         gqa = q.shape[layout.head_dim] != k.shape[layout.head_dim]  # K/V keep their head count
         args = (q.device, q.dtype, q.shape[3], v.shape[3])
         if train:
-            record = _training_record(kernel, args, deterministic, packed, order)
+            record = _training_record(kernel, args, deterministic, packed or _by_segments(
+                kernel, windowed), order)  # fmt: skip
+            if windowed:
+                record = window_pair(record, *args, deterministic)
             check_layout(record, layout)
             fn = gqa_pair(record, *args) if gqa else record
             return KernelChoice(fn, None, ("pair", record.name, deterministic), Problem.NONE, "")
@@ -75,6 +82,12 @@ def resolve_kernel(
             else Problem.KERNEL_UNUSABLE
         )
         return KernelChoice(None, None, "unusable", code, str(exc).splitlines()[0][:300])
+
+
+def _by_segments(kernel, windowed: bool) -> bool:
+    """A windowed call may name a kernel that takes segments (`masked`, `flash_varlen`): it
+    then runs every block, as it runs packed documents'."""
+    return windowed and kernel in PACKED_ONLY
 
 
 def _training_record(kernel, args, deterministic: bool, packed: bool, order: tuple) -> Kernel:

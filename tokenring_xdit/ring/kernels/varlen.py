@@ -2,7 +2,10 @@
 `_backward`, CUDA, fp16/bf16) for packed documents: one call per run of abutting segments (the
 diagonal block is one call; an off-diagonal zigzag block meets at most one document: a dense
 call on a slice). Query rows that meet no segment get out = 0 and lse = -inf. A plain bool mask
-means "no documents" and runs torch's dense flash op."""
+means "no documents" and runs torch's dense flash op. A window's banded segment (segments.py)
+is one call with flash's own window arguments (bottom-right aligned, so the band is said from
+the segment's last row; the window plan has cut the segment to the rows and columns that see
+something, which keeps both sides >= 0)."""
 
 from __future__ import annotations
 
@@ -59,6 +62,22 @@ def _cu(group: list[Segment], side: str, device) -> tuple[torch.Tensor, int]:
     return _device_offsets(offsets, torch.device(device)), longest
 
 
+def _window(group: list[Segment]) -> dict:
+    """flash's window arguments for a run (a banded segment is a run of its own): key b is
+    visible to query a iff a + (n_k - n_q) - left <= b <= a + (n_k - n_q) + right."""
+    band = group[0].band
+    if band is None:
+        return {}
+    lo, hi = band
+    s = group[0]
+    n_q, n_k = s.q1 - s.q0, s.k1 - s.k0
+    left = -1 if hi is None else n_k - n_q + hi
+    right = -1 if lo is None else n_q - n_k - lo
+    if min(left, right) < -1 or (left == -1 and hi is not None) or (right == -1 and lo is not None):
+        raise ValueError(f"a banded segment not cut to its visible pairs: {s}")
+    return {"window_size_left": left, "window_size_right": right}
+
+
 def _forward(q, k, v, scale, layout: Layout, mask):
     if isinstance(mask, bool):
         return flash_forward(q, k, v, scale, layout, mask)
@@ -67,11 +86,11 @@ def _forward(q, k, v, scale, layout: Layout, mask):
     for grp in segment_runs(mask):
         qs, ks = slice(grp[0].q0, grp[-1].q1), slice(grp[0].k0, grp[-1].k1)
         (cu_q, max_q), (cu_k, max_k) = _cu(grp, "q", q.device), _cu(grp, "k", q.device)
-        first = seen.first(qs.start, qs.stop)
+        first, window = seen.first(qs.start, qs.stop), _window(grp)
         for i in range(q.shape[0]):
             o, block_lse = torch.ops.aten._flash_attention_forward(
                 _rows(q, i, qs, layout), _rows(k, i, ks, layout), _rows(v, i, ks, layout),
-                cu_q, cu_k, max_q, max_k, 0.0, grp[0].causal, False, scale=scale,
+                cu_q, cu_k, max_q, max_k, 0.0, grp[0].causal, False, scale=scale, **window,
             )[:2]  # fmt: skip
             # flash's varlen lse is (h, total_q)
             block_lse = block_lse.reshape(block_lse.shape[-2], -1)[:, : qs.stop - qs.start]
@@ -99,15 +118,18 @@ def _backward(dout, q, k, v, out, lse, delta, scale, layout: Layout, mask):
     for grp in segment_runs(mask):
         qs, ks = slice(grp[0].q0, grp[-1].q1), slice(grp[0].k0, grp[-1].k1)
         (cu_q, max_q), (cu_k, max_k) = _cu(grp, "q", q.device), _cu(grp, "k", q.device)
+        window = _window(grp)
         for i in range(q.shape[0]):
             grads = torch.ops.aten._flash_attention_backward(
                 _rows(dob, i, qs, BHSD), _rows(q, i, qs, layout), _rows(k, i, ks, layout),
                 _rows(v, i, ks, layout), _rows(ob, i, qs, BHSD), lse[i, :, qs].contiguous(),
-                cu_q, cu_k, max_q, max_k, 0.0, grp[0].causal, rng, rng, scale=scale,
+                cu_q, cu_k, max_q, max_k, 0.0, grp[0].causal, rng, rng, scale=scale, **window,
             )  # fmt: skip
             for g, x, sl in zip(grads, (dq, dk, dv), (qs, ks, ks), strict=True):
                 _rows(x, i, sl, layout).add_(g)
     return dq, dk, dv
 
 
-FLASH_VARLEN = Kernel("flash_varlen", _forward, _backward, False, half_only=True, segments=True)
+FLASH_VARLEN = Kernel(
+    "flash_varlen", _forward, _backward, False, half_only=True, segments=True, bands=True
+)

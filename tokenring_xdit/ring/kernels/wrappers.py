@@ -128,6 +128,8 @@ def _cut(mask: tuple, s_q: int, s_k: int) -> _Cuts:
     q_rows, k_rows = bytearray(s_q), bytearray(s_k)
     cuts, q_clean, k_clean = [], True, True
     for s in mask:
+        if s.band is not None:  # (registry routes banded blocks to a kernel that takes them)
+            raise NotImplementedError("a dense kernel run per segment cannot take a window's band")
         q_first, q_ok = _firsts(q_rows, s.q0, s.q1)
         k_first, k_ok = _firsts(k_rows, s.k0, s.k1)
         q_clean, k_clean = q_clean and q_ok, k_clean and k_ok

@@ -195,7 +195,7 @@ class DocPlan:
         """Whether the block of `rank` at `step` has a segment (without making it off the
         diagonal in the documents layout, where every pair of pieces that meet attends)."""
         if self.segments is not None or step >= self.size or self.steps[rank][step].causal:
-            return bool(self.block(rank, step))
+            return self.block(rank, step) != ()  # (a window's plan may hold a causal flag)
         st = self.steps[rank][step]
         q, kv = (st.q_owner, st.q_part), (rank, st.kv_part)
         return pieces_meet(self.docs.bounds, self.size, q, kv)

@@ -1,0 +1,90 @@
+"""The record of a call with a sliding window: its blocks are the causal flag (the window left
+them alone: the call's own kernel runs them), or segments, some with a band (ring/segments.py:
+a kernel that takes bands runs those, names.WINDOWED, the first that runs here).
+
+The window plan (ring/packed/window_plan.py) decides which blocks are which; this only routes
+a block's mask to the kernel for it, in the forward and the backward alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from .base import HALF, Kernel
+from .names import WINDOWED, KernelName
+from .probe import works
+from .registry import DOC_REGISTRY, REGISTRY
+from .wrappers import expanded
+
+__all__ = ["window_pair", "banded"]
+
+
+def _route(dense: Kernel, band: Kernel, mask) -> Kernel:
+    """The record a block's mask goes to: the call's own for a causal flag (and for plain
+    segments where it takes segments), the band kernel for any other segments."""
+    if isinstance(mask, bool) or (dense.segments and all(s.band is None for s in mask)):
+        return dense
+    return band
+
+
+@dataclass(frozen=True)
+class _Forward:
+    dense: Kernel
+    band: Kernel
+
+    def __call__(self, q, k, v, scale, layout, mask):
+        return _route(self.dense, self.band, mask).forward(q, k, v, scale, layout, mask)
+
+
+@dataclass(frozen=True)
+class _Backward:
+    dense: Kernel
+    band: Kernel
+
+    def __call__(self, dout, q, k, v, out, lse, delta, scale, layout, mask):
+        record = _route(self.dense, self.band, mask)
+        return record.backward(dout, q, k, v, out, lse, delta, scale, layout, mask)
+
+
+@functools.lru_cache(maxsize=64)
+def banded(dense: Kernel, band: Kernel) -> Kernel:
+    """`dense` for the blocks the window leaves alone, `band` (K/V expanded per block where a
+    call has fewer K/V heads: a no-op otherwise) for its segments."""
+    band = expanded(band)
+    return dataclasses.replace(
+        dense, name=f"{dense.name}+window:{band.name}", forward=_Forward(dense, band),
+        backward=_Backward(dense, band), deterministic=dense.deterministic and band.deterministic,
+        deterministic_backward=None, segments=True, bands=True,
+    )  # fmt: skip
+
+
+def window_pair(
+    record: Kernel, device: torch.device, dtype, d_qk: int, d_v: int, deterministic: bool = False
+) -> Kernel:
+    """The record of a windowed call whose own kernel is `record` (a dense or a packed one):
+    itself where it takes bands, else `banded` with the first of names.WINDOWED that runs on
+    this device and dtype (deterministic where asked) and passes the bands probe."""
+    if record.bands:
+        return record
+    band = next(
+        r for r in map(_band_record, WINDOWED)
+        if device.type in KernelName(r.name).devices and (dtype in HALF or not r.half_only)
+        and (r.deterministic or not deterministic) and _bands_work(r.name, device.type, dtype,
+                                                                   d_qk, d_v)
+    )  # fmt: skip
+    return banded(record, band)
+
+
+def _band_record(name: str) -> Kernel:
+    return DOC_REGISTRY[name] if name in DOC_REGISTRY else REGISTRY[name]
+
+
+@functools.cache
+def _bands_work(name: str, device: str, dtype: torch.dtype, d_qk: int, d_v: int) -> bool:
+    """The bands probe of one kernel (`masked`, the reference, always works)."""
+    return name == "masked" or works(_band_record(name), "bands", torch.device(device), dtype,
+                                     d_qk, d_v)  # fmt: skip
