@@ -53,6 +53,7 @@ def token_ring_attn(
     cu_seqlens: torch.Tensor | list[int] | None = None,
     position_ids: torch.Tensor | None = None,
     travel: str = "auto",
+    window_size: tuple[int, int] = (-1, -1),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact attention of the local queries against the K/V of every rank of `group`.
 
@@ -73,7 +74,7 @@ def token_ring_attn(
         final_chunks=final_chunks, joint_kv=joint_kv, joint_strategy=joint_strategy,
         cuda_graph=cuda_graph, kernel_key=kernel_key, config=config, deterministic=deterministic,
         split=split, positions=positions, cu_seqlens=cu_seqlens, position_ids=position_ids,
-        travel=travel,
+        travel=travel, window_size=window_size,
     )  # fmt: skip
     return attend(q, k, v, options)
 
@@ -113,7 +114,8 @@ def reject_unsupported(
     **_other,
 ) -> None:
     """Raise for flash-attn options TokenRing does not implement (same on every rank); other
-    flash-attn arguments are ignored here."""
+    flash-attn arguments are ignored here. `window_size`: for the inference entries of hosts
+    (a sliding window runs on the training path: `token_ring_attn(window_size=)`)."""
     unsupported = []
     if dropout_p:
         unsupported.append(f"dropout_p={dropout_p} (use 0.0)")
@@ -154,10 +156,10 @@ def token_ring_attn_func(
     (`split=` the split `tokenring_xdit.shard` cut them by, or `positions`). `options`: any other
     `token_ring_attn` keyword (split, positions, cu_seqlens, position_ids for packed documents,
     ...: `seam.prepare.CallOptions`); `host`: what an adapter counts the call under (`attend`)."""
-    reject_unsupported(dropout_p, window_size, softcap, alibi_slopes)
+    reject_unsupported(dropout_p, None, softcap, alibi_slopes)  # the window is the call's
     options = CallOptions(
         group=group, layout=layout, softmax_scale=softmax_scale, causal=causal, kernel=kernel,
-        deterministic=deterministic, **options,
+        deterministic=deterministic, window_size=window_size, **options,
     )  # fmt: skip
     out, lse = attend(q, k, v, options, host=host)
     return (out, lse, None) if return_attn_probs else out

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from ...config import RingConfig, current
 from .. import packed
 from ..agree import CallSpec, agree, digest, needs_grad
+from ..agree.problems import Problem
 from ..agree.proof import call_split
 from ..agreed_ring import Ring
 from ..comm import RingPosition
@@ -37,7 +38,9 @@ from ..head_start import ring_pause_us
 from ..inference.loop import RingCall
 from ..kernels import BlockKernel, KernelChoice, SwappedKernel, resolve_kernel
 from ..schedules import NON_CAUSAL, block_schedule
+from ..packed.window_plan import window_plan
 from ..schedules.kv_both_ways import split_by_heads
+from ..schedules.window import Window
 from ..split.value import Split
 from ..tensor_layout import Layout, get_layout
 from ..training.forward import BlockCall
@@ -112,13 +115,21 @@ def _cu_tensor(cu_seqlens):
     return torch.tensor(list(cu_seqlens), dtype=torch.int64)
 
 
-def _opt(default, schema: str | None, encode=None, decode=None, agreed: bool = False):
+def _opt(default, schema: str | None, encode=None, decode=None, agreed: Callable | None = None):
     """A CallOptions field: how it travels through a graph (`OpArg`), and `agreed`: every ring
-    rank must pass the same (its value joins the header's options digest and a mismatch is one
-    error naming it; it must be hashable with a stable repr). An agreed option is one field
-    here and the code that uses it: nothing in agree/ names it."""
+    rank must pass the same; `agreed(value)` is what is compared (hashable, with a stable repr:
+    it joins the header's options digest, and a mismatch is one error naming the option). An
+    agreed option is one field here and the code that uses it: nothing in agree/ names it."""
     op = OpArg(schema, *(f for f in (encode, decode) if f is not None))
     return field(default=default, metadata={"op": op, "agreed": agreed})
+
+
+def _words_or_ints(value) -> tuple | str:
+    """A sequence of ints as a tuple (what ranks compare), else its repr (refused later)."""
+    try:
+        return tuple(int(x) for x in value)
+    except (TypeError, ValueError):
+        return repr(value)
 
 
 # --- the options ------------------------------------------------------------------------------
@@ -170,6 +181,10 @@ class CallOptions:
         queries travel, partials come home), "kv" (K/V halves both ways, ring/schedules/
         kv_both_ways.py: fewer bytes under GQA), "auto" (predicted per call from the agreed
         shapes, seam/travel.py). Agreed. Inference always moves queries.
+    window_size: (left, right), flash-attn's sliding window: query i sees keys i - left ..
+        i + right (global positions; -1: unbounded; a causal window of W tokens is (W - 1, 0)).
+        Agreed. Runs the block-schedule path, which skips the blocks outside the window and the
+        transfers nobody needs (schedules/window.py).
 
     Packed documents: without a split, non-causal shards are the contiguous shards in rank
     order, causal ones zigzag shards proved by `positions`; K/V must be the query's tokens;
@@ -199,10 +214,11 @@ class CallOptions:
     positions: torch.Tensor | None = _opt(None, "Tensor?")
     cu_seqlens: torch.Tensor | list[int] | None = _opt(None, "Tensor?", _cu_tensor)
     position_ids: torch.Tensor | None = _opt(None, "Tensor?")
-    travel: str = _opt("auto", "str", agreed=True)
+    travel: str = _opt("auto", "str", agreed=str)
+    window_size: tuple[int, int] = _opt((-1, -1), "int[]", list, tuple, agreed=_words_or_ints)
 
 
-AGREED = tuple(f.name for f in fields(CallOptions) if f.metadata["agreed"])
+AGREED = tuple((f.name, f.metadata["agreed"]) for f in fields(CallOptions) if f.metadata["agreed"])
 
 
 def op_args() -> tuple[tuple[str, OpArg], ...]:
@@ -252,15 +268,21 @@ def prepare(
     grad = needs_grad(q, k, v) if grad is None else grad
     if options.travel not in TRAVELS:
         raise ValueError(f"travel must be one of {TRAVELS}, got {options.travel!r}")
-    spec, kernel = _spec(q, k, v, options, layout, pos, grad, cfg, validate or cfg.validate)
-    train = options.causal or grad or spec.packed
+    window, window_problem = _window(options)
+    spec, kernel = _spec(q, k, v, options, layout, pos, grad, cfg, validate or cfg.validate,
+                         window, window_problem)  # fmt: skip
+    train = options.causal or grad or spec.packed or window is not None
     ring = agree(spec, pos, comm=cfg.comm)
     head_start_us = ring_pause_us(cfg.comm_head_start_us, ring.transport)
-    if train and resolve_travel(options.travel, ring, spec) == "kv":
+    if train and resolve_travel(options.travel, ring, spec, window is not None) == "kv":
         h_kv = k.shape[layout.head_dim]
         call = KvCall(kernel.fn, layout, spec.scale, options.causal, split_by_heads(h_kv))
     elif train:
         plan = ring.plan
+        if window is not None:  # the window's plan: its skips, over the documents' if packed
+            cut = spec.split.layout(options.causal, ring.size)
+            docs = plan.docs if plan is not None else None
+            plan = window_plan(window, options.causal, ring.q_lens, cut, docs)
         call = BlockCall(
             schedule=plan.schedule if plan is not None else block_schedule(options.causal),
             pair=kernel.fn, layout=layout, scale=spec.scale, plan=plan,
@@ -271,7 +293,17 @@ def prepare(
     return PreparedCall(ring, call, train, layout, kernel, spec.graphs, options.joint_kv, spec)
 
 
-def _spec(q, k, v, options, layout, pos, grad, cfg, validate) -> tuple[CallSpec, KernelChoice]:
+def _window(options: CallOptions) -> tuple[Window | None, str]:
+    """The call's sliding window (None: none), or why `window_size` is refused."""
+    try:
+        return Window.of(options.window_size, options.causal), ""
+    except ValueError as exc:
+        return None, str(exc)
+
+
+def _spec(
+    q, k, v, options, layout, pos, grad, cfg, validate, window, window_problem
+) -> tuple[CallSpec, KernelChoice]:
     """What this rank asks (the header is made of it) and its kernel: the call's split (and its
     problem), a packed call's kernels priced, the kernel resolved."""
     q_len = q.shape[layout.seq_dim] if q.dim() == 4 else 0
@@ -280,20 +312,24 @@ def _spec(q, k, v, options, layout, pos, grad, cfg, validate) -> tuple[CallSpec,
     packed = split.docs is not None or by_ids is not None
     kernel = resolve_kernel(
         options.kernel, options.kernel_key, q, k, v, layout,
-        train=options.causal or grad or packed, deterministic=options.deterministic,
-        packed=packed, order=_priced(split, options, pos.size) if packed else (),
+        train=options.causal or grad or packed or window is not None,
+        deterministic=options.deterministic, packed=packed,
+        order=_priced(split, options, pos.size) if packed else (), windowed=window is not None,
     )  # fmt: skip
     if kernel.problem or not problem:
         problem, text = kernel.problem, kernel.problem_text
+    if window_problem and not problem:
+        problem, text = Problem.WINDOW, window_problem
     chunks = options.final_chunks if options.final_chunks is not None else cfg.final_chunks
     scale = options.softmax_scale if options.softmax_scale is not None else q.shape[-1] ** -0.5
     spec = CallSpec(
         q=q, k=k, v=v, layout=layout, causal=options.causal, chunks=chunks, scale=scale,
         kernel=digest(kernel.family), family=kernel.family, validate=validate,
-        graphs=_graphs(options.cuda_graph, cfg, options.causal or grad or packed, kernel.key),
+        graphs=_graphs(options.cuda_graph, cfg, options.causal or grad or packed or
+                       window is not None, kernel.key),
         joint_kv=options.joint_kv, grad=grad, split=split, doc_positions=by_ids, problem=problem,
         detail=text, transport=cfg.transport, timeout=cfg.timeout,
-        agreed=tuple((name, getattr(options, name)) for name in AGREED),
+        agreed=tuple((name, agreed(getattr(options, name))) for name, agreed in AGREED),
     )  # fmt: skip
     return spec, kernel
 

@@ -9,7 +9,7 @@ same pick on its whole grid (ring 2-8, 4k-64k tokens per GPU, GQA 32/8 and 64/8,
 two rows it calls the other way are within its 2 % margin: tests/unit/test_seam_travel.py), and
 `tokenring-xdit plan` prints its times. CPU rings keep TokenRing by rule (no calibration; what
 CPU runs exist to test), as `--ring_impl_type auto` does. What the K/V family does not run yet
-(packed documents) keeps TokenRing under "auto" and is refused, on every rank, when forced.
+(packed documents, a sliding window) keeps TokenRing under "auto" and is refused, on every rank, when forced.
 """
 
 from __future__ import annotations
