@@ -14,13 +14,12 @@ import torch
 import torch.distributed as dist
 
 from ..config import RingConfig
-from .inference.run import infer
 from .kernels import BlockKernel
 from .seam.compiled_op import compiled_attn, count_host
 from .seam.prepare import CallOptions, prepare
+from .seam.run import infer, train_attn
 from .split.value import Split
 from .tensor_layout import Layout
-from .training.function import train_attn
 
 __all__ = [
     "attend",

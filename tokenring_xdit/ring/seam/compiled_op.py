@@ -41,10 +41,10 @@ from collections import Counter
 
 import torch
 
-from ..inference.run import infer
 from ..tensor_layout import get_layout
 from ..training.run import train_backward, train_forward
 from .prepare import CallOptions, op_args, prepare
+from .run import infer
 
 __all__ = ["HOST_CALLS", "HostCalls", "compiled_attn", "count_host"]
 

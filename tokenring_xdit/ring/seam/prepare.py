@@ -35,11 +35,12 @@ from ..agreed_ring import Ring
 from ..comm import RingPosition
 from ..head_start import ring_pause_us
 from ..inference.loop import RingCall
-from ..kernels import BlockKernel, KernelChoice, SwappedKernel, resolve_kernel
+from ..kernels import BlockKernel, SwappedKernel
 from ..schedules import NON_CAUSAL, block_schedule
 from ..split.value import Split
 from ..tensor_layout import Layout, get_layout
 from ..training.forward import BlockCall
+from .kernel_choice import KernelChoice, resolve_kernel
 
 __all__ = [
     "CallOptions", "OpArg", "PreparedCall", "prepare", "op_args",

@@ -15,13 +15,12 @@ import torch
 import torch.distributed as dist
 
 from ..agreed_ring import Ring
-from .backward import fold_lse_grad
 from ..comm.teardown import on_release
-from ..seam.prepare import PreparedCall
+from .backward import fold_lse_grad
 from .forward import BlockCall
 from .run import train_backward, train_forward
 
-__all__ = ["TokenRingAttention", "train_attn"]
+__all__ = ["TokenRingAttention"]
 
 
 class _Held:
@@ -80,13 +79,3 @@ class TokenRingAttention(torch.autograd.Function):
         args = (dout, q, k, v, out, lse, ctx.graphs)
         dq, dk, dv = train_backward(ctx.call, ring, ctx.q_lens, *args)
         return dq, dk, dv, None, None, None, None
-
-
-def train_attn(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prepared: PreparedCall
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The block-schedule path of a prepared call (call.prepare; `prepared.train`), with
-    autograd: `prepared.call` is its BlockCall (schedule, pair, document plan, head start);
-    `prepared.graphs`: replay its halves as CUDA graphs (RingConfig.train_cuda_graph)."""
-    ring = prepared.ring
-    return TokenRingAttention.apply(q, k, v, prepared.call, ring, ring.q_lens, prepared.graphs)

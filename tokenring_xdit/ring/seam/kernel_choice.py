@@ -3,7 +3,7 @@ record for training), its CUDA-graph key and the family every rank must agree on
 
 A kernel that cannot be used here is reported as a `Problem` (KERNEL_UNUSABLE /
 KERNEL_UNSUPPORTED) for the input check, so every rank raises through it instead of this one
-alone."""
+alone. It lives in the seam, not in kernels/, because it speaks the input check's codes."""
 
 from __future__ import annotations
 
@@ -13,9 +13,8 @@ from typing import NamedTuple
 import torch
 
 from ..agree.problems import Problem
-from ..tensor_layout import Layout
-from .base import Kernel, KeyedKernel
-from .registry import (
+from ..kernels.base import Kernel, KeyedKernel
+from ..kernels.registry import (
     REGISTRY,
     check_layout,
     doc_pair,
@@ -24,6 +23,7 @@ from .registry import (
     select_kernel,
     select_pair,
 )
+from ..tensor_layout import Layout
 
 
 class KernelChoice(NamedTuple):
