@@ -1,10 +1,6 @@
-"""TokenRing with autograd, causal (zigzag) or not: the Function and the flash-attn style API.
-
-`token_ring_attn_func(q, k, v, ...)` takes flash-attn's keyword names (as yunchang's ring
-functions do): q, k, v (b, s_local, h, d) by default. For causal=True every rank must hold the
-zigzag shard of the sequence: chunks r and 2N-1-r of 2N equal chunks, concatenated (yunchang's
-`EXTRACT_FUNC_DICT["token_ring"]` = `zigzag_extract_local` does this). Non-causal attention is
-exact for any sharding.
+"""The autograd Function of the block-schedule path (training, causal or packed calls): its
+forward and backward halves (run.py) and the ring a pending backward holds. A prepared call
+reaches it through seam/run.py's `train_attn`.
 """
 
 from __future__ import annotations
