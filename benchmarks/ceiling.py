@@ -125,7 +125,7 @@ class _Rank:
 
 
 def _kernel_for(shape, dtype, device, kernel: str, train: bool, inference: bool, packed: bool):
-    from tokenring_xdit.ring.kernels import resolve_kernel
+    from tokenring_xdit.ring.seam.kernel_choice import resolve_kernel
     from tokenring_xdit.ring.tensor_layout import BSHD
 
     batch, t, heads, kv_heads, d = shape

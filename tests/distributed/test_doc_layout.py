@@ -190,10 +190,10 @@ def _kernel_picks(n: int, c: dict, picked: str) -> dict:
     (masked, whatever the documents)."""
     import torch
 
-    from tokenring_xdit.ring.kernels import resolve_kernel
     from tokenring_xdit.ring.kernels.registry import auto_doc_kernel
     from tokenring_xdit.ring.packed import Documents, kernel_order
     from tokenring_xdit.ring.packed.pick import pick
+    from tokenring_xdit.ring.seam.kernel_choice import resolve_kernel
     from tokenring_xdit.ring.tensor_layout import BSHD
 
     cuda, pairs = [], []

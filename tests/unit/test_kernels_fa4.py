@@ -10,10 +10,11 @@ import sys
 import pytest
 import torch
 
-from tokenring_xdit.ring.kernels import REGISTRY, registry, resolve_kernel, select_pair
+from tokenring_xdit.ring.kernels import REGISTRY, registry, select_pair
 from tokenring_xdit.ring.kernels.fa4 import has_fa4
 from tokenring_xdit.ring.kernels.flashattn import has_flash_attn
 from tokenring_xdit.ring.kernels.names import AUTO, KernelName
+from tokenring_xdit.ring.seam.kernel_choice import resolve_kernel
 from tokenring_xdit.ring.tensor_layout import BSHD
 
 

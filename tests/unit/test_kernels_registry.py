@@ -203,7 +203,7 @@ def test_torch_efficient_trains_as_torch_flash_and_says_so(caplog):
 
 
 def _choice(kernel, train, deterministic=False, packed=False, kernel_key=None, layout=BHSD):
-    from tokenring_xdit.ring.kernels import resolve_kernel
+    from tokenring_xdit.ring.seam.kernel_choice import resolve_kernel
 
     q = k = v = torch.zeros(1, 2, 8, 16)
     return resolve_kernel(

@@ -14,14 +14,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from tokenring_xdit.ring.packed import pick as documents
-from tokenring_xdit.ring.packed.doc_split import CONTIGUOUS, DOCUMENTS, ROW
+from tokenring_xdit.ring.kernels import MASKED, doc_pair, select_pair
+from tokenring_xdit.ring.kernels.registry import auto_doc_kernel
 from tokenring_xdit.ring.packed import PRICED as KERNELS
 from tokenring_xdit.ring.packed import Documents, kernel_order
-from tokenring_xdit.ring.kernels import MASKED, doc_pair, resolve_kernel, select_pair
-from tokenring_xdit.ring.kernels.registry import auto_doc_kernel
-from tokenring_xdit.ring.tensor_layout import BSHD
+from tokenring_xdit.ring.packed import pick as documents
 from tokenring_xdit.ring.packed.cost import load_kernels
+from tokenring_xdit.ring.packed.doc_split import CONTIGUOUS, DOCUMENTS, ROW
+from tokenring_xdit.ring.seam.kernel_choice import resolve_kernel
+from tokenring_xdit.ring.tensor_layout import BSHD
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "benchmarks" / "packed-replays-h200-2026-11"

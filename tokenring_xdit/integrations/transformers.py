@@ -1,44 +1,21 @@
-"""TokenRing as a transformers attention implementation, plus the batch and loss helpers.
-
-    from tokenring_xdit.integrations import transformers as tr_hf
-
-    tr_hf.register(group)                                    # once per process
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="token_ring")
-    batch = tr_hf.shard_batch(input_ids, group)              # input_ids, position_ids, shift_labels
-    labels = batch.pop("shift_labels")
-    loss = tr_hf.ring_loss(model(**batch).logits, labels, group)
-    loss.backward()
-    tr_hf.sync_gradients(model, group)                       # sum over the ring's ranks
-    opt.step()
+"""TokenRing as a transformers attention implementation, plus the batch and loss helpers
+(`register`, `shard_batch`, `ring_loss`, `sync_gradients`; docs/training.md has the recipe,
+packed batches included).
 
 The attention function follows transformers' contract (transformers 5.x,
-`modeling_utils.AttentionInterface`): it is called as `fn(module, query, key, value,
-attention_mask, dropout=, scaling=, **kwargs)` with (b, h, s, d) tensors, K/V with their own
-(GQA) head count, and returns `(out (b, s, h, d), None)`. Causal or not is the module's
-`is_causal` (or the `is_causal` keyword). transformers builds no mask for a name its mask
-interface does not know; we register one that builds none either, but that refuses a padding
-mask instead of letting transformers drop it silently (TokenRing has no masks). Importing this
-module does not import transformers; `register` does.
+`modeling_utils.AttentionInterface`): `fn(module, query, key, value, attention_mask, dropout=,
+scaling=, **kwargs)` with (b, h, s, d) tensors, K/V with their own (GQA) head count, returning
+`(out (b, s, h, d), None)`; causal or not is the module's `is_causal`. transformers builds no mask
+for a name its mask interface does not know; we register one that builds none either but refuses
+a padding mask instead of letting transformers drop it silently (TokenRing has no masks).
+Importing this module does not import transformers; `register` does.
 
-Sequence parallelism changes three things a single process never sees, and the helpers do them:
-causal shards must be zigzag (`shard_batch` cuts them and puts their `Split` in the batch as
-"split", which the model hands to every attention call), labels must be shifted over the WHOLE
-sequence before sharding (the last token of one shard predicts the first token of another rank's
-shard), and the loss must be averaged over the tokens of all ranks (`ring_loss`), with the parameter
-gradients summed over the ring's ranks (`sync_gradients`). Decoding (`model.generate`) is not
-sequence-parallel: over several ranks its prefill fails the causal layout check (contiguous
-positions), on one rank its first decode step is refused; both errors say the way out (switch the
-model to "sdpa" on one process).
-
-Packed batches (documents laid end to end, position ids restarting at each, no attention mask:
-transformers' DataCollatorWithFlattening, TRL's padding-free packing): `shard_batch` takes the
-packed position ids (or cu_seqlens), cuts the shards, masks the label that would cross a
-document boundary and adds the documents of the WHOLE sequence as `cu_seq_lens_q` /
-`cu_seq_lens_k` (transformers' FlashAttentionKwargs names, which the model hands to every
-attention call); the attention function passes them on as the ring's `cu_seqlens`, so each
-document attends only to itself (docs/training.md: the recipe). Its `layout` (default "auto")
-may cut the row in N contiguous shards (documents whole where a shard holds them;
-ring/schedules/contiguous.py) or every document into 2N pieces (ring/packed/doc_split.py) instead.
+Why the helpers: causal shards must be zigzag (`shard_batch` puts their `Split` in the batch),
+labels must be shifted over the WHOLE sequence before sharding (a shard's last token predicts
+another rank's first), and the loss is averaged over all ranks' tokens (`ring_loss`) with the
+gradients summed over the ring (`sync_gradients`). A packed batch's documents reach the ring as
+transformers' `cu_seq_lens_q` / `cu_seq_lens_k`, which the attention function passes on as
+`cu_seqlens`.
 """
 
 from __future__ import annotations
@@ -108,20 +85,10 @@ class TokenRingAttention:
     def _ring(self, query, key, value, dropout, scaling, causal, positions, cu_seqlens, split,
               kwargs):  # fmt: skip
         return token_ring_attn_func(
-            query,
-            key,
-            value,
-            dropout_p=dropout,
-            softmax_scale=scaling,
-            causal=causal,
-            softcap=kwargs.get("softcap") or 0.0,
-            group=self.group,
-            layout="bhsd",
-            kernel=self.kernel,
-            split=split,
-            positions=positions,
-            cu_seqlens=cu_seqlens,
-        )
+            query, key, value, dropout_p=dropout, softmax_scale=scaling, causal=causal,
+            softcap=kwargs.get("softcap") or 0.0, group=self.group, layout="bhsd",
+            kernel=self.kernel, split=split, positions=positions, cu_seqlens=cu_seqlens,
+        )  # fmt: skip
 
     def _refuse(self, attention_mask, query, key, causal: bool, kwargs: dict) -> None:
         if attention_mask is not None:
@@ -228,8 +195,8 @@ def shard_batch(
     shift = causal if shift_labels is None else shift_labels
     docs = _batch_documents(input_ids, position_ids, cu_seqlens)
     position_ids = _positions(input_ids, position_ids, docs, cu_seqlens)
-    n = dist.get_world_size(group) if dist.is_initialized() else 1
     bounds = None if docs is None else docs.bounds
+    n = _group_size(group)
     split = make_split(input_ids.shape[-1], n, causal=causal, cu_seqlens=bounds, layout=layout)
     out = {
         "input_ids": shard(input_ids, group, split=split, dim=-1),

@@ -1,36 +1,13 @@
 """Opt-in CPU mode for diffusers' context parallelism (gloo): for tests and development.
 
-What breaks on CPU with diffusers 0.42.1 and a CPU build of torch (found by running a tiny Flux
-under `enable_parallelism` on gloo ranks), and what each shim changes (rows `diffusers_cpu.*`):
-
-1. `ModelMixin._resolve_parallel_config` computes `rank % torch.accelerator.device_count()`,
-   which is 0 without an accelerator device (a CPU build, or a CUDA build on a machine without
-   a GPU): ZeroDivisionError before any mesh exists. While it runs on such a machine,
-   `torch.accelerator.device_count()` reads 1 (the device becomes cpu:0); restored when it
-   returns. With an accelerator device it calls straight through.
-2. No CP-capable backend has a CPU kernel that returns an lse, which every ring needs: 'native'
-   refuses return_lse, '_native_flash' calls the CUDA-only
-   `aten._scaled_dot_product_flash_attention`, cuDNN / flash-attn / sage are CUDA-only. On CPU
-   tensors `_native_flash_attention_forward_op` runs torch's CPU flash kernel
-   (`aten._scaled_dot_product_flash_attention_for_cpu`, which returns out and lse) instead, so
-   `set_attention_backend("_native_flash")` serves diffusers' ring, TokenRing and Ulysses alike
-   (outside CP diffusers already runs that backend through SDPA, which works on CPU).
-3. Its backward op would call the CUDA-only backward kernel: a forward that saves for a backward
-   (inputs that require grad) and the backward op raise a clear NotImplementedError on CPU
-   instead (diffusers' own CP attention is forward-only in CPU mode; TokenRing's is not).
-4. `_modeling_parallel.gather_size_by_comm` (ring_anything's and Ulysses-anything's length
-   exchange) puts its int64 sizes on `torch.accelerator.current_accelerator()` unless the group's
-   backend names "cpu": with a CUDA build on a machine without a GPU that is `cuda` ("Found no
-   NVIDIA driver"). Without an accelerator device the same all-gather runs on CPU tensors; the
-   names `attention_dispatch` and `hooks.context_parallel` imported are re-pointed too.
-5. With `ring_anything` (uneven sequence shards) the output gather
-   (`hooks.context_parallel._all_gather_anything`) calls `dist.all_gather` with tensors of
-   different lengths, which NCCL accepts and gloo refuses ("invalid tensor size"). On gloo the
-   shards are zero-padded to the longest, gathered, and cut back to their true lengths.
-
-Everything else of diffusers' CP runs on gloo as is. `enable()` applies the shims once
-`diffusers.models.attention_dispatch` is imported (at once if it is); `disable()` reverts them.
-They are separate from the TokenRing patches: `tokenring_xdit.uninstall()` leaves them alone.
+What breaks on CPU (diffusers 0.42.1, a CPU build of torch or a CUDA build without a GPU) and
+what each shim changes are the patch table's rows `diffusers_cpu.*` (docs/diffusers.md shows
+them): the device index without an accelerator, a CPU forward op with an lse for
+`_native_flash`, a clear refusal of its CUDA-only backward, the length exchange's device, and
+gloo's equal-size all_gather under `ring_anything`. Everything else of diffusers' CP runs on gloo
+as is. `enable()` applies the shims once `diffusers.models.attention_dispatch` is imported (at
+once if it is); `disable()` reverts them. They are separate from the TokenRing patches:
+`tokenring_xdit.uninstall()` leaves them alone.
 """
 
 from __future__ import annotations

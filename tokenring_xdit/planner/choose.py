@@ -69,16 +69,6 @@ def choose_ring(
     """
     if ring_degree <= 1:
         return "default"
-    tr, ag = ring_times(
-        heads,
-        head_dim,
-        q_len_local,
-        kv_len_local,
-        ring_degree,
-        dtype,
-        device_name,
-        fabric,
-        graphs,
-        kv_heads,
-    )
+    shape = (heads, head_dim, q_len_local, kv_len_local, ring_degree)
+    tr, ag = ring_times(*shape, dtype, device_name, fabric, graphs, kv_heads)
     return "token_ring" if tr < ag * (1 - MARGIN) else "default"

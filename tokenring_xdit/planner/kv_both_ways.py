@@ -50,9 +50,6 @@ class TrainShape:
     dtype_bytes: int = 2
     dtype: str = "bfloat16"
 
-    def row_bytes(self, heads: int, per_head: float) -> float:
-        return self.tokens * heads * per_head
-
 
 # one rank's row: (kernel ms, memory ms, flows [(ring rank, bytes)])
 Row = tuple[float, float, list]

@@ -1,22 +1,14 @@
 """`plan --validate`: predict every committed ring-sweep row and score the predictions.
 
-Every `sweep_*.json` (ring_sweep.py's format; new files are picked up by the glob) of the
-checkout's `docs/benchmarks/inference-ring-call-h200-2026-11-22/` is read (the multi-node
-stand-in's, with `--bench-dir docs/benchmarks/across-nodes-standin-2xh200-2026-11-26`), or, in an
-installed copy, of the snapshot the wheel ships
-under planner/data/sweeps/ (hatch_build.py copies them at build time); `--bench-dir` picks another
-folder. Each row's machine is rebuilt from its meta (GPU, ranks, NCCL_P2P_DISABLE) with the fabric
-fitted from the nccl_peers file of the same host kind; a multi-node sweep (meta "multi_node",
-stamped by benchmarks/multi_node.py) gets its nodes and, between them, the link fitted from the
-nccl_peers probe beside it that ran with the same launch settings. Every timed method the planner
-models is predicted. Scores:
+Every `sweep_*.json` of the checkout's `docs/benchmarks/inference-ring-call-h200-2026-11-22/` is
+read (in an installed copy, the snapshot the wheel ships under planner/data/sweeps/; `--bench-dir`
+picks another folder). Each row's machine is rebuilt from its meta (GPU, ranks, NCCL_P2P_DISABLE,
+nodes) with the fabric fitted from the nccl_peers file of the same host kind. Scores:
   error      |predicted / measured - 1| per (row, method); the median is reported
-  best pick  per row, the method the planner ranks first among the measured ones (token_ring
-             graphed, torch_ag, yunchang_p2p, ulysses) is "right" when its measured time is
-             within PICK_TOLERANCE of the measured best (run-to-run spread of the same shape on
-             the same host is 1-4 %, sweep_2xH200_nvlink vs sweep_2of4xH200_nvlink)
-Nothing here is fitted on these rows: see params.py and
-benchmarks/derive_planner_data.py for what comes from where.
+  best pick  per row, the method the planner ranks first among the measured ones is "right" when
+             its measured time is within PICK_TOLERANCE of the measured best (run-to-run spread
+             of one shape on one host is 1-4 %)
+Nothing here is fitted on these rows (params.py, benchmarks/derive_planner_data.py).
 """
 
 from __future__ import annotations

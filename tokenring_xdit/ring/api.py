@@ -1,7 +1,7 @@
 """`token_ring_attn`: the public TokenRing call, a thin dispatcher over `call.prepare`.
 
 Eager calls prepare the call (call.py: options checked and agreed across the ring) and run it:
-the block-schedule path with autograd (function.py) or the inference path (infer.py). While
+the block-schedule path with autograd or the inference path (seam/run.py). While
 Dynamo traces, the call becomes one opaque operator (compiled.py), whose real side prepares and
 runs it the same way. The arguments are documented on `call.CallOptions`.
 """
@@ -14,13 +14,12 @@ import torch
 import torch.distributed as dist
 
 from ..config import RingConfig
-from .inference.run import infer
 from .kernels import BlockKernel
 from .seam.compiled_op import compiled_attn, count_host
 from .seam.prepare import CallOptions, prepare
+from .seam.run import infer, train_attn
 from .split.value import Split
 from .tensor_layout import Layout
-from .training.function import train_attn
 
 __all__ = [
     "attend",
@@ -60,7 +59,7 @@ def token_ring_attn(
     q, k, v and every keyword: see `tokenring_xdit.ring.seam.prepare.CallOptions`. Every setting
     that decides the call is agreed across the ring first (ring/agree/): bad input is one error on
     every rank, before any transfer. causal=True, inputs that require grad, and packed documents run
-    the differentiable block-schedule path (`function.train_attn`). Under torch.compile the call is
+    the differentiable block-schedule path (`seam.run.train_attn`). Under torch.compile the call is
     one opaque operator (`compiled.py`; `kernel` by name only).
 
     Returns:

@@ -16,13 +16,8 @@ ring group's and the world group's timeouts (groups made without one, like yunch
 torch's 30-minute default; the world's is the one a user sets in init_process_group). NCCL lane
 communicators get twice that, so our own deadline (comm/watchdog.py) always fires before torch's
 watchdog would abort the process. After a failure the ring is marked unusable: later calls say
-so instead of failing in a misleading way. `release_ring_comms()` destroys them, newest first;
-it runs at interpreter exit and before `destroy_process_group` (patches/torch_dist.py, put in
-place before the first communicator is made).
-
-Teardown (comm/teardown.py): `release_ring_comms()` destroys them, newest first, at interpreter
-exit and before `destroy_process_group` (the ring's own guard, put in place before the first
-communicator is made).
+so instead of failing in a misleading way. Teardown (teardown.py): `release_ring_comms()`
+destroys them, newest first, at interpreter exit and before `destroy_process_group`.
 """
 
 from __future__ import annotations

@@ -10,15 +10,14 @@
 - names.py: every kernel's name, its record's place, devices and role, `auto`'s orders and the
   packed cost model's kernels, without torch (the CLI, hosts and packed/ read names there).
 - registry.py: every record by name (loaded from names.py's table), selection for inference,
-  training, packed documents and GQA. resolve.py: `resolve_kernel`, what a call's `kernel`
-  becomes.
+  training, packed documents and GQA (seam/kernel_choice.py: what a call's `kernel` becomes).
 
 Adding a kernel: define its forward (and backward, or None) and its `Kernel(...)` record in a
 module here (its family's, or a new one), then give it its line in names.py (and a place in
 `AUTO` where `auto` may pick it). Inference (`KERNELS[name]`: the record's forward without
 causality), training (`PAIRS[name]`), GQA (probed: native or expanded), packed documents (per
 segment unless the record says otherwise), the swapped layout, the CLI's `--kernel` choices,
-the names in error messages and `resolve_kernel` then follow.
+the names in error messages and the call's kernel choice then follow.
 
 Importing this package imports no torch: the names below load their modules on first use.
 """
@@ -35,7 +34,6 @@ _LAZY = {
     **dict.fromkeys(
         ("DOC_KERNELS", "KERNELS", "PAIRS", "REGISTRY", "auto_order", "doc_pair", "gqa_kernel",
          "gqa_pair", "select_kernel", "select_pair"), "registry"),
-    **dict.fromkeys(("KernelChoice", "resolve_kernel"), "resolve"),
     **dict.fromkeys(("banded", "window_pair"), "window"),
     **dict.fromkeys(("FLASH_VARLEN", "segment_runs"), "varlen"),
     **dict.fromkeys(

@@ -1,37 +1,19 @@
-"""What one ring rank's packed-documents block work costs in time: the model `auto` picks with.
+"""What one ring rank's packed-documents block work costs in time: the model `auto` picks with
+(docs/training-internals.md: the measurements behind it).
 
-Attended (query, key) pairs alone mislead. On one H200
-(docs/benchmarks/packed-replays-h200-2026-11/) the documents layout's balanced ranks (24.6M pairs
-each, ring 4, 32k tokens, 7 documents) replayed in 12.1 ms, the row zigzag's worst rank (32.5M
-pairs) in 9.3 ms: cutting every document into 2N pieces makes short pieces (partly filled kernel
-tiles), many segments, two varlen calls per block and no skipped block. So a rank's forward +
-backward through a packed kernel is modelled as
+Attended (query, key) pairs alone mislead (pieces that partly fill kernel tiles, many segments,
+two varlen calls per block), so a rank's forward + backward through a packed kernel is
 
     ms = tile_ms * tiles + segment_ms * segments + call_ms * calls + row_ms * rows / 1000
 
-- tiles: per segment the TILE x TILE kernel tiles it covers (a rectangle ceil(q/T) * ceil(k/T),
-  a causal diagonal t(t+1)/2 with t = ceil(n/T)): a 105-token piece costs a whole tile row;
-- segments: the varlen entries (each with its own grid rows and bookkeeping);
-- calls: varlen calls, one per run of abutting segments (`segments.segment_runs`), each with
-  its host work (cu_seqlens to the device, the lse slice, gradients added back, a merge);
-- rows: the query rows of every block that attends (its partial merged, its gradients summed).
-
-A new packing adds per-shape set-up on its first call: cuDNN builds a plan for every segment
-shape it has not met (forward and backward), ~140 ms a shape on H200 (4 x H200, a new
-packing per step, 8-16 layers: a call took 50-145 ms where the same packing, its plans built,
-took 8-24 ms), while flash_varlen needs none. A training step packs a new batch and every layer
-runs it, so `fresh_ms` prices that set-up over LAYERS_PER_PACKING calls (each segment counted
-as a new shape: document boundaries make nearly every one distinct), and `auto` picks with it;
-`ms` is the call once the plans exist (what the replays measured and the fit reproduces).
-
-Each packed kernel has its own constants over the same terms (`kernels.names.PRICED`): `flash_varlen` (one
-varlen call per run of segments) and `cudnn` (cuDNN once per segment, `segments_pair`: every
-segment its own forward and backward call with host work, so `segment_ms` dominates, while its
-tiles run ~2x faster). The constants are data (data/cost_model.json), fitted by `fit`
-on the committed one-GPU replays of every rank, per kernel (benchmarks/fit_layout_cost.py
-refits them). The model is for that shape (32 query / 8 K/V heads, head size 128, bf16, H200);
-it ranks (layout, kernel) pairs, it does not promise ms. Every rank uses this one table (never
-a reading of its own GPU), so the choice stays a function of the agreed documents alone.
+tiles: per segment the TILE x TILE tiles it covers (a causal diagonal t(t+1)/2, t = ceil(n/T));
+segments: varlen entries; calls: one per run of abutting segments (`segments.segment_runs`);
+rows: the query rows of every block that attends. `fresh_ms` adds cuDNN's per-shape plan builds
+of a new packing over LAYERS_PER_PACKING calls (a training step packs a new batch); `ms` is the
+call once the plans exist. Each packed kernel (`kernels.names.PRICED`) has its own constants,
+fitted on the committed one-GPU replays (data/cost_model.json; benchmarks/fit_layout_cost.py
+refits them). It ranks (layout, kernel) pairs, it does not promise ms; every rank uses this one
+table (never a reading of its own GPU), so the choice is a function of the agreed documents.
 """
 
 from __future__ import annotations

@@ -1,31 +1,17 @@
 """Packed documents over the ring: which query/key pairs of a block share a document.
 
 A packed sequence is several documents laid end to end; attention stays inside each document
-(and is causal inside it for a decoder). The documents are given for the WHOLE (global)
-sequence as `cu_seqlens` (0 = b_0 < b_1 < ... < b_D = total, flash-attn's convention), the
-same on every ring rank (the input check agrees on it before any transfer, `ring/agree/`).
+(causal inside it for a decoder). The documents are given for the WHOLE sequence as `cu_seqlens`
+(0 = b_0 < ... < b_D = total, flash-attn's convention), agreed on every rank before any transfer.
 
-Each rank holds some global token ranges (a zigzag shard: chunks r and 2N-1-r; or the r-th
-contiguous shard), and each block step runs a query TILE (a part of some rank's shard) against
-a key tile (a part of this rank's). Inside a tile the tokens of one document are one run: a
-document that reaches from the front chunk into the back chunk covers the end of the first and
-the start of the second, which sit next to each other in the tile. So a block is a short list
-of `Segment`s (query run x key run of one document), causal on the diagonal block and full
-elsewhere (the zigzag schedule only pairs tiles whose keys all precede the queries). A block
-with no segment is skipped: no kernel, no return of its partial, and a query tile that no
-later holder needs stops travelling (`DocPlan`, which every rank computes alike from the agreed
-layout). Off the diagonal a zigzag block meets at most one document (the one reaching across
-the chunks between the tiles), so the work left is the diagonal's per-document triangles plus
-one rectangle per document that crosses a chunk boundary.
-
-In the contiguous layout (a causal row in N contiguous shards, schedules/contiguous.py) a block
-pairs a query shard with an earlier key shard: full rectangles of the documents that reach from
-one into the other, nothing for a later key shard, the causal diagonal at step 0.
-
-In the documents layout (doc_split.py: every document cut into 2N pieces) a tile is a list of
-pieces instead, each inside one document, and a block's segments come from `block_pieces`: per
-document a full rectangle or a causal diagonal, several documents per block (`call_plan`: a
-call's, in its agreed split's layout; report.py: the layouts, and `auto`'s pick).
+Inside a tile (a part of some rank's shard) the tokens of one document are one run, so a block is
+a short list of `Segment`s (query run x key run of one document), causal on the diagonal block
+and full elsewhere. A block with no segment is skipped: no kernel, no return of its partial, and
+a query tile that no later holder needs stops travelling (`DocPlan`, computed alike on every
+rank). Off the diagonal a zigzag block meets at most one document (the one reaching across the
+chunks between the tiles). In the contiguous layout a block pairs a query shard with an earlier
+key shard; in the documents layout (doc_split.py) a tile is a list of pieces and a block's
+segments come from `block_pieces` (`call_plan`: a call's plan, in its agreed split's layout).
 """
 
 from __future__ import annotations

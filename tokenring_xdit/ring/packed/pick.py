@@ -1,28 +1,15 @@
-"""Packed documents over the ring: what `auto` picks, (layout, kernel) by predicted time.
+"""Packed documents over the ring: what `auto` picks, (layout, kernel) by predicted time
+(docs/training-internals.md: the measurements).
 
-A packed call runs in one of three layouts (the row's zigzag; every document cut in 2N pieces,
-doc_split.py; a causal row in N contiguous shards, schedules/contiguous.py) and, on CUDA in half
-precision, through one of two exact kernels: `flash_varlen` (torch flash with cu_seqlens, one
-call per run of segments) or `cudnn` (cuDNN once per segment).
-Neither wins everywhere: measured on 4 x H200, cuDNN per segment runs the zigzag's few segments
-per rank in ~0.6x flash_varlen's time and the documents layout's 63-252 segments 1.5-3x slower
-(docs/benchmarks/packed-replays-h200-2026-11/). So every (layout, kernel) pair's slowest rank is
-priced with that kernel's constants (layout_cost.py) and `auto` takes the fastest pair; another
-layout (AUTO_LAYOUTS) only where it beats the row's best pair by AUTO_MARGIN (the model ranks from a
-few measured rows; a near tie keeps the zigzag). The model prices kernels, not transfers: on
-rows of many documents the contiguous layout, which moves the least, won by more than the
-model says (4 x H200, docs/performance.md, packed training).
-
-The layout is picked when `shard(..., layout="auto")` cuts the row (`pick_layout`, from the
-documents and the ring's size: shard does not know the call's dtype, so it assumes every kernel
-of the table); the kernels priced when the call is prepared (`kernel_order`, for the layout the call
-runs, among the kernels that work for its dtype and head size). Both are functions of agreed
-values and the packaged table only (never a reading of the local GPU), so every rank picks
-alike; the call's kernel record is part of the agreed header (its family).
-
-`report.document_work` reports it all without running anything, beside the dense causal ring's
-predicted time (`dense_ring_ms`: the same row as ONE document, no mask, priced with cuDNN's
-constants: the dense ring runs cuDNN).
+A packed call runs in one of three layouts (the row's zigzag; the documents layout, doc_split.py;
+a causal row in N contiguous shards) through one of two exact kernels (`flash_varlen`, one call
+per run of segments; `cudnn`, once per segment). Neither wins everywhere, so every (layout,
+kernel) pair's slowest rank is priced with that kernel's constants (cost.py) and `auto` takes the
+fastest pair; another layout (AUTO_LAYOUTS) only where it beats the row's best pair by
+AUTO_MARGIN (a near tie keeps the zigzag). The layout is picked when `shard(..., layout="auto")`
+cuts the row (`pick_layout`: shard does not know the dtype, so it assumes every kernel of the
+table), the kernels when the call is prepared (`kernel_order`). Both are functions of agreed
+values and the packaged table only, so every rank picks alike.
 """
 
 from __future__ import annotations

@@ -1,38 +1,20 @@
-"""TokenRing under torch.compile: the whole ring call is one opaque operator.
+"""TokenRing under torch.compile: the whole ring call is one opaque operator, `tokenring::attn`
+(docs/compile.md: entry points, modes, how).
 
 Dynamo cannot trace the ring (kernel probes, digests, the input check's all-gather, P2P ops,
 bounded waits) and must not: every piece of it decides or moves data across ranks. So while
-Dynamo traces (`torch.compiler.is_compiling()`), `api.attend` hands its call here and the
-graph gets one node, `tokenring::attn`, a `torch.library.custom_op`:
+Dynamo traces, `api.attend` hands its call here. The fake implementation gives out and lse
+without communicating; the real one prepares the call as the eager API does (`prepare`) and runs
+the same loops, so compiled and eager calls agree the same header and compute the same thing.
+Training pairs it with `tokenring::attn_backward` (`register_autograd`), which re-runs `prepare`:
+the compiled program keeps no Python object between forward and backward. Both carry the
+`cudagraph_unsafe` tag where torch has it; a ring call met inside someone else's stream capture
+is refused with one clear error (`_refuse_capture`) before anything is sent.
 
-- its fake (meta) implementation gives out (q's layout, v's head size) and lse (b, h, s) fp32
-  without communicating, so Dynamo/AOTAutograd/Inductor trace around it without graph breaks;
-- its real implementation, run by the compiled program, prepares the call as the eager API
-  does (`call.prepare`: input check agreed across the ring, caches) and runs the same loops
-  (the ring's own CUDA graphs and communicators included), so compiled and eager calls
-  compute the same thing;
-- training: `register_autograd` pairs it with `tokenring::attn_backward`, the block-schedule
-  backward loop. The backward re-runs `prepare` (the compiled program keeps no Python
-  object between forward and backward; the check's cache makes that cheap on NCCL rings).
-  Both halves run as eager ones do (train.py), CUDA graphs included where the call asks.
-- both carry the `cudagraph_unsafe` tag where torch has it: `mode="reduce-overhead"` then keeps
-  CUDA graphs around the ring (Inductor's graph partitions) and runs the ring outside them. A
-  ring call met inside someone else's stream capture is refused with one clear error
-  (`_refuse_capture`), before anything is sent.
-
-The eager path never comes here: outside compilation the only cost is the one
-`is_compiling()` test in `api.attend` (a flag read).
-
-Arguments: the operator's schema is derived from `call.CallOptions` (each field's `OpArg`: schema
-type, encode in traced code, decode in the op), followed by what the adapter adds (`_EXTRA`: train,
-the host the call is counted for, a validate override). The process group travels by name, the
-layout by name, a `RingConfig` as its fields (a literal string), packed documents as tensors, and
-the kernel only by NAME: a Python-callable block kernel cannot be a graph constant, so under compile
-hosts map theirs to a named kernel (`hosts/*`), and a direct call with one gets a
-NotImplementedError saying so. A `Split` travels as a tensor, its documents in the cu_seqlens tensor
-(passed so, a new packing compiles nothing new). The real side decodes the options and runs
-`call.prepare` like the eager API, so compiled calls agree the same header as eager ones (timeout,
-kernel family, documents included).
+Arguments: the schema is derived from `CallOptions` (each field's `OpArg`), then `_EXTRA` (train,
+the host the call is counted for, a validate override). The kernel travels by NAME only (a
+Python callable cannot be a graph constant: hosts map theirs to a named kernel); a `Split` as a
+small tensor, its documents in the cu_seqlens tensor (a new packing compiles nothing new).
 """
 
 from __future__ import annotations
@@ -41,10 +23,10 @@ from collections import Counter
 
 import torch
 
-from ..inference.run import infer
 from ..tensor_layout import get_layout
 from ..training.run import train_backward, train_forward
 from .prepare import CallOptions, op_args, prepare
+from .run import infer
 
 __all__ = ["HOST_CALLS", "HostCalls", "compiled_attn", "count_host"]
 

@@ -3,7 +3,7 @@
 `CallOptions` holds what a caller may ask of one call (the keyword arguments of `token_ring_attn`,
 documented on the class); `prepare(q, k, v, options)` turns them into a `PreparedCall`: the call's
 split and its proof (`agree.proof.call_split`), a packed call's kernels priced (ring/packed/), the
-kernel resolved (`kernels.resolve_kernel`), the input check agreed across the ring (`agree`: the
+kernel resolved (`kernel_choice.resolve_kernel`), the input check agreed across the ring (`agree`: the
 ring, with a packed call's plan), the loop's call object (schedule, kernel, layout, scale, plan,
 head start) and the settings the runner needs. The eager API (api.py), the training Function
 (function.py) and the torch.compile operator (compiled.py) all call `prepare`, so they cannot drift
@@ -36,7 +36,7 @@ from ..agreed_ring import Ring
 from ..comm import RingPosition
 from ..head_start import ring_pause_us
 from ..inference.loop import RingCall
-from ..kernels import BlockKernel, KernelChoice, SwappedKernel, resolve_kernel
+from ..kernels import BlockKernel, SwappedKernel
 from ..schedules import NON_CAUSAL, block_schedule
 from ..packed.window_plan import window_plan
 from ..schedules.kv_both_ways import split_by_heads
@@ -45,6 +45,7 @@ from ..split.value import Split
 from ..tensor_layout import Layout, get_layout
 from ..training.forward import BlockCall
 from ..training.kv_halves import KvCall
+from .kernel_choice import KernelChoice, resolve_kernel
 from .travel import TRAVELS, resolve_travel
 
 __all__ = [

@@ -1,10 +1,6 @@
-"""TokenRing with autograd, causal (zigzag) or not: the Function and the flash-attn style API.
-
-`token_ring_attn_func(q, k, v, ...)` takes flash-attn's keyword names (as yunchang's ring
-functions do): q, k, v (b, s_local, h, d) by default. For causal=True every rank must hold the
-zigzag shard of the sequence: chunks r and 2N-1-r of 2N equal chunks, concatenated (yunchang's
-`EXTRACT_FUNC_DICT["token_ring"]` = `zigzag_extract_local` does this). Non-causal attention is
-exact for any sharding.
+"""The autograd Function of the block-schedule path (training, causal or packed calls): its
+forward and backward halves (run.py) and the ring a pending backward holds. A prepared call
+reaches it through seam/run.py's `train_attn`.
 """
 
 from __future__ import annotations
@@ -16,11 +12,10 @@ import torch.distributed as dist
 
 from ..agreed_ring import Ring
 from ..comm.teardown import on_release
-from ..seam.prepare import PreparedCall
 from .backward import fold_lse_grad
 from .run import TrainCall, train_backward, train_forward
 
-__all__ = ["TokenRingAttention", "train_attn"]
+__all__ = ["TokenRingAttention"]
 
 
 class _Held:
@@ -79,13 +74,3 @@ class TokenRingAttention(torch.autograd.Function):
         args = (dout, q, k, v, out, lse, ctx.graphs)
         dq, dk, dv = train_backward(ctx.call, ring, ctx.q_lens, *args)
         return dq, dk, dv, None, None, None, None
-
-
-def train_attn(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prepared: PreparedCall
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The block-schedule path of a prepared call (call.prepare; `prepared.train`), with
-    autograd: `prepared.call` is its BlockCall (schedule, pair, document plan, head start) or KvCall;
-    `prepared.graphs`: replay its halves as CUDA graphs (RingConfig.train_cuda_graph)."""
-    ring = prepared.ring
-    return TokenRingAttention.apply(q, k, v, prepared.call, ring, ring.q_lens, prepared.graphs)

@@ -1,28 +1,16 @@
 """The two halves of a block-schedule call (training, causal), eager or replayed as CUDA graphs.
 
-At ring 4 an eager training call launches dozens of kernels and NCCL batches per step, and a
-per-rank profile put 7-12 points of the ideal into the launch gaps between them
-(docs/performance.md, training). With `RingConfig.train_cuda_graph`
-(TOKENRING_XDIT_TRAIN_CUDA_GRAPH=1, agreed across the ring in the call's header) each half runs
-through the ring's graph cache (`Ring.graphed`, graphs.py) under its own key: the forward
-run(q, k, v) -> (out, lse), the backward run(dout, q, k, v, out, lse) -> (dq, dk, dv). A key's
-first call runs eagerly, then it is captured once on every rank together (a failed capture is
-refused on all of them, counted in `RING_GRAPHS.stats.refused`, and the key stays eager) and
-replayed: the inputs are copied into the graph's static buffers and the outputs cloned out, so
-what autograd saves for the backward (out, lse) and what it gets back (dq, dk, dv) are the
-caller's own tensors, never buffers a later replay overwrites. Every layer of one shape shares a
-forward graph and a backward graph.
+Why graphs: at ring 4 an eager training call loses 7-12 points of the ideal to launch gaps
+(docs/performance.md, training). With `RingConfig.train_cuda_graph` (agreed in the call's header)
+each half runs through the ring's graph cache (`Ring.graphed`, graph_cache.py) under its own key:
+forward run(q, k, v) -> (out, lse), backward run(dout, q, k, v, out, lse) -> (dq, dk, dv). Outputs
+are cloned out of the graph, so what autograd saves and gets back are the caller's own tensors,
+never buffers a later replay overwrites. Packed documents are graphed too: the key holds the
+agreed documents and layout (`BlockCall.packing`), shared by every layer of a step; the ring keeps
+the graphs of its last `PACKINGS_KEPT` packings (dropped on every rank at the same call).
 
-Packed documents (`BlockCall.plan`) are graphed too: the key holds the agreed documents and
-their layout (`BlockCall.packing`), and one packing is shared by every layer of a step, so per
-step and half a packing runs eagerly once, is captured once and replays for the other layers.
-The ring keeps the graphs of its last `graphs.PACKINGS_KEPT` packings and drops older ones when
-a new packing comes (on every rank at the same call: the keys are agreed).
-
-Not graphed (eager as before): a ring of one (a single kernel), a call met inside someone else's capture or on a non-CUDA device (`graphs_wanted`), a call
-autograd records through (a backward with create_graph=True). `ring.finished` follows every
-call, replayed or not (a replay's deadline error names its step only with
-TOKENRING_XDIT_REPLAY_STEP_MARKS=1).
+Not graphed: a ring of one, a call inside someone else's capture or off CUDA (`graphs_wanted`),
+a call autograd records through (create_graph=True). `ring.finished` follows every call.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ record for training), its CUDA-graph key and the family every rank must agree on
 
 A kernel that cannot be used here is reported as a `Problem` (KERNEL_UNUSABLE /
 KERNEL_UNSUPPORTED) for the input check, so every rank raises through it instead of this one
-alone."""
+alone. It lives in the seam, not in kernels/, because it speaks the input check's codes."""
 
 from __future__ import annotations
 
@@ -13,10 +13,9 @@ from typing import NamedTuple
 import torch
 
 from ..agree.problems import Problem
-from ..tensor_layout import Layout
-from .base import Kernel, KeyedKernel
-from .names import PACKED_ONLY
-from .registry import (
+from ..kernels.base import Kernel, KeyedKernel
+from ..kernels.names import PACKED_ONLY
+from ..kernels.registry import (
     REGISTRY,
     check_layout,
     doc_pair,
@@ -25,7 +24,8 @@ from .registry import (
     select_kernel,
     select_pair,
 )
-from .window import window_pair
+from ..kernels.window import window_pair
+from ..tensor_layout import Layout
 
 
 class KernelChoice(NamedTuple):

@@ -1,18 +1,21 @@
-"""The no-grad non-causal run of a prepared call: one rank, the wire layout, CUDA graphs.
+"""A prepared call run: the block-schedule path with autograd (`train_attn`) or the no-grad
+non-causal inference path (`infer`: one rank, the wire layout, CUDA graphs).
 
-Shared by the eager API (api.py) and the compiled operator's real side (compiled.py), which
-both prepare the call first (call.py).
+Shared by the eager API (api.py) and the compiled operator's real side (compiled_op.py), which
+both prepare the call first (prepare.py). The loops below take the prepared call's parts, not
+the record, so they need nothing from this floor.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..seam.prepare import PreparedCall
-from .loop import local_forward, ring_forward
 from ..graph_cache import graphs_wanted
+from ..inference.loop import local_forward, ring_forward
+from ..training.function import TokenRingAttention
+from .prepare import PreparedCall
 
-__all__ = ["infer"]
+__all__ = ["infer", "train_attn"]
 
 
 def infer(
@@ -38,3 +41,13 @@ def infer(
     if swapped:
         return result[0].transpose(1, 2), result[1]
     return result
+
+
+def train_attn(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prepared: PreparedCall
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The block-schedule path of a prepared call (`prepared.train`), with autograd:
+    `prepared.call` is its BlockCall (schedule, pair, document plan, head start) or KvCall;
+    `prepared.graphs`: replay its halves as CUDA graphs (RingConfig.train_cuda_graph)."""
+    ring = prepared.ring
+    return TokenRingAttention.apply(q, k, v, prepared.call, ring, ring.q_lens, prepared.graphs)
