@@ -38,10 +38,12 @@ def travel_rule(device_type: str, heads: int, kv_heads: int, ring_size: int) -> 
     return "q", "MHA: the same bytes a step either way, TokenRing's schedule"
 
 
-def resolve_travel(asked: str, ring: Ring, spec: CallSpec) -> str:
-    """ "q" or "kv" for a training call on the agreed `ring` (`spec`'s shapes and settings are
-    agreed by now). Raises the same error on every rank where "kv" is forced and cannot run."""
-    blocker = "does not run packed documents yet" if ring.plan is not None else ""
+def resolve_travel(asked: str, ring: Ring, spec: CallSpec, windowed: bool) -> str:
+    """The travel ("q" or "kv") of a training call on the agreed `ring` (`spec`'s shapes and
+    settings are agreed by now; `windowed`: a sliding window, agreed). Raises the same error on
+    every rank where "kv" is forced and cannot run."""
+    blocker = ("does not run packed documents yet" if ring.plan is not None else
+               "does not run a sliding window yet" if windowed else "")  # fmt: skip
     if asked == "kv" and blocker:
         raise NotImplementedError(f"TokenRing: travel='kv' (K/V both ways) {blocker}; use "
                                   "travel='q' or 'auto'")  # fmt: skip
