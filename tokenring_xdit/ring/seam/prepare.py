@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import operator
 import warnings
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, fields
@@ -128,8 +129,8 @@ def _opt(default, schema: str | None, encode=None, decode=None, agreed: Callable
 def _words_or_ints(value) -> tuple | str:
     """A sequence of ints as a tuple (what ranks compare), else its repr (refused later)."""
     try:
-        return tuple(int(x) for x in value)
-    except (TypeError, ValueError):
+        return tuple(operator.index(x) for x in value)  # (2.5 is not an int: its repr)
+    except TypeError:
         return repr(value)
 
 
@@ -220,6 +221,16 @@ class CallOptions:
 
 
 AGREED = tuple((f.name, f.metadata["agreed"]) for f in fields(CallOptions) if f.metadata["agreed"])
+_DEFAULTS = CallOptions()
+# the agreed values of a call that passes none of them (most calls: no per-call work)
+_DEFAULT_AGREED = tuple((name, agreed(getattr(_DEFAULTS, name))) for name, agreed in AGREED)
+
+
+def _agreed(options: CallOptions) -> tuple:
+    """((name, value), ...) of the agreed options, as ranks compare them."""
+    if options.travel == "auto" and options.window_size == (-1, -1):
+        return _DEFAULT_AGREED
+    return tuple((name, agreed(getattr(options, name))) for name, agreed in AGREED)
 
 
 def op_args() -> tuple[tuple[str, OpArg], ...]:
@@ -296,6 +307,8 @@ def prepare(
 
 def _window(options: CallOptions) -> tuple[Window | None, str]:
     """The call's sliding window (None: none), or why `window_size` is refused."""
+    if options.window_size == (-1, -1):
+        return None, ""
     try:
         return Window.of(options.window_size, options.causal), ""
     except ValueError as exc:
@@ -330,7 +343,7 @@ def _spec(
                        window is not None, kernel.key),
         joint_kv=options.joint_kv, grad=grad, split=split, doc_positions=by_ids, problem=problem,
         detail=text, transport=cfg.transport, timeout=cfg.timeout,
-        agreed=tuple((name, agreed(getattr(options, name))) for name, agreed in AGREED),
+        agreed=_agreed(options),
     )  # fmt: skip
     return spec, kernel
 
