@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 
-from ...config import RingConfig, current
+from ...config import AUTO_GRAPH_TOKENS, RingConfig, current
 from .. import packed
 from ..agree import CallSpec, agree, digest, needs_grad
 from ..agree.problems import Problem
@@ -302,7 +302,8 @@ def prepare(
         )  # fmt: skip
     else:
         call = _ring_call(kernel, layout, ring, spec, options, cfg, head_start_us)
-    return PreparedCall(ring, call, train, layout, kernel, spec.graphs, options.joint_kv, spec)
+    graphs = spec.graphs if spec.graphs is not None else _auto_graphs(ring, q)
+    return PreparedCall(ring, call, train, layout, kernel, graphs, options.joint_kv, spec)
 
 
 def _window(options: CallOptions) -> tuple[Window | None, str]:
@@ -358,19 +359,27 @@ def _priced(split: Split, options: CallOptions, size: int) -> tuple[str, ...]:
     return packed.kernel_order(split.docs, size, options.causal, layout)
 
 
-def _graphs(asked: bool | None, cfg: RingConfig, train: bool, kernel_key) -> bool:
+def _graphs(asked: bool | None, cfg: RingConfig, train: bool, kernel_key) -> bool | None:
     """Replay CUDA graphs: the call's `cuda_graph=`, else the config's (train_cuda_graph for
-    the block-schedule path, cuda_graphs for inference, whose kernel needs a graph key).
-    Agreed in the call's header: a capture is collective. Never with expandable segments while
-    NCCL registers graph buffers (`RingConfig.graph_register_hazard`): those replays hang."""
+    the block-schedule path, cuda_graphs for inference, whose kernel needs a graph key); None:
+    `auto` (training), decided from the agreed lengths (`_auto_graphs`). Agreed in the call's
+    header: a capture is collective. Never with expandable segments while NCCL registers graph
+    buffers (`RingConfig.graph_register_hazard`): those replays hang."""
     if train:
         wanted = cfg.train_cuda_graph if asked is None else asked
     else:
         wanted = (cfg.cuda_graphs if asked is None else asked) and kernel_key is not None
-    if wanted and cfg.graph_register_hazard:
-        _warn_graph_register_hazard()
+    if wanted is not False and cfg.graph_register_hazard:
+        if wanted:
+            _warn_graph_register_hazard()
         return False
     return wanted
+
+
+def _auto_graphs(ring: Ring, q: torch.Tensor) -> bool:
+    """`auto` training graphs: on CUDA where every rank holds few enough queries that launch
+    gaps cost more than a graph's copies (config.AUTO_GRAPH_TOKENS; agreed lengths)."""
+    return q.device.type == "cuda" and ring.size > 1 and max(ring.q_lens) <= AUTO_GRAPH_TOKENS
 
 
 @functools.cache
