@@ -156,9 +156,13 @@ def window_train_ms(
 
 def q_rows(plan: WindowPlan, local: int) -> int:
     """The most query rows one Q-lane message of `plan` carries (shards of `local` tokens)."""
-    sends = (part_len(st.q_send_part, local) for r in range(plan.size)
-             for st, (send, _, _) in zip(plan.steps[r], plan.transfers(r), strict=True) if send)
-    return max(sends, default=0)  # fmt: skip
+    sends = (
+        part_len(st.q_send_part, local)
+        for r in range(plan.size)
+        for st, (send, _, _) in zip(plan.steps[r], plan.transfers(r), strict=True)
+        if send
+    )
+    return max(sends, default=0)
 
 
 def ulysses_window_ms(
