@@ -78,3 +78,19 @@ def max_err(got: torch.Tensor, want: torch.Tensor) -> float:
     if not got.numel():
         return 0.0
     return (got.double() - want.double()).abs().max().item()
+
+
+def case_failures(n: int, results: list, cases: list, fp32_tol: float, bf16_tol: dict) -> list[str]:
+    """Every rank's cases of one launch whose errors pass their bound ({"errs", "dtype_ok"} per
+    case name): one line per failure, naming the ring size, rank, case and what."""
+    failures = []
+    for rank, res in enumerate(results):
+        for case in cases:
+            got = res["cases"][case["name"]]
+            if not got["dtype_ok"]:
+                failures.append(f"N={n} rank {rank} {case['name']}: output dtype")
+            for what, err in got["errs"].items():
+                tol = fp32_tol if case["dtype"] == "float32" else bf16_tol[what]
+                if not err <= tol:
+                    failures.append(f"N={n} rank {rank} {case['name']} {what}: {err:.3g} > {tol}")
+    return failures

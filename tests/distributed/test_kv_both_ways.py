@@ -14,7 +14,7 @@ import functools
 import pytest
 
 from tests.harness import run_ranks, values
-from tests.reference import exact_grads, max_err
+from tests.reference import case_failures, exact_grads, max_err
 
 WORLD_SIZES = [1, 2, 3, 4]
 FP32_TOL = 2e-5
@@ -245,18 +245,12 @@ def _launch(n):
 
 @pytest.mark.parametrize("n", WORLD_SIZES)
 def test_forward_and_gradients_match_exact_attention(n):
-    failures = []
-    for rank, res in enumerate(_launch(n)):
-        for case in CASES:
-            got = res["cases"][case["name"]]
-            assert got["dtype_ok"], case["name"]
-            for what, err in got["errs"].items():
-                tol = FP32_TOL if case["dtype"] == "float32" else BF16_TOL[what]
-                if not err <= tol:
-                    failures.append(f"N={n} rank {rank} {case['name']} {what}: {err:.3g} > {tol}")
-            # the diagonal, then one block per half and step
-            assert got["kernels"] == (2 * n - 1, 2 * n - 1), (n, rank, case["name"], got)
+    failures = case_failures(n, _launch(n), CASES, FP32_TOL, BF16_TOL)
     assert not failures, "\n".join(failures)
+    for rank, res in enumerate(_launch(n)):  # the diagonal, then one block per half and step
+        for case in CASES:
+            got = res["cases"][case["name"]]["kernels"]
+            assert got == (2 * n - 1, 2 * n - 1), (n, rank, case["name"], got)
 
 
 def test_bad_input_is_one_error_on_every_rank():

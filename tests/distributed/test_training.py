@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from tests.harness import run_ranks, values
-from tests.reference import exact_grads
+from tests.reference import case_failures, exact_grads
 
 WORLD_SIZES = [1, 2, 3, 4]
 FP32_TOL = 2e-5
@@ -253,15 +253,7 @@ def _launch(n):
 
 @pytest.mark.parametrize("n", WORLD_SIZES)
 def test_forward_and_gradients_match_exact_attention(n):
-    failures = []
-    for rank, res in enumerate(_launch(n)):
-        for case in CASES:
-            got = res["cases"][case["name"]]
-            assert got["dtype_ok"], case["name"]
-            for what, err in got["errs"].items():
-                tol = FP32_TOL if case["dtype"] == "float32" else BF16_TOL[what]
-                if not err <= tol:
-                    failures.append(f"N={n} rank {rank} {case['name']} {what}: {err:.3g} > {tol}")
+    failures = case_failures(n, _launch(n), CASES, FP32_TOL, BF16_TOL)
     assert not failures, "\n".join(failures)
 
 
