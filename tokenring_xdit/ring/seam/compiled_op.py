@@ -24,6 +24,7 @@ from collections import Counter
 import torch
 
 from ..tensor_layout import get_layout
+from ..training.backward import fold_lse_grad
 from ..training.run import train_backward, train_forward
 from .prepare import CallOptions, op_args, prepare
 from .run import infer
@@ -64,7 +65,7 @@ def compiled_attn(qkv: tuple[torch.Tensor, ...], options: CallOptions, host: str
         given["cu_seqlens"] = split.docs.bounds  # (the encoded split has none)
     args = [op.encode(given.get(name, getattr(options, name))) for name, op in _OPTIONS]
     out, lse = torch.ops.tokenring.attn(q, k, v, *args, train, host, validate)
-    return out, lse.detach()  # as in eager: lse takes no gradient
+    return out, lse  # as in eager, lse takes a gradient (an attention sink, a loss on lse)
 
 
 # --- the operator's real side (runs eagerly inside the compiled program) ----------------------
@@ -113,9 +114,11 @@ def _attn_fake(q, k, v, *args):
     return out, q.new_empty((b, h, s), dtype=torch.float32)
 
 
-def _attn_backward(dout, q, k, v, out, lse, *args):
+def _attn_backward(dout, q, k, v, out, lse, dlse, *args):
     _refuse_capture(q)
     prepared = prepare(q, k, v, _options(args), grad=True, validate=args[-1])
+    if dlse is not None:  # lse is differentiable (an attention sink, a loss on lse)
+        out = fold_lse_grad(dout, out, dlse, prepared.layout)
     ring, args = prepared.ring, (dout, q, k, v, out, lse, prepared.graphs)
     dq, dk, dv = train_backward(prepared.call, ring, ring.q_lens, *args)
     return _dense(dq, dk, dv)
@@ -131,6 +134,7 @@ def _setup_context(ctx, inputs, output) -> None:
     options = inputs[3 : 3 + len(_OPTIONS)]
     tensors = [i for i, (_, op) in enumerate(_OPTIONS) if op.schema == "Tensor?"]
     ctx.save_for_backward(*inputs[:3], *output, *(options[i] for i in tensors))
+    ctx.set_materialize_grads(False)  # lse's gradient is rare: None, not zeros to fold
     ctx.tensors = tensors
     kept = zip(_OPTIONS, options, strict=True)
     ctx.args = [[] if op.schema == "Tensor[]" else x for (_, op), x in kept]
@@ -144,14 +148,17 @@ def _tensor_list(x) -> bool:
     return isinstance(x, list) and all(t is None or isinstance(t, torch.Tensor) for t in x)
 
 
-def _backward(ctx, dout, _dlse):
+def _backward(ctx, dout, dlse):
     if not ctx.train:  # only reached if autograd wants gradients the trace said it would not
         raise RuntimeError("tokenring::attn ran without train=True; no backward was prepared")
     q, k, v, out, lse, *saved = ctx.saved_tensors
+    dout = torch.zeros_like(out) if dout is None else dout  # (a gradient of lse alone)
     args = list(ctx.args)
     for i, x in zip(ctx.tensors, saved, strict=True):
         args[i] = x
-    dq, dk, dv = torch.ops.tokenring.attn_backward(dout, q, k, v, out, lse, *args, ctx.validate)
+    dq, dk, dv = torch.ops.tokenring.attn_backward(
+        dout, q, k, v, out, lse, dlse, *args, ctx.validate
+    )
     return (dq, dk, dv, *ctx.no_grads)
 
 
@@ -163,7 +170,8 @@ _attn_op = torch.library.custom_op(
 _attn_op.register_fake(_attn_fake)
 _backward_op = torch.library.custom_op(
     "tokenring::attn_backward", _attn_backward, mutates_args=(), tags=_TAGS,
-    schema=f"(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, {_ARGS}, "
+    schema=f"(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? dlse, "
+    f"{_ARGS}, "
     "str validate) -> (Tensor, Tensor, Tensor)",
 )  # fmt: skip
 _backward_op.register_fake(_attn_backward_fake)
