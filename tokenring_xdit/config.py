@@ -110,6 +110,19 @@ def _flag(raw: str | None, var: str, default: bool) -> bool:
     return parse_flag(raw, default, var)  # the start-up hook parses AUTOPATCH/STRICT the same
 
 
+def _flag_or_auto(raw: str | None, var: str, default: bool | None) -> bool | None:
+    """A flag, or None for `auto` (and unset: the default)."""
+    if raw is None or raw.strip().lower() in ("", "auto"):
+        return default
+    return parse_flag(raw, default, var)
+
+
+# Training calls replay as CUDA graphs by default where every rank holds at most this many
+# queries: at 4k tokens per GPU graphs took 13-33 % off a ring-4 call, at 8k they cost 1.4-1.5 %
+# (4 x H200, docs/performance.md, "training CUDA graphs")
+AUTO_GRAPH_TOKENS = 4096
+
+
 def _choice(allowed: tuple[str, ...], lower: bool = True, aliases: dict | None = None) -> Parser:
     """One of `allowed` (or an alias of one); the default when unset."""
 
@@ -255,15 +268,16 @@ class RingConfig:
         _flag,
     )
     # Agreed across the ring (the header's CUDA-graphs field): a capture is collective.
-    train_cuda_graph: bool = _setting(
+    train_cuda_graph: bool | None = _setting(
         "TRAIN_CUDA_GRAPH",
-        False,
+        None,
         "`1`: training (and causal) calls replay their forward and their backward as one CUDA "
         "graph each per input signature (after one eager call and a capture), instead of "
         "launching every step's kernels and transfers; same results (ring/training/run.py; a "
-        "call's `cuda_graph=` overrides it). Ring 4 on "
-        "H200 at 4k tokens per GPU: causal GQA 9.07 -> 6.05 ms, from 8k per GPU ~1 % slower",
-        _flag,
+        "call's `cuda_graph=` overrides it); `0`: never; unset or `auto`: where every rank holds "
+        f"<= {AUTO_GRAPH_TOKENS} queries. Ring 4 on H200: at 4k tokens per GPU 13-33 % faster "
+        "(causal GQA 9.07 -> 6.05 ms), at 8k per GPU 1.4-1.5 % slower",
+        _flag_or_auto,
     )
     # Local to each rank (a pause on its own stream; nothing travels differently).
     comm_head_start_us: float = _setting(

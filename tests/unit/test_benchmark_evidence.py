@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "docs" / "benchmarks"
 INDEX = BENCH / "README.md"
 TEXT = (".md", ".py", ".json", ".toml", ".sh", ".txt", ".cfg")
-MAX_BYTES, MAX_FILES = 3_000_000, 150
+MAX_BYTES, MAX_FILES = 3_000_000, 155
 # a path written in the tree: docs/benchmarks/..., or a markdown link from docs/ or the root
 CITED_PATH = re.compile(r"docs/benchmarks/[\w.*{},/-]*[\w*}/]")
 DOC_LINK = re.compile(r"\]\((benchmarks/[^)\s#]*)(#[\w-]+)?\)")

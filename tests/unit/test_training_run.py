@@ -27,31 +27,51 @@ from tokenring_xdit.ring.training.run import BACKWARD, FORWARD, train_graph_key
 VAR = "TOKENRING_XDIT_TRAIN_CUDA_GRAPH"
 
 
-def test_the_switch_is_off_by_default_and_parses_as_a_flag():
-    assert RingConfig().train_cuda_graph is False
-    assert RingConfig.from_env({}).train_cuda_graph is False
+def test_the_switch_is_auto_by_default_and_parses_as_a_flag_or_auto():
+    assert RingConfig().train_cuda_graph is None
+    assert RingConfig.from_env({}).train_cuda_graph is None
+    assert RingConfig.from_env({VAR: "auto"}).train_cuda_graph is None
     for text in ("1", "true", "yes", "on"):
         assert RingConfig.from_env({VAR: text}).train_cuda_graph is True, text
     for text in ("0", "false", "no", "off"):
         assert RingConfig.from_env({VAR: text}).train_cuda_graph is False, text
     with pytest.raises(ValueError, match=VAR):
         RingConfig.from_env({VAR: "sometimes"})
-    assert ENV["train_cuda_graph"][:2] == (VAR, "0")
+    assert ENV["train_cuda_graph"][0] == VAR
     assert scope_of("train_cuda_graph") == CALL
 
 
 @pytest.mark.parametrize("asked", [None, True, False])
-@pytest.mark.parametrize("train_flag", [False, True])
+@pytest.mark.parametrize("train_flag", [None, False, True])
 @pytest.mark.parametrize("infer_flag", [False, True])
 def test_training_calls_follow_their_switch_and_inference_keeps_its_own(
     asked, train_flag, infer_flag
 ):
     cfg = RingConfig(train_cuda_graph=train_flag, cuda_graphs=infer_flag)
-    want_train = train_flag if asked is None else asked
+    want_train = train_flag if asked is None else asked  # None: auto, after the agreement
     assert _graphs(asked, cfg, True, None) is want_train
     want_infer = infer_flag if asked is None else asked
     assert _graphs(asked, cfg, False, "cudnn") is want_infer
     assert _graphs(asked, cfg, False, None) is False  # an unnamed callable kernel: never
+
+
+def test_auto_graphs_run_where_every_rank_holds_few_queries_on_cuda_only():
+    from tokenring_xdit.config import AUTO_GRAPH_TOKENS
+    from tokenring_xdit.ring.seam.prepare import _auto_graphs
+
+    on_cpu = torch.empty(1, 8, 4, 16)
+    on_cuda = type("Q", (), {"device": torch.device("cuda")})()  # only its device is read
+    few, many = (AUTO_GRAPH_TOKENS,) * 2, (AUTO_GRAPH_TOKENS, AUTO_GRAPH_TOKENS + 2)
+    assert _auto_graphs(_ring(q_lens=few), on_cuda)
+    assert not _auto_graphs(_ring(q_lens=many), on_cuda)  # one rank over: every rank eager
+    assert not _auto_graphs(_ring(q_lens=(8,)), on_cuda)  # a ring of one: one kernel
+    assert not _auto_graphs(_ring(q_lens=few), on_cpu)  # graphs are CUDA's
+
+
+def test_auto_graphs_are_off_under_the_register_hazard_without_a_warning(recwarn):
+    hazard = RingConfig(train_cuda_graph=None, graph_register_hazard=True)
+    assert _graphs(None, hazard, True, None) is False
+    assert not [w for w in recwarn.list if "CUDA graphs" in str(w.message)]
 
 
 def _ring(q_lens=(8, 8), settings=(1, 2, 3), swapped=False) -> Ring:

@@ -10,6 +10,8 @@ both sides raise the named error); "auto" is "always" on gloo rings and "signatu
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 import torch
 import torch.distributed as dist
 
@@ -27,6 +29,8 @@ from .header import MUST_AGREE, Header, call_header, in_words
 from .problems import CallSpec, Problem, local_problem
 
 __all__ = ["agree"]
+
+_Q_LEN, _KV_LEN = attrgetter("q_len"), attrgetter("train_kv_len")  # (C calls: a per-call path)
 
 
 def _fast_key(spec: CallSpec, pos: RingPosition) -> tuple | None:
@@ -96,10 +100,10 @@ def _exchanged(
     headers = exchange(comms, pos.rank, header)
     _raise_for(headers, spec, device_type, comms)
     return Ring(
-        pos=pos, comms=comms, q_lens=tuple(h.q_len for h in headers),
+        pos=pos, comms=comms, q_lens=tuple(map(_Q_LEN, headers)),
         settings=headers[0].ring_settings(), transport=_resolve_transport(headers, comms.backend),
         plan=_plan(comms, pos.rank, headers, spec), swapped=wire_swapped([h.wire for h in headers]),
-        kv_lens=tuple(h.train_kv_len for h in headers),
+        kv_lens=tuple(map(_KV_LEN, headers)),
     )  # fmt: skip
 
 

@@ -59,7 +59,7 @@ class Header:
     device: int = 0  # index in codes.DEVICE_TYPES (-1: another)
     scale: int = 0  # the softmax scale's exact float64 bits
     kernel: int = 0  # digest of the kernel family
-    graphs: int = 0  # CUDA graphs on/off
+    graphs: int = 0  # CUDA graphs off/on, or 2: auto (training: from the agreed lengths)
     validate: int = 0  # codes.VALIDATE_CODES (-1: invalid)
     transport: int = 0  # requested: codes.TRANSPORT_CODES (-1: invalid)
     split: int = 0  # the call's split: its kind and global length (split/value.py `Split.code`)
@@ -169,7 +169,7 @@ def call_header(spec: CallSpec, problem: Problem) -> Header:
         v_head_dim=v.shape[3], q_len=s, kv_len=k.shape[layout.seq_dim], dtype=dtype_code(q.dtype),
         layout=layout.seq_dim, mode=mode, chunks=spec.chunks, device=device_code(q.device),
         scale=struct.unpack("<q", struct.pack("<d", spec.scale))[0], kernel=spec.kernel,
-        graphs=int(spec.graphs), validate=VALIDATE_CODES.get(spec.validate, -1),
+        graphs=2 if spec.graphs is None else int(spec.graphs), validate=VALIDATE_CODES.get(spec.validate, -1),
         transport=TRANSPORT_CODES.get(spec.transport, -1), split=spec.split.code,
         gpu=_gpu_digest(q.device), docs=docs, ndocs=ndocs, wire=storage(q),
         options=digest(spec.agreed), train_kv_len=k.shape[layout.seq_dim] if train else 0,
@@ -215,7 +215,7 @@ def in_words(field: str, value: int, words: dict) -> str:
     if field == "docs" and words.get("docs"):
         return words["docs"]
     if field == "graphs":
-        return "on" if value else "off"
+        return ("off", "on", "auto")[value] if 0 <= value <= 2 else "invalid"
     if field in ("validate", "transport"):
         codes = VALIDATE_CODES if field == "validate" else TRANSPORT_CODES
         return {i: name for name, i in codes.items()}.get(value, "invalid")

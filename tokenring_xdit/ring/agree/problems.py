@@ -138,7 +138,7 @@ class CallSpec:
     chunks: int
     scale: float
     kernel: int  # digest of the kernel family
-    graphs: bool
+    graphs: bool | None  # None: `auto` training graphs, decided after the agreement
     validate: str
     joint_kv: tuple[torch.Tensor, torch.Tensor] | None = None
     grad: bool = False  # autograd wants gradients (the header's mode; prepare decides it)

@@ -94,6 +94,8 @@ def _forward(q, k, v, scale, layout: Layout, mask):
             )[:2]  # fmt: skip
             # flash's varlen lse is (h, total_q)
             block_lse = block_lse.reshape(block_lse.shape[-2], -1)[:, : qs.stop - qs.start]
+            if window:  # flash says +inf for a row that sees no key (a band's): nothing, -inf
+                block_lse = block_lse.masked_fill(block_lse == float("inf"), float("-inf"))
             if first:
                 _rows(out, i, qs, layout).copy_(o)
                 lse[i, :, qs] = block_lse

@@ -135,8 +135,13 @@ def _setup_context(ctx, inputs, output) -> None:
     kept = zip(_OPTIONS, options, strict=True)
     ctx.args = [[] if op.schema == "Tensor[]" else x for (_, op), x in kept]
     ctx.train, ctx.validate = inputs[3 + len(_OPTIONS)], inputs[-1]
-    # no gradient for any other input, in its structure (a list for a list)
-    ctx.no_grads = tuple([None] * len(x) if isinstance(x, list) else None for x in inputs[3:])
+    # no gradient for any other input, in torch's structure: a list for a list of tensors, one
+    # None for anything else (an int[] such as window_size is one leaf)
+    ctx.no_grads = tuple([None] * len(x) if _tensor_list(x) else None for x in inputs[3:])
+
+
+def _tensor_list(x) -> bool:
+    return isinstance(x, list) and all(t is None or isinstance(t, torch.Tensor) for t in x)
 
 
 def _backward(ctx, dout, _dlse):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import operator
 import warnings
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, fields
@@ -27,7 +28,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 
-from ...config import RingConfig, current
+from ...config import AUTO_GRAPH_TOKENS, RingConfig, current
 from .. import packed
 from ..agree import CallSpec, agree, digest, needs_grad
 from ..agree.problems import Problem
@@ -128,8 +129,8 @@ def _opt(default, schema: str | None, encode=None, decode=None, agreed: Callable
 def _words_or_ints(value) -> tuple | str:
     """A sequence of ints as a tuple (what ranks compare), else its repr (refused later)."""
     try:
-        return tuple(int(x) for x in value)
-    except (TypeError, ValueError):
+        return tuple(operator.index(x) for x in value)  # (2.5 is not an int: its repr)
+    except TypeError:
         return repr(value)
 
 
@@ -220,6 +221,16 @@ class CallOptions:
 
 
 AGREED = tuple((f.name, f.metadata["agreed"]) for f in fields(CallOptions) if f.metadata["agreed"])
+_DEFAULTS = CallOptions()
+# the agreed values of a call that passes none of them (most calls: no per-call work)
+_DEFAULT_AGREED = tuple((name, agreed(getattr(_DEFAULTS, name))) for name, agreed in AGREED)
+
+
+def _agreed(options: CallOptions) -> tuple:
+    """((name, value), ...) of the agreed options, as ranks compare them."""
+    if options.travel == "auto" and options.window_size == (-1, -1):
+        return _DEFAULT_AGREED
+    return tuple((name, agreed(getattr(options, name))) for name, agreed in AGREED)
 
 
 def op_args() -> tuple[tuple[str, OpArg], ...]:
@@ -291,11 +302,14 @@ def prepare(
         )  # fmt: skip
     else:
         call = _ring_call(kernel, layout, ring, spec, options, cfg, head_start_us)
-    return PreparedCall(ring, call, train, layout, kernel, spec.graphs, options.joint_kv, spec)
+    graphs = spec.graphs if spec.graphs is not None else _auto_graphs(ring, q)
+    return PreparedCall(ring, call, train, layout, kernel, graphs, options.joint_kv, spec)
 
 
 def _window(options: CallOptions) -> tuple[Window | None, str]:
     """The call's sliding window (None: none), or why `window_size` is refused."""
+    if options.window_size == (-1, -1):
+        return None, ""
     try:
         return Window.of(options.window_size, options.causal), ""
     except ValueError as exc:
@@ -330,7 +344,7 @@ def _spec(
                        window is not None, kernel.key),
         joint_kv=options.joint_kv, grad=grad, split=split, doc_positions=by_ids, problem=problem,
         detail=text, transport=cfg.transport, timeout=cfg.timeout,
-        agreed=tuple((name, agreed(getattr(options, name))) for name, agreed in AGREED),
+        agreed=_agreed(options),
     )  # fmt: skip
     return spec, kernel
 
@@ -345,19 +359,27 @@ def _priced(split: Split, options: CallOptions, size: int) -> tuple[str, ...]:
     return packed.kernel_order(split.docs, size, options.causal, layout)
 
 
-def _graphs(asked: bool | None, cfg: RingConfig, train: bool, kernel_key) -> bool:
+def _graphs(asked: bool | None, cfg: RingConfig, train: bool, kernel_key) -> bool | None:
     """Replay CUDA graphs: the call's `cuda_graph=`, else the config's (train_cuda_graph for
-    the block-schedule path, cuda_graphs for inference, whose kernel needs a graph key).
-    Agreed in the call's header: a capture is collective. Never with expandable segments while
-    NCCL registers graph buffers (`RingConfig.graph_register_hazard`): those replays hang."""
+    the block-schedule path, cuda_graphs for inference, whose kernel needs a graph key); None:
+    `auto` (training), decided from the agreed lengths (`_auto_graphs`). Agreed in the call's
+    header: a capture is collective. Never with expandable segments while NCCL registers graph
+    buffers (`RingConfig.graph_register_hazard`): those replays hang."""
     if train:
         wanted = cfg.train_cuda_graph if asked is None else asked
     else:
         wanted = (cfg.cuda_graphs if asked is None else asked) and kernel_key is not None
-    if wanted and cfg.graph_register_hazard:
-        _warn_graph_register_hazard()
+    if wanted is not False and cfg.graph_register_hazard:
+        if wanted:
+            _warn_graph_register_hazard()
         return False
     return wanted
+
+
+def _auto_graphs(ring: Ring, q: torch.Tensor) -> bool:
+    """`auto` training graphs: on CUDA where every rank holds few enough queries that launch
+    gaps cost more than a graph's copies (config.AUTO_GRAPH_TOKENS; agreed lengths)."""
+    return q.device.type == "cuda" and ring.size > 1 and max(ring.q_lens) <= AUTO_GRAPH_TOKENS
 
 
 @functools.cache
