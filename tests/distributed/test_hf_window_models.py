@@ -29,7 +29,7 @@ SEQ = 24  # divides by 2N for N = 2, 3
 PACKING = [4, 1, 13, 6]  # document lengths of the packed row: 13 crosses the shard boundaries
 WINDOWS = (3, 10)
 MODELS = ("gpt_oss", "gemma3", "mistral")
-ROWS = ("plain", "packed")
+ROWS = ("plain", "packed")  # packed: shard_batch's own layout choice (zigzag here)
 LOSS_TOL = 1e-6
 GRAD_REL_TOL = 1e-4
 REFERENCE = {"gpt_oss": "eager", "gemma3": "sdpa", "mistral": "sdpa"}
@@ -77,6 +77,7 @@ def _batch(torch, rows: str):
     gen = torch.Generator().manual_seed(5)
     if rows == "plain":
         return torch.randint(0, 64, (2, SEQ), generator=gen), None, None
+    # packed ("packed", or cut in another layout: "packed-contiguous", "packed-documents")
     ids = torch.randint(0, 64, (1, SEQ), generator=gen)
     pos = torch.cat([torch.arange(n) for n in PACKING]).unsqueeze(0)
     cu = [0, *torch.tensor(PACKING).cumsum(0).tolist()]
@@ -92,7 +93,8 @@ def _ring_step(torch, kind, window, rows):
 
     model = _model(kind, window, "token_ring")
     ids, pos, _ = _batch(torch, rows)
-    batch = tr_hf.shard_batch(ids, position_ids=pos)
+    layout = rows.split("-")[1] if "-" in rows else "auto"
+    batch = tr_hf.shard_batch(ids, position_ids=pos, layout=layout)
     labels = batch.pop("shift_labels")
     loss = tr_hf.ring_loss(model(**batch).logits, labels)
     loss.backward()
@@ -156,18 +158,27 @@ def _compare(torch, kind, window, rows) -> dict | None:
     }
 
 
-def _non_causal_refused(torch) -> str:
-    """Gemma 3's bidirectional variant: a window in a non-causal layer is refused."""
+def _refusals(torch) -> dict:
+    """Gemma 3's bidirectional variant: a window in a non-causal layer is refused; a packed
+    batch cut in the documents layout (which a window does not run) is refused saying which
+    layouts to cut it in."""
     from tokenring_xdit.integrations import transformers as tr_hf
 
     model = _model("gemma3", 3, "token_ring", use_bidirectional_attention=True)
     batch = tr_hf.shard_batch(_batch(torch, "plain")[0], causal=False)
-    batch.pop("labels", None)
-    try:
-        model(**batch)
-    except NotImplementedError as exc:
-        return f"NotImplementedError: {exc}"
-    return "no error"
+    calls = {"non_causal": lambda: model(**batch)}
+    ids, pos, _ = _batch(torch, "packed-documents")
+    packed = tr_hf.shard_batch(ids, position_ids=pos, layout="documents")
+    packed.pop("shift_labels")
+    calls["documents_layout"] = lambda: _model("mistral", 3, "token_ring")(**packed)
+    found = {}
+    for name, call in calls.items():
+        try:
+            call()
+            found[name] = "no error"
+        except NotImplementedError as exc:
+            found[name] = f"NotImplementedError: {exc}"
+    return found
 
 
 def _worker(rank, n):
@@ -177,22 +188,25 @@ def _worker(rank, n):
 
     torch.set_num_threads(1)
     tr_hf.register()
-    out = {
-        f"{kind}-w{window}-{rows}": _compare(torch, kind, window, rows)
-        for kind in MODELS
-        for window in WINDOWS
-        for rows in ROWS
-    }
-    out["non_causal"] = _non_causal_refused(torch)
+    out = {case: _compare(torch, *_parse(case)) for case in CASES}
+    out["refusals"] = _refusals(torch)
     return out
+
+
+# every model, window and row kind; and packed rows cut in contiguous shards (the window
+# across the shards)
+CASES = [f"{k}-w{w}-{r}" for k in MODELS for w in WINDOWS for r in ROWS]
+CASES += [f"{k}-w10-packed-contiguous" for k in MODELS]
+
+
+def _parse(case: str) -> tuple[str, int, str]:
+    kind, window, rows = case.split("-", 2)
+    return kind, int(window[1:]), rows
 
 
 @functools.cache
 def _launch(n):
     return values(run_ranks(_worker, n, timeout=240))
-
-
-CASES = [f"{k}-w{w}-{r}" for k in MODELS for w in WINDOWS for r in ROWS]
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -210,8 +224,10 @@ def test_window_models_train_like_one_process(n, case):
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_non_causal_window_is_refused_on_every_rank(n):
+def test_non_causal_window_and_documents_layout_are_refused_on_every_rank(n):
     for rank, res in enumerate(_launch(n)):
-        got = res["non_causal"]
-        assert got.startswith("NotImplementedError"), (rank, got)
-        assert "sliding_window=" in got and "causal attention only" in got, (rank, got)
+        got = res["refusals"]
+        assert got["non_causal"].startswith("NotImplementedError"), (rank, got)
+        assert "causal attention only" in got["non_causal"], (rank, got)
+        assert got["documents_layout"].startswith("NotImplementedError"), (rank, got)
+        assert "layout='zigzag'" in got["documents_layout"], (rank, got)
