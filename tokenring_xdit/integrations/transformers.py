@@ -97,16 +97,18 @@ class TokenRingAttention:
     def _ring(self, query, key, value, dropout, scaling, causal, positions, cu_seqlens, split,
               kwargs):  # fmt: skip
         sinks = kwargs.get("s_aux")
-        out, lse, _ = token_ring_attn_func(
-            query, key, value, dropout_p=dropout, softmax_scale=scaling, causal=causal,
+        options = dict(
+            dropout_p=dropout, softmax_scale=scaling, causal=causal,
             window_size=_window_size(kwargs.get("sliding_window"), causal, self.name),
-            softcap=kwargs.get("softcap") or 0.0, return_attn_probs=True, group=self.group,
-            layout="bhsd", kernel=self.kernel, split=split, positions=positions,
-            cu_seqlens=cu_seqlens,
+            softcap=kwargs.get("softcap") or 0.0, group=self.group, layout="bhsd",
+            kernel=self.kernel, split=split, positions=positions, cu_seqlens=cu_seqlens,
         )  # fmt: skip
-        if sinks is not None:  # GPT-OSS's per-head sink logits: once, after the ring's merge
-            out, _ = add_attention_sink(out, lse, sinks, layout="bhsd")
-        return out
+        if sinks is None:
+            return token_ring_attn_func(query, key, value, **options)
+        # the compiled ring operator's lse takes no gradient, which the sinks' backward needs
+        # (it flows into q and k through lse): under torch.compile this call runs eagerly
+        run = _ring_with_sinks_eagerly if torch.compiler.is_compiling() else _ring_with_sinks
+        return run(query, key, value, sinks, options)
 
     def _refuse(self, attention_mask, query, key, causal: bool, kwargs: dict) -> None:
         if attention_mask is not None:
@@ -122,6 +124,18 @@ class TokenRingAttention:
                 "sequence-parallel. Generate on one process with the full sequence after "
                 "model.set_attn_implementation('sdpa'), or call the model with use_cache=False"
             )
+
+
+def _ring_with_sinks(query, key, value, sinks: torch.Tensor, options: dict) -> torch.Tensor:
+    """The ring's attention with per-head sink logits (GPT-OSS's `s_aux`), entered once after
+    the ring's merge."""
+    out, lse, _ = token_ring_attn_func(query, key, value, return_attn_probs=True, **options)
+    return add_attention_sink(out, lse, sinks, layout="bhsd")[0]
+
+
+_ring_with_sinks_eagerly = torch.compiler.disable(
+    _ring_with_sinks, reason="TokenRing's compiled operator gives lse without its gradient"
+)
 
 
 def _window_size(sliding_window: int | None, causal: bool, name: str) -> tuple[int, int]:
