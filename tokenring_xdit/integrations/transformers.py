@@ -15,7 +15,8 @@ labels must be shifted over the WHOLE sequence before sharding (a shard's last t
 another rank's first), and the loss is averaged over all ranks' tokens (`ring_loss`) with the
 gradients summed over the ring (`sync_gradients`). A packed batch's documents reach the ring as
 transformers' `cu_seq_lens_q` / `cu_seq_lens_k`, which the attention function passes on as
-`cu_seqlens`.
+`cu_seqlens`. A layer's `sliding_window` W becomes the ring's causal `window_size=(W - 1, 0)`,
+its attention sinks (`s_aux`, GPT-OSS) enter after the ring's merge (`add_attention_sink`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from ..ring.api import token_ring_attn_func
+from ..ring.merge.sink import add_attention_sink
 from ..ring.packed import Documents, documents_from_position_ids
 from ..ring.split.sharding import make_split, shard
 
@@ -42,6 +44,12 @@ _POSITIONS_HINT = (
     "model.set_attn_implementation('sdpa')). Packed batches (position ids that restart at each "
     "document): cut them with shard_batch(input_ids, group, position_ids=packed_position_ids), "
     "which passes the documents on as cu_seq_lens_q / cu_seq_lens_k)"
+)
+
+_LAYOUT_HINT = (
+    "  (transformers: a model with sliding-window layers takes packed batches cut by "
+    "shard_batch(..., layout='zigzag') or layout='contiguous'; layout='auto' may choose the "
+    "documents layout)"
 )
 
 
@@ -80,15 +88,27 @@ class TokenRingAttention:
                 raise
             # every rank raises this same error; say what it means under transformers
             raise ValueError(f"{exc}\n{_POSITIONS_HINT}") from exc
+        except NotImplementedError as exc:
+            if "'documents' packed layout" not in str(exc):
+                raise
+            raise NotImplementedError(f"{exc}\n{_LAYOUT_HINT}") from exc
         return out.transpose(1, 2), None
 
     def _ring(self, query, key, value, dropout, scaling, causal, positions, cu_seqlens, split,
               kwargs):  # fmt: skip
-        return token_ring_attn_func(
-            query, key, value, dropout_p=dropout, softmax_scale=scaling, causal=causal,
+        sinks = kwargs.get("s_aux")
+        options = dict(
+            dropout_p=dropout, softmax_scale=scaling, causal=causal,
+            window_size=_window_size(kwargs.get("sliding_window"), causal, self.name),
             softcap=kwargs.get("softcap") or 0.0, group=self.group, layout="bhsd",
             kernel=self.kernel, split=split, positions=positions, cu_seqlens=cu_seqlens,
         )  # fmt: skip
+        if sinks is None:
+            return token_ring_attn_func(query, key, value, **options)
+        # the compiled ring operator's lse takes no gradient, which the sinks' backward needs
+        # (it flows into q and k through lse): under torch.compile this call runs eagerly
+        run = _ring_with_sinks_eagerly if torch.compiler.is_compiling() else _ring_with_sinks
+        return run(query, key, value, sinks, options)
 
     def _refuse(self, attention_mask, query, key, causal: bool, kwargs: dict) -> None:
         if attention_mask is not None:
@@ -97,11 +117,6 @@ class TokenRingAttention:
                 f"{tuple(attention_mask.shape)}); pass unpadded sequences without "
                 "attention_mask (pad to a multiple of 2 x ring size with labels = -100)"
             )
-        if kwargs.get("sliding_window"):
-            raise NotImplementedError(
-                f"attn_implementation={self.name!r}: sliding-window attention is not supported "
-                f"(sliding_window={kwargs['sliding_window']}); use a config without it"
-            )
         if causal and query.shape[2] != key.shape[2]:
             raise NotImplementedError(
                 f"attn_implementation={self.name!r}: a decode step ({query.shape[2]} new "
@@ -109,6 +124,39 @@ class TokenRingAttention:
                 "sequence-parallel. Generate on one process with the full sequence after "
                 "model.set_attn_implementation('sdpa'), or call the model with use_cache=False"
             )
+
+
+def _ring_with_sinks(query, key, value, sinks: torch.Tensor, options: dict) -> torch.Tensor:
+    """The ring's attention with per-head sink logits (GPT-OSS's `s_aux`), entered once after
+    the ring's merge."""
+    out, lse, _ = token_ring_attn_func(query, key, value, return_attn_probs=True, **options)
+    return add_attention_sink(out, lse, sinks, layout="bhsd")[0]
+
+
+_ring_with_sinks_eagerly = torch.compiler.disable(
+    _ring_with_sinks, reason="TokenRing's compiled operator gives lse without its gradient"
+)
+
+
+def _window_size(sliding_window: int | None, causal: bool, name: str) -> tuple[int, int]:
+    """flash-attn's window_size for transformers' `sliding_window` W: its causal masks let a
+    query see the W keys kv > q - W up to itself (masking_utils.sliding_window_overlay), i.e.
+    (W - 1, 0). Non-causal windows are refused: transformers' models disagree on their width
+    (|q - kv| < W in Gemma 3, <= W in ModernBERT)."""
+    if sliding_window is None:
+        return (-1, -1)
+    whole = isinstance(sliding_window, int) and not isinstance(sliding_window, bool)
+    if not whole or sliding_window < 1:
+        raise ValueError(
+            f"attn_implementation={name!r}: sliding_window must be an int >= 1, got "
+            f"{sliding_window!r}"
+        )
+    if not causal:
+        raise NotImplementedError(
+            f"attn_implementation={name!r}: sliding_window={sliding_window} runs in causal "
+            "attention only (a non-causal window's width differs between transformers models)"
+        )
+    return (sliding_window - 1, 0)
 
 
 def _packed_documents(kwargs: dict) -> torch.Tensor | None:
