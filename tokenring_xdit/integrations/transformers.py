@@ -105,10 +105,7 @@ class TokenRingAttention:
         )  # fmt: skip
         if sinks is None:
             return token_ring_attn_func(query, key, value, **options)
-        # the compiled ring operator's lse takes no gradient, which the sinks' backward needs
-        # (it flows into q and k through lse): under torch.compile this call runs eagerly
-        run = _ring_with_sinks_eagerly if torch.compiler.is_compiling() else _ring_with_sinks
-        return run(query, key, value, sinks, options)
+        return _ring_with_sinks(query, key, value, sinks, options)
 
     def _refuse(self, attention_mask, query, key, causal: bool, kwargs: dict) -> None:
         if attention_mask is not None:
@@ -132,10 +129,6 @@ def _ring_with_sinks(query, key, value, sinks: torch.Tensor, options: dict) -> t
     out, lse, _ = token_ring_attn_func(query, key, value, return_attn_probs=True, **options)
     return add_attention_sink(out, lse, sinks, layout="bhsd")[0]
 
-
-_ring_with_sinks_eagerly = torch.compiler.disable(
-    _ring_with_sinks, reason="TokenRing's compiled operator gives lse without its gradient"
-)
 
 
 def _window_size(sliding_window: int | None, causal: bool, name: str) -> tuple[int, int]:
