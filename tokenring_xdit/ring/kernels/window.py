@@ -16,6 +16,8 @@ import torch
 
 from .base import HALF, Kernel
 from .names import WINDOWED, KernelName
+
+FLASH_VARLEN, MASKED = KernelName.FLASH_VARLEN.value, KernelName.MASKED.value
 from .probe import works
 from .registry import DOC_REGISTRY, REGISTRY
 from .wrappers import expanded
@@ -25,10 +27,19 @@ __all__ = ["window_pair", "banded"]
 
 def _route(dense: Kernel, band: Kernel, mask) -> Kernel:
     """The record a block's mask goes to: the call's own for a causal flag (and for plain
-    segments where it takes segments), the band kernel for any other segments."""
+    segments where it takes segments), the band kernel for any other segments; the exact masked
+    kernel where flash's window would meet a banded segment taller than wide (more queries than
+    keys: on H200, torch 2.11, such a run of packed documents came out wrong, while square and
+    wide ones matched the masked kernel)."""
     if isinstance(mask, bool) or (dense.segments and all(s.band is None for s in mask)):
         return dense
+    if band.name.endswith(FLASH_VARLEN) and any(_tall(s) for s in mask):
+        return expanded(DOC_REGISTRY[MASKED])
     return band
+
+
+def _tall(s) -> bool:
+    return s.band is not None and s.q1 - s.q0 > s.k1 - s.k0
 
 
 @dataclass(frozen=True)
