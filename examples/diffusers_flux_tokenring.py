@@ -29,9 +29,10 @@ import argparse
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
 
-import torch
-import torch.distributed as dist
+if TYPE_CHECKING:  # torch loads in main(), after the arguments parse: a bad flag answers at once
+    import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -86,6 +87,9 @@ def build(args, device: torch.device, dtype: torch.dtype):
 def main() -> None:
     args = parse_args()
     _shared.quiet_hosts()  # before diffusers and transformers are imported
+    import torch
+    import torch.distributed as dist
+
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a --model that is not local fails instead
     cuda = torch.cuda.is_available()
     if not cuda:  # diffusers' context parallelism on gloo: see docs/diffusers.md

@@ -18,10 +18,33 @@ from __future__ import annotations
 import argparse
 import os
 
-import torch
-import torch.distributed as dist
 
-from tokenring_xdit.integrations import transformers as tr_hf
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--seq", type=int, default=96, help="tokens per sequence (all ranks)")
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--vocab", type=int, default=256)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--kv-heads", type=int, default=2, help="K/V heads (GQA: fewer than --heads)")
+    p.add_argument("--lr", type=float, default=0.5)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    from tokenring_xdit.tools.rank_exit import one_line_usage_errors
+
+    return one_line_usage_errors(p).parse_args()
+
+
+# Run as a script, the arguments parse before torch loads (seconds, tens on a busy machine): a
+# bad flag or --help answers at once.
+ARGS = parse() if __name__ == "__main__" else None
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from tokenring_xdit.integrations import transformers as tr_hf  # noqa: E402
 
 
 def build(impl: str, args: argparse.Namespace) -> torch.nn.Module:
@@ -70,28 +93,8 @@ def train(ring: bool, args: argparse.Namespace) -> list[float]:
     return losses
 
 
-def parse() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--seq", type=int, default=96, help="tokens per sequence (all ranks)")
-    p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--vocab", type=int, default=256)
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--kv-heads", type=int, default=2, help="K/V heads (GQA: fewer than --heads)")
-    p.add_argument("--lr", type=float, default=0.5)
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    from tokenring_xdit.tools.rank_exit import one_line_usage_errors
-
-    args = one_line_usage_errors(p).parse_args()
+def main(args: argparse.Namespace) -> None:
     args.torch_dtype = getattr(torch, args.dtype)
-    return args
-
-
-def main() -> None:
-    args = parse()
     if "WORLD_SIZE" in os.environ:  # torchrun
         if args.device == "cuda":
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
@@ -116,4 +119,5 @@ def main() -> None:
 if __name__ == "__main__":
     from tokenring_xdit.tools.rank_exit import run_main
 
-    run_main(main, __file__)  # our errors: one line per rank (LOG_LEVEL=debug: traceback)
+    # our errors: one line per rank (LOG_LEVEL=debug: traceback)
+    run_main(lambda: main(ARGS), __file__)

@@ -21,10 +21,29 @@ import math
 import os
 from dataclasses import dataclass
 
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from torch import nn
+
+def parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--impl", default="token_ring", help="yunchang ring_impl_type or 'local'")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--ulysses", type=int, default=1)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--compare", action="store_true", help="also run 1 process and diff")
+    from tokenring_xdit.tools.rank_exit import one_line_usage_errors
+
+    return one_line_usage_errors(parser).parse_args()
+
+
+# Run as a script, the arguments parse before torch loads (seconds, tens on a busy machine): a
+# bad flag or --help answers at once.
+ARGS = parse() if __name__ == "__main__" else None
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -189,19 +208,7 @@ def compare(ring: dict, local: dict) -> dict:
     return {"max_loss_err": loss_err, "max_grad_err": grad_err}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--impl", default="token_ring", help="yunchang ring_impl_type or 'local'")
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--seq", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--ulysses", type=int, default=1)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--compare", action="store_true", help="also run 1 process and diff")
-    from tokenring_xdit.tools.rank_exit import one_line_usage_errors
-
-    args = one_line_usage_errors(parser).parse_args()
-
+def main(args: argparse.Namespace) -> None:
     import tokenring_xdit
 
     tokenring_xdit.install()  # registers ring_impl_type="token_ring" (automatic when installed)
@@ -234,4 +241,5 @@ def main() -> None:
 if __name__ == "__main__":
     from tokenring_xdit.tools.rank_exit import run_main
 
-    run_main(main, __file__)  # our errors: one line per rank (LOG_LEVEL=debug: traceback)
+    # our errors: one line per rank (LOG_LEVEL=debug: traceback)
+    run_main(lambda: main(ARGS), __file__)

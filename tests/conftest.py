@@ -27,6 +27,17 @@ def pytest_timeout_set_timer(item, settings):
     return pytest_timeout.pytest_timeout_set_timer(item, scaled_settings)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile (scripts/dev.sh's): files that share a cached launch stay on one worker
+    (tests/xdist_scopes.py)."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from tests.xdist_scopes import SharedLaunchScheduling
+
+    return SharedLaunchScheduling(config, log)
+
+
 @pytest.fixture
 def reference():
     """tests/reference.py: exact fp64 attention, its gradients, zigzag / contiguous slicing."""

@@ -16,8 +16,12 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +36,7 @@ class RankResult:
     error_type: str | None = None
     error: str | None = None
     trace: str | None = None
+    seconds: float | None = None  # run_cases: how long this rank spent in the case
 
     @property
     def ok(self) -> bool:
@@ -80,6 +85,64 @@ def run_ranks(
         )
         for o in outcomes
     ]
+
+
+def run_cases(
+    fn: Callable,
+    world_size: int,
+    cases: Sequence[str],
+    *args: Any,
+    envs: Mapping[str, Mapping[str, str]] | None = None,
+    group_timeout: float = 60.0,
+    timeout: float = 180.0,
+    env: dict[str, str] | None = None,
+) -> dict[str, list[RankResult]]:
+    """Every case of `cases` in ONE launch of `world_size` ranks (what a launch costs, mostly
+    importing torch on every rank, is paid once): `fn(rank, world_size, group, case, *args)` runs
+    on a group of all ranks made for that case alone (timeout `group_timeout`), so what a failed
+    call leaves on its group cannot reach the next case. `envs[case]` is set in the ranks'
+    environment for that case only, and what a case sets there itself is undone after it. Each
+    rank's outcome of each case comes back as a RankResult (with its seconds), by case name. A
+    rank that hangs or dies fails the launch naming the case each rank was in. Deadlines are
+    stretched as run_ranks does."""
+    with tempfile.TemporaryDirectory(prefix="tokenring-cases-") as progress:
+        try:
+            per_rank = values(
+                run_ranks(_cases_worker, world_size, fn, progress, list(cases), dict(envs or {}),
+                          scaled(group_timeout), *args, timeout=timeout, env=env)
+            )  # fmt: skip
+        except (TimeoutError, AssertionError) as exc:
+            where = _cases_in(progress)
+            raise AssertionError(f"{exc}\nthe case each rank was in: {where}") from exc
+    return {case: [mine[case] for mine in per_rank] for case in cases}
+
+
+def _cases_in(progress: str) -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted(Path(progress).iterdir())}
+
+
+def _cases_worker(rank, world_size, fn, progress, cases, envs, group_timeout_s, *args):
+    import torch.distributed as dist
+
+    done = {}
+    for case in cases:
+        Path(progress, f"rank {rank}").write_text(case)
+        group = dist.new_group(list(range(world_size)), timeout=timedelta(seconds=group_timeout_s))
+        before = dict(os.environ)  # the case may set variables itself too
+        os.environ.update(envs.get(case, {}))
+        start = time.monotonic()
+        try:
+            done[case] = RankResult(rank, fn(rank, world_size, group, case, *args))
+        except Exception as exc:  # the case's outcome; the next case runs on its own group
+            trace = "".join(traceback.format_exception(exc))
+            done[case] = RankResult(rank, None, type(exc).__name__, str(exc), trace)
+        finally:
+            for k in set(os.environ) - set(before):
+                del os.environ[k]
+            os.environ.update(before)
+        done[case].seconds = time.monotonic() - start
+    Path(progress, f"rank {rank}").write_text("(past the last case)")
+    return done
 
 
 def values(results: list[RankResult]) -> list[Any]:

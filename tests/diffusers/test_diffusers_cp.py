@@ -114,8 +114,8 @@ def test_ulysses2_ring2():
         _assert_matches(result, 2)
 
 
-def test_auto_with_uneven_shards_runs_token_ring_and_logs_once():
-    results = _launch(workers.auto_ring_anything, 2)
+def test_auto_with_uneven_shards_runs_token_ring_and_logs_once(ring2):
+    results = [result["auto_ring_anything"] for result in ring2]
     for result in results:
         assert result["max_err"] <= TOL and result["calls"] == 4, result  # 2 layers x 2 calls
     lines = results[0]["log"]

@@ -245,7 +245,8 @@ def _image(pipe_built, cp_config=None):
 
 
 def ring2(rank: int, world_size: int) -> dict:
-    """Flux and Wan at ring 2, the tiny Flux pipeline, both refusals, the log, uninstall."""
+    """Flux and Wan at ring 2, the tiny Flux pipeline, both refusals, the log, `auto` with
+    uneven shards, uninstall."""
     import diffusers.models._modeling_parallel as modeling_parallel
     import diffusers.models.attention_dispatch as attention_dispatch
     from diffusers import ContextParallelConfig
@@ -280,6 +281,9 @@ def ring2(rank: int, world_size: int) -> dict:
     before = _calls()
     ours = _image(pipelines.flux("tiny", seed=0), ContextParallelConfig(ring_degree=2))
     out["pipeline"] = dict(psnr_db=_psnr(ours, reference), calls=_calls() - before)
+    auto_from = len(lines.lines)
+    out["auto_ring_anything"] = _auto_ring_anything(lines)  # in this launch: one launch less
+    auto_to = len(lines.lines)
 
     # uninstall: diffusers exactly as it was, and its own ring runs (TokenRing stays selected)
     with torch.no_grad():
@@ -303,7 +307,7 @@ def ring2(rank: int, world_size: int) -> dict:
         restored=restored,
         installed=installed,
     )
-    out["log"] = lines.lines
+    out["log"] = lines.lines[:auto_from] + lines.lines[auto_to:]  # all but `auto`'s (its own)
     return out
 
 
@@ -465,14 +469,15 @@ def ring_degree_one(device: str, dtype: torch.dtype, backends: list[str]) -> dic
     return results
 
 
-def auto_ring_anything(rank: int, world_size: int) -> dict:
+def _auto_ring_anything(lines: _Lines) -> dict:
     """`auto` under diffusers with uneven shards (ring_anything, 19/18 tokens): the ranks agree
-    on one signature (the longest shard), TokenRing runs (CPU rule), rank 0 logs it once."""
+    on one signature (the longest shard), TokenRing runs (CPU rule), rank 0 logs it once (the
+    lines logged here: `lines` holds what came before)."""
     from diffusers import ContextParallelConfig
 
     from tokenring_xdit.hosts import selection
 
-    _, lines = set_up()
+    logged = len(lines.lines)
     inputs = flux_inputs(25, 12)
     with torch.no_grad():
         reference = flux_model()(**inputs)[0]
@@ -484,5 +489,7 @@ def auto_ring_anything(rank: int, world_size: int) -> dict:
         out = model(**inputs)[0]
         out = model(**inputs)[0]  # same signatures again: no new decision, no new line
     return dict(
-        max_err=(out - reference).abs().max().item(), calls=_calls() - before, log=lines.lines
+        max_err=(out - reference).abs().max().item(),
+        calls=_calls() - before,
+        log=lines.lines[logged:],
     )

@@ -4,14 +4,17 @@
 gradients of q, k, v and the sinks must equal attention with the sink over the whole sequence in
 float64 (the sink as an extra key column with no value). Rings of 1-3 gloo ranks, causal zigzag
 and non-causal, MHA and GQA; the gradient of lse reaches the ring's backward (fold_lse_grad).
+The cases of one ring size share a launch (tests/harness.py run_cases).
 """
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
-from tests.harness import run_ranks, values
+from tests.harness import run_cases
 
 TOL = 1e-6  # fp64 inputs; the backward's delta is fp32 per row
 
@@ -30,9 +33,10 @@ def _exact_with_sink(q, k, v, sinks, causal):
     return probs @ v, torch.logsumexp(full, dim=-1)
 
 
-def _worker(rank: int, n: int, causal: bool, heads: int, kv_heads: int) -> dict:
+def _worker(rank: int, n: int, group, case: str) -> dict:
     import torch.distributed as dist
 
+    causal, heads, kv_heads = _parse(case)
     from tokenring_xdit.ring import add_attention_sink, token_ring_attn_func
     from tokenring_xdit.ring.split.sharding import shard_positions
 
@@ -51,13 +55,13 @@ def _worker(rank: int, n: int, causal: bool, heads: int, kv_heads: int) -> dict:
     sl = sinks.clone().requires_grad_()
     out, lse, _ = token_ring_attn_func(
         ql, kl, vl, causal=causal, positions=pos if causal else None, kernel="math",
-        return_attn_probs=True,
+        return_attn_probs=True, group=group,
     )  # fmt: skip
     out, lse = add_attention_sink(out, lse, sl, layout="bshd")
     out.backward(do[:, :, pos].transpose(1, 2))
     dsinks = sl.grad.clone()
     if n > 1:
-        dist.all_reduce(dsinks)  # each rank's rows' share
+        dist.all_reduce(dsinks, group=group)  # each rank's rows' share
 
     def err(got, want):
         return (got.double() - want.double()).abs().max().item()
@@ -78,9 +82,26 @@ def _worker(rank: int, n: int, causal: bool, heads: int, kv_heads: int) -> dict:
 CASES = [(1, True, 4, 2), (2, True, 4, 4), (2, False, 4, 2), (3, True, 4, 2), (3, False, 4, 4)]
 
 
+def _name(causal: bool, heads: int, kv_heads: int) -> str:
+    return f"{'causal' if causal else 'noncausal'}-{heads}-{kv_heads}"
+
+
+def _parse(case: str) -> tuple[bool, int, int]:
+    kind, heads, kv_heads = case.split("-")
+    return kind == "causal", int(heads), int(kv_heads)
+
+
+@functools.cache
+def _ring(n: int) -> dict:
+    """Every case of ring size n from one launch: {case name: [RankResult per rank]}."""
+    return run_cases(_worker, n, [_name(*c[1:]) for c in CASES if c[0] == n])
+
+
 @pytest.mark.parametrize("n,causal,heads,kv_heads", CASES)
 def test_sink_after_the_ring_equals_exact_attention_with_a_sink(n, causal, heads, kv_heads):
-    for rank, errs in enumerate(values(run_ranks(_worker, n, causal, heads, kv_heads))):
+    for r in _ring(n)[_name(causal, heads, kv_heads)]:
+        assert r.ok, f"rank {r.rank}: {r.error_type}: {r.error}\n{r.trace}"
+        rank, errs = r.rank, dict(r.value)
         assert errs.pop("sink_matters") > 1e-3, "the case must exercise the sink's gradient"
         worst = {k: e for k, e in errs.items() if not e <= TOL}
         assert not worst, f"rank {rank} of {n}: {worst} (all: {errs})"

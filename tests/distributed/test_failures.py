@@ -1,26 +1,32 @@
 """Failures are bounded and named: every live rank raises a clear error within the group's timeout.
 
-Each failing scenario is its own launch with a short gloo timeout (GROUP_TIMEOUT_S); the test
-also bounds the launch, so a hang fails it. Every bound is stretched by the machine's measured
-slowness (tests/speed.py): a peer that is merely slow to start must not read as a dead one.
 Scenarios that must work (any group, lazy set-up, lengths changing on one rank, yunchang kernels
-on CPU) share one launch.
+on CPU) and mismatches that must fail on every rank share one launch of ring 2
+(tests/harness.py run_cases), each on a fresh group with a short gloo timeout (GROUP_TIMEOUT_S)
+of its own, so that what a failed call leaves behind cannot reach the next scenario; each
+scenario's own time is bounded, and a hang fails the launch naming the scenario. A peer that
+fails mid-call is its own launch (the process dies or its ring is gone). Every bound is
+stretched by the machine's measured slowness (tests/speed.py): a peer that is merely slow to
+start must not read as a dead one.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import tempfile
 import time
 
 import pytest
 
-from tests.harness import run_ranks
+from tests.harness import run_cases, run_ranks
 from tests.reference import exact_attention
 from tests.speed import scaled
 from tokenring_xdit.tools.launch import launch_outcomes
 
 # the ring group's timeout in these launches (ranks inherit the test's slowness: same value)
-GROUP_TIMEOUT_S = scaled(6)
+GROUP_TIMEOUT = 6  # seconds on the reference machine
+GROUP_TIMEOUT_S = scaled(GROUP_TIMEOUT)
 LAUNCH_TIMEOUT_S = 60  # run_ranks stretches it; the direct launches here do it themselves
 
 
@@ -48,7 +54,7 @@ def _set_timeout(dist, seconds: float) -> None:
 # ---------------------------------------------------------------------------- what must work
 
 
-def _working(rank, n):
+def _working(rank, n, group):
     """Several things a user may do that used to hang or abort; each must give exact output."""
     import torch
     import torch.distributed as dist
@@ -58,10 +64,10 @@ def _working(rank, n):
     errors = {}
     # 1. only rank 0 sets the group up; the others create the communicators on first use
     if rank == 0:
-        setup_token_ring_group(dist.group.WORLD)
+        setup_token_ring_group(group)
     q, k, v = _qkv(torch, seed=rank)
     with torch.no_grad():
-        out, _ = token_ring_attn(q, k, v)
+        out, _ = token_ring_attn(q, k, v, group=group)
     ref = _exact(torch, *zip(*(_qkv(torch, seed=r) for r in range(n)), strict=True))
     errors["setup_on_one_rank"] = (out.double() - ref[:, 16 * rank : 16 * rank + 16]).abs().max()
 
@@ -70,7 +76,7 @@ def _working(rank, n):
     lens[1] = 9
     q, k, v = _qkv(torch, s=lens[rank], seed=10 + rank)
     with torch.no_grad():
-        out, _ = token_ring_attn(q, k, v)
+        out, _ = token_ring_attn(q, k, v, group=group)
     ref = _exact(torch, *zip(*(_qkv(torch, s=lens[r], seed=10 + r) for r in range(n)), strict=True))
     q0 = sum(lens[:rank])
     errors["q_len_changes_alone"] = (out.double() - ref[:, q0 : q0 + lens[rank]]).abs().max()
@@ -94,10 +100,10 @@ def _working(rank, n):
     return {name: float(err) for name, err in errors.items()}
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(200)  # ring 2's first test waits for all its scenarios
 @pytest.mark.parametrize("n", [2, 3])
 def test_any_group_lazy_setup_and_changing_lengths_work(n):
-    results = run_ranks(_working, n, timeout=LAUNCH_TIMEOUT_S)
+    results = _scenarios(n)["working"]
     for r in results:
         assert r.ok, f"rank {r.rank}: {r.error_type}: {r.error}\n{r.trace}"
         for name, err in r.value.items():
@@ -107,21 +113,19 @@ def test_any_group_lazy_setup_and_changing_lengths_work(n):
 # ---------------------------------------------------------------- what must fail on every rank
 
 
-def _failing(rank, n, name):
+def _failing(rank, n, group, name):
     import torch
     import torch.distributed as dist
 
     from tokenring_xdit.ring import token_ring_attn
 
-    _set_timeout(dist, GROUP_TIMEOUT_S)
     q, k, v = _qkv(torch, seed=rank)
     kwargs = {}
-    group = dist.group.WORLD
     if name == "scale_differs":
         kwargs["softmax_scale"] = 0.125 if rank == 1 else 0.25
     elif name == "bad_after_good":
         with torch.no_grad():
-            token_ring_attn(q, k, v)
+            token_ring_attn(q, k, v, group=group)
         if rank == 1:
             q, k, v = _qkv(torch, h=4, seed=rank)
     elif name == "meta_device":
@@ -156,37 +160,46 @@ def _assert_all_raise(results, error_type, *needles):
             assert needle in r.error, f"rank {r.rank}: {needle!r} not in error: {r.error}"
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize(
-    "name,error_type,needles",
-    [
-        ("scale_differs", "ValueError", ["softmax_scale differs across ring ranks", "0.125"]),
-        ("bad_after_good", "ValueError", ["head count differs", "rank 0 has 2, rank 1 has 4"]),
-        ("meta_device", "ValueError", ["rank(s) [1]", "device type", "meta"]),
-        (
-            "different_group",  # each rank's own communicators meet, so the check names it
-            "ValueError",
-            ["different process groups with the same ranks", "same group object"],
-        ),
-        (
-            "yunchang_attn_type_without_cpu_kernel",
-            "NotImplementedError",
-            ["AttnType.FA3", "AttnType.TORCH_FLASH"],
-        ),
-    ],
-)
+# (scenario, the error every rank raises, what it must say)
+MISMATCHES = [
+    ("scale_differs", "ValueError", ["softmax_scale differs across ring ranks", "0.125"]),
+    ("bad_after_good", "ValueError", ["head count differs", "rank 0 has 2, rank 1 has 4"]),
+    ("meta_device", "ValueError", ["rank(s) [1]", "device type", "meta"]),
+    (
+        "different_group",  # each rank's own communicators meet, so the check names it
+        "ValueError",
+        ["different process groups with the same ranks", "same group object"],
+    ),
+    (
+        "yunchang_attn_type_without_cpu_kernel",
+        "NotImplementedError",
+        ["AttnType.FA3", "AttnType.TORCH_FLASH"],
+    ),
+]
+
+
+@pytest.mark.timeout(200)  # ring 2's first test waits for all its scenarios
+@pytest.mark.parametrize("name,error_type,needles", MISMATCHES)
 def test_mismatch_raises_a_named_error_on_every_rank(name, error_type, needles):
-    start = time.monotonic()
-    results = run_ranks(_failing, 2, name, timeout=LAUNCH_TIMEOUT_S)
+    results = _scenarios(2)[name]
     _assert_all_raise(results, error_type, *needles)
-    # every wait is bounded by the group's timeout (plus start-up), not torch's 30 minutes
-    assert time.monotonic() - start < scaled(LAUNCH_TIMEOUT_S - 10)
+    # every wait is bounded by the group's timeout, not torch's 30 minutes
+    assert all(r.seconds < scaled(LAUNCH_TIMEOUT_S - 10) for r in results), results
 
 
 # ---------------------------------------------------------------------- a peer fails mid-call
 
 
-def _fault(rank, n, report, mode):
+def _stay_alive_until_the_others_end(done_dir, n):
+    """The failing rank stays alive until every other rank has raised and returned (a mark in
+    `done_dir` each), at most past everyone's timeout: its peers must see the failure through
+    the ring's own bounded waits, not through its process ending."""
+    deadline = time.monotonic() + GROUP_TIMEOUT_S + scaled(4)
+    while len(os.listdir(done_dir)) < n - 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _fault(rank, n, report, mode, done_dir):
     """The last rank fails inside the ring (at its second block kernel): it dies (os._exit) or
     raises and stays alive. Every other rank must raise TokenRingCommError within the timeout."""
     import torch
@@ -220,15 +233,15 @@ def _fault(rank, n, report, mode):
         set_seq_parallel_pg(1, n, rank, n)
         group = PROCESS_GROUP.RING_PG
         if rank == n - 1:  # skips the call, stays alive
-            time.sleep(GROUP_TIMEOUT_S + scaled(4))
+            _stay_alive_until_the_others_end(done_dir, n)
             return ("injected", "skipped", 0.0, "")
         start = time.monotonic()
     try:
         with torch.no_grad():
             token_ring_attn(q, k, v, kernel=kernel, group=group)
     except RuntimeError as exc:
-        if rank == n - 1:  # the failing rank stays alive past everyone's timeout
-            time.sleep(GROUP_TIMEOUT_S + scaled(4))
+        if rank == n - 1:  # the failing rank stays alive until the others have raised
+            _stay_alive_until_the_others_end(done_dir, n)
             return ("injected", str(exc), 0.0, "")
         first = (type(exc).__name__, str(exc), time.monotonic() - start)
         try:  # the ring is unusable now, and says so plainly
@@ -237,7 +250,9 @@ def _fault(rank, n, report, mode):
             again = "no error"
         except RuntimeError as exc2:
             again = f"{type(exc2).__name__}: {exc2}"
+        open(os.path.join(done_dir, str(rank)), "w").close()
         return (*first, again)
+    open(os.path.join(done_dir, str(rank)), "w").close()
     return ("no error", "", time.monotonic() - start, "")
 
 
@@ -256,9 +271,14 @@ def test_yunchang_route_is_bounded_by_the_world_timeout():
 
 
 def _launch_fault(n, mode):
-    return launch_outcomes(
-        _fault, n, (mode,), timeout=scaled(LAUNCH_TIMEOUT_S), env={"OMP_NUM_THREADS": "1"}
-    )
+    with tempfile.TemporaryDirectory(prefix="tokenring-fault-") as done_dir:
+        return launch_outcomes(
+            _fault,
+            n,
+            (mode, done_dir),
+            timeout=scaled(LAUNCH_TIMEOUT_S),
+            env={"OMP_NUM_THREADS": "1"},
+        )
 
 
 def _assert_named_on_live_ranks(outcomes, mode):
@@ -351,7 +371,7 @@ def test_per_call_timeout_is_honoured():
 # ------------------------------------------------- a choice changed under cached agreement
 
 
-def _switched_choices(rank, n):
+def _switched_choices(rank, n, group):
     """NCCL rings reuse an agreement per signature (TOKENRING_XDIT_VALIDATE=signature here, on
     gloo). Both ranks run both rings in agreement first, so each has a cached agreement for
     either choice; then they switch to different rings. The switch must be seen: one ValueError
@@ -361,7 +381,6 @@ def _switched_choices(rank, n):
 
     from tokenring_xdit.hosts import selection
 
-    group = torch.distributed.group.WORLD
     q = torch.zeros(1, 8, 2, 16)
 
     def choose():
@@ -381,11 +400,9 @@ def _switched_choices(rank, n):
     return seen
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(200)  # ring 2's first test waits for all its scenarios
 def test_switching_rings_is_seen_under_cached_agreement():
-    results = run_ranks(
-        _switched_choices, 2, timeout=LAUNCH_TIMEOUT_S, env={"TOKENRING_XDIT_VALIDATE": "signature"}
-    )
+    results = _scenarios(2)["switched_choices"]
     for r in results:
         assert r.ok, (r.rank, r.error_type, r.error, r.trace)
         (tokenring, default), mismatch, after = r.value[:2], r.value[2], r.value[3]
@@ -393,3 +410,22 @@ def test_switching_rings_is_seen_under_cached_agreement():
         assert "chose different ring attentions" in mismatch, (r.rank, mismatch)
         assert "rank 0: TokenRing" in mismatch and "rank 1: the host's own ring" in mismatch
         assert after == "default", (r.rank, after)
+
+
+# --------------------------------------------------------- the scenarios that share a launch
+
+
+def _scenario(rank, n, group, name):
+    if name == "working":
+        return _working(rank, n, group)
+    if name == "switched_choices":
+        return _switched_choices(rank, n, group)
+    return _failing(rank, n, group, name)
+
+
+@functools.cache
+def _scenarios(n):
+    # switched_choices last: it leaves the process's ring choice at the host's own
+    names = ["working", *(m[0] for m in MISMATCHES), "switched_choices"] if n == 2 else ["working"]
+    envs = {"switched_choices": {"TOKENRING_XDIT_VALIDATE": "signature"}}
+    return run_cases(_scenario, n, names, envs=envs, group_timeout=GROUP_TIMEOUT, timeout=150)

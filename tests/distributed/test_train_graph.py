@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.distributed.test_bad_input import _assert_all_raise
-from tests.harness import run_ranks, values
+from tests.harness import run_cases, run_ranks, values
 from tests.speed import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -137,29 +137,35 @@ def test_the_switch_reaches_the_agreed_header(n):
         assert res["settings"] == {"off": (False, 0), "on": (True, 1)}, (rank, res["settings"])
 
 
-def _differs(rank: int, n: int, how: str):
+def _differs(rank: int, n: int, group, how: str) -> str:
     import torch
-    import torch.distributed as dist
 
     from tokenring_xdit.config import RingConfig
     from tokenring_xdit.ring import token_ring_attn_func
     from tokenring_xdit.ring.comm import setup_token_ring_group
     from tokenring_xdit.ring.split.sharding import shard_positions
 
-    setup_token_ring_group(dist.group.WORLD)
+    setup_token_ring_group(group)
     q, k, v = (torch.randn(1, 8, 2, 16, requires_grad=True) for _ in "qkv")
     pos = shard_positions(8 * n, rank, n, causal=True)
     if how == "config":
         kwargs = dict(config=RingConfig(train_cuda_graph=rank == 1))
     else:  # the per-call override on one rank only
         kwargs = dict(cuda_graph=True) if rank == 1 else {}
-    return token_ring_attn_func(q, k, v, causal=True, positions=pos, **kwargs)
+    token_ring_attn_func(q, k, v, causal=True, positions=pos, group=group, **kwargs)
+    return "no error"
+
+
+@functools.cache
+def _differing() -> dict:
+    """Both ways of differing, one launch (tests/harness.py run_cases: a group each)."""
+    return run_cases(_differs, 2, ["config", "cuda_graph"], timeout=60)
 
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("how", ["config", "cuda_graph"])
 def test_ranks_that_differ_on_the_switch_fail_together(how):
-    results = run_ranks(_differs, 2, how, timeout=60)
+    results = _differing()[how]
     _assert_all_raise(
         results,
         "ValueError",

@@ -131,7 +131,8 @@ sys.argv = [sys.argv[1], *sys.argv[2:]]
 try:
     runpy.run_path(sys.argv[0], run_name="__main__")
 except SystemExit as exc:
-    heavy = [m for m in ("torch", "xfuser", "diffusers") if m in sys.modules]
+    heavy = ("torch", "xfuser", "diffusers", "transformers", "yunchang")
+    heavy = [m for m in heavy if m in sys.modules]
     print(f"exit {exc.code} heavy {heavy}")
 """
 
@@ -160,6 +161,35 @@ def test_an_example_refuses_a_misspelled_ring_before_torch_and_xfuser_load(scrip
         f"rank 1: {script}: error: argument --ring_impl_type: invalid choice: 'tokenring' "
         "(choose from 'default', 'token_ring', 'auto') (see --help)\n"
     ), done.stderr
+
+
+# The examples with a parser of their own (not xDiT's): a bad flag and --help answer before
+# torch, the hosts or transformers load (importing torch alone took 8 s on a busy machine).
+OWN_PARSER = ["hf_llama_tokenring.py", "llm_train_tokenring.py", "diffusers_flux_tokenring.py"]
+
+
+@pytest.mark.parametrize("script", OWN_PARSER)
+def test_an_example_with_its_own_parser_answers_a_bad_flag_and_help_before_torch_loads(script):
+    path = str(ROOT / "examples" / script)
+    env = dict(os.environ, RANK="1")
+
+    def run(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-c", EXAMPLE, path, *argv],
+            capture_output=True,
+            text=True,
+            timeout=scaled(120),
+            env=env,
+        )
+
+    bad = run("--steps", "1", "--no-such-flag")
+    assert bad.stdout.strip() == "exit 2 heavy []", (bad.stdout, bad.stderr[-2000:])
+    assert bad.stderr == (
+        f"rank 1: {script}: error: unrecognized arguments: --no-such-flag (see --help)\n"
+    ), bad.stderr
+    shown = run("--help")
+    assert shown.stdout.startswith(f"usage: {script} "), shown.stdout
+    assert shown.stdout.rstrip().endswith("exit 0 heavy []"), (shown.stdout, shown.stderr)
 
 
 def test_the_examples_early_check_leaves_good_and_foreign_flags_to_xdits_parser():

@@ -37,6 +37,8 @@ from tests.xdit.launches import (
 )
 
 pytestmark = CPU_MODE_MARKS
+# one pytest-xdist worker for every file that reads cpu_launch (tests/xdist_scopes.py)
+XDIST_SCOPE = "tests/xdit/launches.py"
 
 LATENT_TOL = 1e-4  # fp32; measured <= 6.2e-6 (PixArt latents up to ~13, Flux up to ~3.7)
 IMAGE_TOKENS = 16  # both tiny pipelines: 16 x 16 pixels -> 8 x 8 latents -> 16 tokens

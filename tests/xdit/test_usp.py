@@ -24,6 +24,8 @@ from tests.xdit import workers
 from tests.xdit.launches import CPU_MODE_MARKS, FP32_TOL, LAYOUTS, cpu_launch, max_err, part
 
 pytestmark = CPU_MODE_MARKS
+# one pytest-xdist worker for every file that reads cpu_launch (tests/xdist_scopes.py)
+XDIST_SCOPE = "tests/xdit/launches.py"
 
 
 def _errors(layout: str, impl: str, case: str) -> dict[int, float]:
