@@ -21,7 +21,10 @@ import pytest
 
 from tests.harness import run_ranks, tiny_llama_config, values
 
-TOL = 1e-6  # aot_eager runs the same kernels as eager: only the graph around the ring differs
+# aot_eager runs the same kernels as eager: only the graph around the ring differs, and a
+# compiled function that returns lse hands the ring's backward a zero lse gradient (eager: None),
+# folded into the O stand-in (the same delta up to fp32 rounding: 1.01e-6 seen)
+TOL = 2e-6
 H, HK, D, S = 4, 2, 8, 8  # heads, K/V heads (GQA), head size, local length (zigzag: 2 x 4)
 
 

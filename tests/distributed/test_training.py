@@ -142,7 +142,8 @@ def _run_case(case, rank, n, torch):
 
 
 def _rejections(torch):
-    """Options yunchang passes that TokenRing does not implement: every rank must refuse them."""
+    """Options yunchang passes that TokenRing does not implement (and a window that is none):
+    every rank must refuse them."""
     import torch.distributed as dist
 
     from tokenring_xdit.ring import token_ring_attn_func
@@ -151,7 +152,7 @@ def _rejections(torch):
     found = {}
     for name, kwargs in {
         "dropout": dict(dropout_p=0.1),
-        "window": dict(window_size=(4, 0)),
+        "window": dict(window_size=(-2, 0)),  # (a window runs; this one is no window)
         "softcap": dict(softcap=30.0),
         "alibi": dict(alibi_slopes=torch.ones(2)),
         "gqa": dict(),
@@ -279,7 +280,7 @@ def test_message_counts_per_forward_and_backward(n):
 def test_unsupported_options_rejected_on_every_rank():
     expected = {
         "dropout": ("NotImplementedError", "dropout_p=0.1"),
-        "window": ("NotImplementedError", "window_size=(4, 0)"),
+        "window": ("ValueError", "window_size must be (left, right) with each >= 0 or -1"),
         "softcap": ("NotImplementedError", "softcap=30.0"),
         "alibi": ("NotImplementedError", "alibi_slopes"),
         "gqa": ("ValueError", "one head count that divides q's"),

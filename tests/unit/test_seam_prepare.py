@@ -27,7 +27,7 @@ def test_operator_schema_is_derived_from_the_options():
     carried = [name for name, _ in call.op_args()]
     assert names == ["q", "k", "v", *carried, "train", "host", "validate"]
     backward = [a.name for a in torch.ops.tokenring.attn_backward.default._schema.arguments]
-    assert backward == ["dout", "q", "k", "v", "out", "lse", *carried, "validate"]
+    assert backward == ["dout", "q", "k", "v", "out", "lse", "dlse", *carried, "validate"]
     # every option but the callable kernel's graph key travels
     left = {f.name for f in dataclasses.fields(call.CallOptions)} - set(carried)
     assert left == {"kernel_key"}
