@@ -333,7 +333,7 @@ def _spec(
     )  # fmt: skip
     if kernel.problem or not problem:
         problem, text = kernel.problem, kernel.problem_text
-    if window_problem and not problem:
+    if window_problem and not kernel.problem:  # (before the split's: the simpler mistake)
         problem, text = Problem.WINDOW, window_problem
     chunks = options.final_chunks if options.final_chunks is not None else cfg.final_chunks
     scale = options.softmax_scale if options.softmax_scale is not None else q.shape[-1] ** -0.5
