@@ -81,16 +81,44 @@ def _packed(name, *, causal, docs, h=4, h_kv=4, layout="bshd", lens=6, kernel="a
 # documents crossing zigzag chunks and ranks, 1-token ones; halves by heads (GQA) and by tokens
 PACKED = [
     _packed("packed-causal-mha-heads", causal=True, docs=[1, 7, 3, 9], lens=5, seed=11),
-    _packed("packed-causal-gqa42-heads-bhsd", causal=True, h_kv=2, layout="bhsd",
-            docs=[4, 1, 13, 2], lens=6, seed=12),  # fmt: skip
-    _packed("packed-causal-mqa41-tokens", causal=True, h_kv=1, docs=[2, 11, 1, 5], lens=6,
-            kernel="math", seed=13),  # fmt: skip
-    _packed("packed-causal-mha33-tokens", causal=True, h=3, h_kv=3, docs=[9, 1, 1, 6], lens=4,
-            seed=14),  # fmt: skip
-    _packed("packed-noncausal-gqa42-uneven", causal=False, h_kv=2, docs=[1, 6, 4, 10],
-            lens=[5, 7, 3, 6], seed=15),  # fmt: skip
-    _packed("packed-noncausal-mqa41-tokens-bhsd", causal=False, h_kv=1, layout="bhsd",
-            docs=[3, 1, 8], lens=[4, 6, 5, 3], seed=16),  # fmt: skip
+    _packed(
+        "packed-causal-gqa42-heads-bhsd",
+        causal=True,
+        h_kv=2,
+        layout="bhsd",
+        docs=[4, 1, 13, 2],
+        lens=6,
+        seed=12,
+    ),  # fmt: skip
+    _packed(
+        "packed-causal-mqa41-tokens",
+        causal=True,
+        h_kv=1,
+        docs=[2, 11, 1, 5],
+        lens=6,
+        kernel="math",
+        seed=13,
+    ),  # fmt: skip
+    _packed(
+        "packed-causal-mha33-tokens", causal=True, h=3, h_kv=3, docs=[9, 1, 1, 6], lens=4, seed=14
+    ),  # fmt: skip
+    _packed(
+        "packed-noncausal-gqa42-uneven",
+        causal=False,
+        h_kv=2,
+        docs=[1, 6, 4, 10],
+        lens=[5, 7, 3, 6],
+        seed=15,
+    ),  # fmt: skip
+    _packed(
+        "packed-noncausal-mqa41-tokens-bhsd",
+        causal=False,
+        h_kv=1,
+        layout="bhsd",
+        docs=[3, 1, 8],
+        lens=[4, 6, 5, 3],
+        seed=16,
+    ),  # fmt: skip
 ]
 
 
