@@ -263,7 +263,10 @@ def _traffic(case, rank, n, torch):
     from tokenring_xdit.ring.agreed_ring import Ring
     from tokenring_xdit.ring.comm import RingPosition, comms_of
     from tokenring_xdit.ring.kernels import MATH
+    from tokenring_xdit.ring.kernels.registry import DOC_REGISTRY
     from tokenring_xdit.ring.kernels.wrappers import expanded
+    from tokenring_xdit.ring.packed import Documents
+    from tokenring_xdit.ring.packed.kv_plan import kv_plan
     from tokenring_xdit.ring.schedules.kv_both_ways import split_by_heads
     from tokenring_xdit.ring.tensor_layout import get_layout
     from tokenring_xdit.ring.training.kv_backward import kv_backward
@@ -276,9 +279,13 @@ def _traffic(case, rank, n, torch):
     layout = get_layout(case["layout"])
     pos = RingPosition.of(dist.group.WORLD)
     ring = Ring(pos=pos, comms=comms_of(pos.group), q_lens=tuple(map(len, q_pos)), settings=())
-    call = KvCall(expanded(MATH), layout, case["d"] ** -0.5, case["causal"],
-                  split_by_heads(case["h_kv"]))  # fmt: skip
     kv_lens = tuple(map(len, kv_pos))
+    by_heads = split_by_heads(case["h_kv"])
+    plan, pair = None, MATH
+    if "docs" in case:  # packed: the halves still travel whole, the table's transfers
+        plan = kv_plan(Documents.of(_bounds(case, sum(kv_lens))), kv_lens, case["causal"], by_heads)
+        pair = DOC_REGISTRY["masked"]
+    call = KvCall(expanded(pair), layout, case["d"] ** -0.5, case["causal"], by_heads, plan=plan)
     fwd, bwd = [], []
     out, lse = kv_forward(call, _RecordingRing(ring, fwd), kv_lens, q, k, v)
     kv_backward(call, _RecordingRing(ring, bwd), kv_lens, do, q, k, v, out, lse)
@@ -294,8 +301,7 @@ def _worker(rank, n, cases):
     setup_token_ring_group(dist.group.WORLD)
     result = {"cases": {c["name"]: _run_case(c, rank, n, torch) for c in cases}}
     if n > 1:
-        result["traffic"] = {c["name"]: _traffic(c, rank, n, torch) for c in cases
-                             if "docs" not in c}  # fmt: skip
+        result["traffic"] = {c["name"]: _traffic(c, rank, n, torch) for c in cases}
     if n == 2:
         result["rejections"] = _rejections(rank, torch)
     return result
@@ -425,9 +431,9 @@ def _normal(posts):
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_every_transfer_is_the_tables(n):
     """Per step and lane (= direction): peers, sizes and dtypes of every message, forward and
-    backward, as the table says; no self-sends."""
+    backward, as the table says (packed rows too: their halves travel whole); no self-sends."""
     for rank, res in enumerate(_launch(n)):
-        for case in CASES:
+        for case in CASES + PACKED:
             got = res["traffic"][case["name"]]
             for pass_, backward in (("fwd", False), ("bwd", True)):
                 have = _normal(got[pass_])

@@ -12,14 +12,17 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..kernels import KernelPair
-from ..packed.kv_plan import KvPlan
 from ..schedules.blocks import FRONT, part_slice
 from ..schedules.kv_both_ways import front_len, half_ranges
 from ..tensor_layout import Layout
+
+if TYPE_CHECKING:
+    from ..packed.kv_plan import KvPlan
 
 __all__ = ["KvCall", "TravellingKv", "acc_dtype"]
 
