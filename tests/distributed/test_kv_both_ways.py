@@ -71,11 +71,13 @@ CASES = [
 ]
 
 
-def _packed(name, *, causal, docs, h=4, h_kv=4, layout="bshd", lens=6, kernel="auto", seed=0):
+def _packed(name, *, causal, docs, h=4, h_kv=4, layout="bshd", lens=6, kernel="auto", seed=0,
+            ids=False):  # fmt: skip
     """A packed-documents case: `docs`, document lengths repeated over the row (the last one
-    cut where the row ends); batch 1, K/V the query's tokens."""
+    cut where the row ends); batch 1, K/V the query's tokens. `ids`: the documents are given as
+    position ids (transformers' packed batches) instead of cu_seqlens."""
     return {**_case(name, causal=causal, h=h, h_kv=h_kv, layout=layout, lens=lens, kernel=kernel,
-                    seed=seed), "docs": docs}  # fmt: skip
+                    seed=seed), "docs": docs, "ids": ids}  # fmt: skip
 
 
 # documents crossing zigzag chunks and ranks, 1-token ones; halves by heads (GQA) and by tokens
@@ -118,6 +120,19 @@ PACKED = [
         docs=[3, 1, 8],
         lens=[4, 6, 5, 3],
         seed=16,
+    ),  # fmt: skip
+    _packed(
+        "packed-causal-gqa42-ids", causal=True, h_kv=2, docs=[3, 9, 1, 4], lens=4, seed=17, ids=True
+    ),  # fmt: skip
+    _packed(
+        "packed-noncausal-mha-ids",
+        causal=False,
+        h=2,
+        h_kv=2,
+        docs=[5, 1, 9],
+        lens=[6, 4, 7, 5],
+        seed=18,
+        ids=True,
     ),  # fmt: skip
 ]
 
@@ -178,9 +193,13 @@ def _run_case(case, rank, n, torch):
            for x, p in ((q, q_pos), (k, kv_pos), (v, kv_pos))]  # fmt: skip
     COUNTERS.reset()
     positions = torch.tensor(q_pos[rank]) if case["causal"] else None
+    docs = {"cu_seqlens": bounds}
+    if case.get("ids"):  # each token's place in its document
+        docs = {"position_ids": torch.tensor([p - max(b for b in bounds if b <= p)
+                                              for p in q_pos[rank]])}  # fmt: skip
     out, _ = token_ring_attn(*loc, causal=case["causal"], layout=case["layout"],
-                             kernel=case["kernel"], positions=positions, cu_seqlens=bounds,
-                             travel="kv")  # fmt: skip
+                             kernel=case["kernel"], positions=positions, travel="kv",
+                             **docs)  # fmt: skip
     kernels_fwd = COUNTERS.kernel_calls
     out.backward(_local(case, torch, do, q_pos, rank))
     errs = {"out": max_err(out, _local(case, torch, ref, q_pos, rank))}
