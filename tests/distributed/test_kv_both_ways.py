@@ -1,6 +1,7 @@
 """The K/V family (K/V halves both ways round the ring) on real gloo ranks: forward AND backward
 against autograd of exact float64 attention over the whole sequence, ring 1-4, causal (zigzag)
-and non-causal with uneven lengths, MHA, GQA and MQA, both layouts; and every transfer of one
+and non-causal with uneven lengths, MHA, GQA and MQA, both layouts, packed documents (within
+documents, only the blocks that share one run); and every transfer of one
 forward and one backward, per step and lane, against the table (ring/schedules/kv_both_ways.py).
 
 One launch per ring size runs the whole case matrix (CI has 2 cores); tests assert on the cached
@@ -70,6 +71,81 @@ CASES = [
 ]
 
 
+def _packed(name, *, causal, docs, h=4, h_kv=4, layout="bshd", lens=6, kernel="auto", seed=0,
+            ids=False):  # fmt: skip
+    """A packed-documents case: `docs`, document lengths repeated over the row (the last one
+    cut where the row ends); batch 1, K/V the query's tokens. `ids`: the documents are given as
+    position ids (transformers' packed batches) instead of cu_seqlens."""
+    return {**_case(name, causal=causal, h=h, h_kv=h_kv, layout=layout, lens=lens, kernel=kernel,
+                    seed=seed), "docs": docs, "ids": ids}  # fmt: skip
+
+
+# documents crossing zigzag chunks and ranks, 1-token ones; halves by heads (GQA) and by tokens
+PACKED = [
+    _packed("packed-causal-mha-heads", causal=True, docs=[1, 7, 3, 9], lens=5, seed=11),
+    _packed(
+        "packed-causal-gqa42-heads-bhsd",
+        causal=True,
+        h_kv=2,
+        layout="bhsd",
+        docs=[4, 1, 13, 2],
+        lens=6,
+        seed=12,
+    ),  # fmt: skip
+    _packed(
+        "packed-causal-mqa41-tokens",
+        causal=True,
+        h_kv=1,
+        docs=[2, 11, 1, 5],
+        lens=6,
+        kernel="math",
+        seed=13,
+    ),  # fmt: skip
+    _packed(
+        "packed-causal-mha33-tokens", causal=True, h=3, h_kv=3, docs=[9, 1, 1, 6], lens=4, seed=14
+    ),  # fmt: skip
+    _packed(
+        "packed-noncausal-gqa42-uneven",
+        causal=False,
+        h_kv=2,
+        docs=[1, 6, 4, 10],
+        lens=[5, 7, 3, 6],
+        seed=15,
+    ),  # fmt: skip
+    _packed(
+        "packed-noncausal-mqa41-tokens-bhsd",
+        causal=False,
+        h_kv=1,
+        layout="bhsd",
+        docs=[3, 1, 8],
+        lens=[4, 6, 5, 3],
+        seed=16,
+    ),  # fmt: skip
+    _packed(
+        "packed-causal-gqa42-ids", causal=True, h_kv=2, docs=[3, 9, 1, 4], lens=4, seed=17, ids=True
+    ),  # fmt: skip
+    _packed(
+        "packed-noncausal-mha-ids",
+        causal=False,
+        h=2,
+        h_kv=2,
+        docs=[5, 1, 9],
+        lens=[6, 4, 7, 5],
+        seed=18,
+        ids=True,
+    ),  # fmt: skip
+]
+
+
+def _bounds(case, total: int) -> list[int]:
+    """The case's cu_seqlens over a row of `total` tokens."""
+    bounds, i = [0], 0
+    while bounds[-1] < total:
+        bounds.append(min(total, bounds[-1] + case["docs"][i % len(case["docs"])]))
+        i += 1
+    return bounds
+
+
 def _positions(case, n):
     """Each rank's global query and K/V positions (causal: zigzag chunks r and 2N-1-r)."""
     if case["causal"]:
@@ -111,14 +187,19 @@ def _run_case(case, rank, n, torch):
     from tokenring_xdit.ring.comm import COUNTERS
 
     (q, k, v, do), q_pos, kv_pos = _inputs(case, n, torch)
-    ref, *grads = exact_grads(*(x.double() for x in (q, k, v, do)), causal=case["causal"],
-                              layout="bhsd")  # fmt: skip
+    bounds = _bounds(case, q.shape[2]) if "docs" in case else None
+    ref, *grads = _reference(torch, (q, k, v, do), case["causal"], bounds)
     loc = [_local(case, torch, x, p, rank).requires_grad_()
            for x, p in ((q, q_pos), (k, kv_pos), (v, kv_pos))]  # fmt: skip
     COUNTERS.reset()
     positions = torch.tensor(q_pos[rank]) if case["causal"] else None
+    docs = {"cu_seqlens": bounds}
+    if case.get("ids"):  # each token's place in its document
+        docs = {"position_ids": torch.tensor([p - max(b for b in bounds if b <= p)
+                                              for p in q_pos[rank]])}  # fmt: skip
     out, _ = token_ring_attn(*loc, causal=case["causal"], layout=case["layout"],
-                             kernel=case["kernel"], positions=positions, travel="kv")  # fmt: skip
+                             kernel=case["kernel"], positions=positions, travel="kv",
+                             **docs)  # fmt: skip
     kernels_fwd = COUNTERS.kernel_calls
     out.backward(_local(case, torch, do, q_pos, rank))
     errs = {"out": max_err(out, _local(case, torch, ref, q_pos, rank))}
@@ -126,7 +207,38 @@ def _run_case(case, rank, n, torch):
                              strict=True):  # fmt: skip
         errs[name] = max_err(x.grad, _local(case, torch, g, p, rank))
     kernels = (kernels_fwd, COUNTERS.kernel_calls - kernels_fwd)
-    return {"errs": errs, "dtype_ok": out.dtype == q.dtype, "kernels": kernels}
+    return {"errs": errs, "dtype_ok": out.dtype == q.dtype, "kernels": kernels,
+            "planned": _planned(case, n, rank, bounds, tuple(map(len, q_pos)))}  # fmt: skip
+
+
+def _reference(torch, xs, causal: bool, bounds):
+    """(out, dq, dk, dv) of exact float64 attention over the whole row, (b, h, s, d): within
+    documents where `bounds` (the block-diagonal mask, tests/window_ring.py), else plain."""
+    xs = [x.double() for x in xs]
+    if bounds is None:
+        return exact_grads(*xs, causal=causal, layout="bhsd")
+    from tests.window_ring import window_mask
+
+    q, k, v = (x.detach().requires_grad_() for x in xs[:3])
+    g = q.shape[1] // k.shape[1]
+    kx, vx = (x.repeat_interleave(g, dim=1) for x in (k, v))
+    keep = window_mask(q.shape[2], (-1, -1), causal, bounds)
+    scores = (q @ kx.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    out = scores.masked_fill(~keep, float("-inf")).softmax(-1) @ vx
+    out.backward(xs[3])
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+def _planned(case, n, rank, bounds, q_lens):
+    """Kernels the packed plan runs per pass on this rank (the table's 2N-1 when not packed)."""
+    if bounds is None:
+        return 2 * n - 1
+    from tokenring_xdit.ring.packed import Documents
+    from tokenring_xdit.ring.packed.kv_plan import kv_plan
+    from tokenring_xdit.ring.schedules.kv_both_ways import split_by_heads
+
+    plan = kv_plan(Documents.of(bounds), q_lens, case["causal"], split_by_heads(case["h_kv"]))
+    return plan.kernel_calls(rank)
 
 
 class _RecordingLane:
@@ -170,7 +282,10 @@ def _traffic(case, rank, n, torch):
     from tokenring_xdit.ring.agreed_ring import Ring
     from tokenring_xdit.ring.comm import RingPosition, comms_of
     from tokenring_xdit.ring.kernels import MATH
+    from tokenring_xdit.ring.kernels.registry import DOC_REGISTRY
     from tokenring_xdit.ring.kernels.wrappers import expanded
+    from tokenring_xdit.ring.packed import Documents
+    from tokenring_xdit.ring.packed.kv_plan import kv_plan
     from tokenring_xdit.ring.schedules.kv_both_ways import split_by_heads
     from tokenring_xdit.ring.tensor_layout import get_layout
     from tokenring_xdit.ring.training.kv_backward import kv_backward
@@ -183,9 +298,13 @@ def _traffic(case, rank, n, torch):
     layout = get_layout(case["layout"])
     pos = RingPosition.of(dist.group.WORLD)
     ring = Ring(pos=pos, comms=comms_of(pos.group), q_lens=tuple(map(len, q_pos)), settings=())
-    call = KvCall(expanded(MATH), layout, case["d"] ** -0.5, case["causal"],
-                  split_by_heads(case["h_kv"]))  # fmt: skip
     kv_lens = tuple(map(len, kv_pos))
+    by_heads = split_by_heads(case["h_kv"])
+    plan, pair = None, MATH
+    if "docs" in case:  # packed: the halves still travel whole, the table's transfers
+        plan = kv_plan(Documents.of(_bounds(case, sum(kv_lens))), kv_lens, case["causal"], by_heads)
+        pair = DOC_REGISTRY["masked"]
+    call = KvCall(expanded(pair), layout, case["d"] ** -0.5, case["causal"], by_heads, plan=plan)
     fwd, bwd = [], []
     out, lse = kv_forward(call, _RecordingRing(ring, fwd), kv_lens, q, k, v)
     kv_backward(call, _RecordingRing(ring, bwd), kv_lens, do, q, k, v, out, lse)
@@ -210,21 +329,27 @@ def _worker(rank, n, cases):
 def _rejections(rank, torch):
     """Calls refused on every rank: K/V heads that do not divide the query heads on one rank,
     head counts that differ between ranks, a causal call on unequal shards, `travel` that
-    differs between ranks (an agreed option, named), packed documents forced onto K/V, and a
-    travel that does not exist."""
+    differs between ranks (an agreed option, named), packed documents forced onto K/V in the
+    layouts it does not run (contiguous causal shards, the documents layout), and a travel that
+    does not exist."""
     from tokenring_xdit import token_ring_attn
 
     def qkv(s=8, h=4, h_kv=2):
         xs = (torch.randn(1, s, h, 16), torch.randn(1, s, h_kv, 16), torch.randn(1, s, h_kv, 16))
         return [x.requires_grad_() for x in xs]
 
+    from tokenring_xdit import make_split
+
     zigzag = torch.tensor([0, 1, 2, 3, 12, 13, 14, 15] if rank == 0 else [4, 5, 6, 9, 10, 11])
+    cut = {x: make_split(16, 2, causal=True, cu_seqlens=[0, 8, 16], layout=x)
+           for x in ("contiguous", "documents")}  # fmt: skip
     calls = {
         "gqa": dict(args=qkv(h_kv=3 if rank == 0 else 2)),
         "heads": dict(args=qkv(h=4 if rank == 0 else 8)),
         "zigzag": dict(args=qkv(s=8 if rank == 0 else 6), causal=True, positions=zigzag),
         "travel": dict(args=qkv(), travel="kv" if rank == 0 else "q"),
-        "packed": dict(args=qkv(), cu_seqlens=[0, 5, 16], travel="kv"),
+        "packed-contiguous": dict(args=qkv(), causal=True, split=cut["contiguous"]),
+        "packed-documents": dict(args=qkv(), causal=True, split=cut["documents"]),
         "bogus": dict(args=qkv(), travel="k"),
     }
     found = {}
@@ -240,7 +365,7 @@ def _rejections(rank, torch):
 
 @functools.cache
 def _launch(n):
-    return values(run_ranks(_worker, n, CASES, timeout=300))
+    return values(run_ranks(_worker, n, CASES + PACKED, timeout=300))
 
 
 @pytest.mark.parametrize("n", WORLD_SIZES)
@@ -253,13 +378,28 @@ def test_forward_and_gradients_match_exact_attention(n):
             assert got == (2 * n - 1, 2 * n - 1), (n, rank, case["name"], got)
 
 
+@pytest.mark.parametrize("n", WORLD_SIZES)
+def test_packed_documents_match_exact_masked_attention(n):
+    """Packed rows (fp32) against exact float64 attention within documents; every pass runs
+    the diagonal and the plan's blocks that hold a segment, nothing else."""
+    failures = case_failures(n, _launch(n), PACKED, FP32_TOL, BF16_TOL)
+    assert not failures, "\n".join(failures)
+    for rank, res in enumerate(_launch(n)):
+        for case in PACKED:
+            got = res["cases"][case["name"]]
+            assert got["kernels"] == (got["planned"],) * 2, (n, rank, case["name"], got)
+
+
 def test_bad_input_is_one_error_on_every_rank():
     for rank, res in enumerate(_launch(2)):
         for name, needle in (("gqa", "divides q's"), ("heads", "head count differs"),
                              ("zigzag", "zigzag"),
                              ("travel", "travel differs across ring ranks: rank 0 has 'kv', "
                                         "rank 1 has 'q'"),
-                             ("packed", "travel='kv' (K/V both ways) does not run packed"),
+                             ("packed-contiguous", "does not run packed documents in the "
+                                                   "'contiguous' layout"),
+                             ("packed-documents", "does not run packed documents in the "
+                                                  "'documents' layout"),
                              ("bogus", "travel must be one of")):  # fmt: skip
             got = res["rejections"][name]
             assert got is not None and needle in got, (rank, name, got)
@@ -310,9 +450,9 @@ def _normal(posts):
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_every_transfer_is_the_tables(n):
     """Per step and lane (= direction): peers, sizes and dtypes of every message, forward and
-    backward, as the table says; no self-sends."""
+    backward, as the table says (packed rows too: their halves travel whole); no self-sends."""
     for rank, res in enumerate(_launch(n)):
-        for case in CASES:
+        for case in CASES + PACKED:
             got = res["traffic"][case["name"]]
             for pass_, backward in (("fwd", False), ("bwd", True)):
                 have = _normal(got[pass_])

@@ -6,7 +6,8 @@ A whole ring of 1-4 ranks as threads on this GPU (tests/thread_ring.py: the real
 lanes), bf16 and fp16, cuDNN and torch flash pairs, causal zigzag and non-causal (uneven), GQA
 (halves by heads), MQA (halves by tokens) and MHA: forward and dq/dk/dv against fp64 autograd of
 the whole sequence, within 1.15x of the error the same pair makes on the whole sequence in one
-call (ring 1: the block kernel's own error), plus a small absolute floor.
+call (ring 1: the block kernel's own error), plus a small absolute floor; packed documents with
+the packed kernels against fp64 attention within documents.
 """
 
 from __future__ import annotations
@@ -31,10 +32,13 @@ def _positions(n: int, causal: bool, lens: list[int]) -> list[list[int]]:
     return [list(range(starts[r], starts[r] + lens[r])) for r in range(n)]
 
 
-def _errors(n, causal, lens, h, h_kv, dtype, pair_name, seed=0, acc=torch.float32):
+def _errors(n, causal, lens, h, h_kv, dtype, pair_name, seed=0, acc=torch.float32, docs=None):
     """Max |err| (relative to the largest reference value) of out, dq, dk, dv of a ring of n;
-    `acc`: what the ring sums partials and gradients in (fp64: the block kernels' own error)."""
-    from tokenring_xdit.ring.kernels import gqa_pair, select_pair
+    `acc`: what the ring sums partials and gradients in (fp64: the block kernels' own error);
+    `docs`: packed documents' lengths, repeated over the row (the packed kernel `pair_name`)."""
+    from tokenring_xdit.ring.kernels import doc_pair, gqa_pair, select_pair
+    from tokenring_xdit.ring.packed import Documents
+    from tokenring_xdit.ring.packed.kv_plan import kv_plan
     from tokenring_xdit.ring.schedules.kv_both_ways import split_by_heads
     from tokenring_xdit.ring.tensor_layout import BSHD
     from tokenring_xdit.ring.training.kv_backward import kv_backward
@@ -47,16 +51,26 @@ def _errors(n, causal, lens, h, h_kv, dtype, pair_name, seed=0, acc=torch.float3
     shapes = ((1, h, total, d), (1, h_kv, total, d), (1, h_kv, total, d), (1, h, total, d))
     q, k, v, do = (torch.randn(*s, generator=gen, dtype=torch.float64).to(dtype).cuda()
                    for s in shapes)  # fmt: skip
+    bounds = _bounds(docs, total) if docs else None
     ref_in = [x.double().requires_grad_() for x in (q, k, v)]
-    ref = torch.nn.functional.scaled_dot_product_attention(*ref_in, is_causal=causal,
-                                                           enable_gqa=True)  # fmt: skip
+    mask = None if bounds is None else _doc_mask(bounds, total, causal).cuda()
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        *ref_in, attn_mask=mask, is_causal=causal and mask is None, enable_gqa=True
+    )
     ref.backward(do.double())
     refs = [ref.detach(), *(x.grad for x in ref_in)]
     dev = torch.device("cuda")
-    pair = select_pair(pair_name, dev, dtype, d, d, False)
+    if bounds is None:
+        pair = select_pair(pair_name, dev, dtype, d, d, False)
+    else:
+        pair = doc_pair(
+            pair_name, dev, dtype, d, d, lambda x: select_pair(x, dev, dtype, d, d, False)
+        )
     pair = gqa_pair(pair, dev, dtype, d, d) if h_kv < h else pair
-    call = KvCall(pair, BSHD, d**-0.5, causal, split_by_heads(h_kv), acc)
     kv_lens = tuple(map(len, pos))
+    by_heads = split_by_heads(h_kv)
+    plan = None if bounds is None else kv_plan(Documents(tuple(bounds)), kv_lens, causal, by_heads)
+    call = KvCall(pair, BSHD, d**-0.5, causal, by_heads, acc, plan)
 
     def local(x, r):
         return BSHD.from_bhsd(x[:, :, pos[r]]).contiguous()
@@ -75,6 +89,43 @@ def _errors(n, causal, lens, h, h_kv, dtype, pair_name, seed=0, acc=torch.float3
         want = refs[i][:, :, order]
         errs[name] = (got - want).abs().max().item() / max(want.abs().max().item(), 1.0)
     return errs
+
+
+def _bounds(docs: list[int], total: int) -> list[int]:
+    bounds, i = [0], 0
+    while bounds[-1] < total:
+        bounds.append(min(total, bounds[-1] + docs[i % len(docs)]))
+        i += 1
+    return bounds
+
+
+def _doc_mask(bounds: list[int], total: int, causal: bool) -> torch.Tensor:
+    """(S, S) bool: same document (and key <= query when causal)."""
+    doc = torch.bucketize(torch.arange(total), torch.tensor(bounds[1:]), right=True)
+    keep = doc[:, None] == doc[None, :]
+    return keep & torch.ones(total, total, dtype=torch.bool).tril() if causal else keep
+
+
+@pytest.mark.parametrize("pair_name", ["flash_varlen", "cudnn"])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("heads", SHAPES)
+def test_packed_ring_errors_stay_at_the_kernels_own(pair_name, causal, heads):
+    """Packed documents (lengths crossing chunks and ranks, 1-token ones), bf16, the packed
+    kernels (flash_varlen; cuDNN per segment): within 1.15x of the same ring with fp64 sums,
+    against fp64 attention within documents."""
+    h, h_kv = heads
+    docs, failures = [1, 700, 37, 1, 300, 129], []
+    for n in (2, 3, 4):
+        lens = [256] * n if causal else [384, 256, 320, 448][:n]
+        args = (n, causal, lens, h, h_kv, torch.bfloat16, pair_name)
+        own = _errors(*args, acc=torch.float64, docs=docs)
+        got = _errors(*args, docs=docs)
+        for what, err in got.items():
+            bound = max(RATIO * own[what], FLOOR[torch.bfloat16])
+            print(f"packed N={n} {what}: ring {err:.2e}, its blocks' own {own[what]:.2e}")
+            if not err <= bound:
+                failures.append(f"N={n} {what}: {err:.3g} > {bound:.3g} (own {own[what]:.3g})")
+    assert not failures, "\n".join(failures)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

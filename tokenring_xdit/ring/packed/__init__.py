@@ -4,9 +4,9 @@ The one way in: the call seam prices the packed kernels (`kernel_order`), the ag
 documents from position ids (claims) and makes the call's plan (`call_plan`), ring/split/ (the
 `Split`, over these `Documents`) places pieces and picks layouts. Kernels see only segments
 (ring/segments.py), the loops the plan (`agreed_ring.BlockPlan`). doc_split.py: the documents
-layout; documents.py: segments and the `DocPlan`; claims.py; cost.py (+ data/): predicted time per
-kernel; pick.py: `auto`'s choice; report.py: `document_work`; pack_order.py: a packing order that
-balances the ranks.
+layout; documents.py: segments and the `DocPlan`; kv_plan.py: the K/V family's per-block segments
+(`KvPlan`); claims.py; cost.py (+ data/): predicted time per kernel; pick.py: `auto`'s choice;
+report.py: `document_work`; pack_order.py: a packing order that balances the ranks.
 """
 
 from .claims import claim_count, documents_from_claims, documents_from_position_ids, local_claims

@@ -39,6 +39,7 @@ from ..head_start import ring_pause_us
 from ..inference.loop import RingCall
 from ..kernels import BlockKernel, SwappedKernel
 from ..schedules import NON_CAUSAL, block_schedule
+from ..packed.kv_plan import kv_plan
 from ..packed.window_plan import window_plan
 from ..schedules.kv_both_ways import split_by_heads
 from ..schedules.window import Window
@@ -287,8 +288,10 @@ def prepare(
     ring = agree(spec, pos, comm=cfg.comm)
     head_start_us = ring_pause_us(cfg.comm_head_start_us, ring.transport)
     if train and resolve_travel(options.travel, ring, spec, window is not None) == "kv":
-        h_kv = k.shape[layout.head_dim]
-        call = KvCall(kernel.fn, layout, spec.scale, options.causal, split_by_heads(h_kv))
+        by_heads = split_by_heads(k.shape[layout.head_dim])
+        docs = ring.plan.docs if ring.plan is not None else None  # (the row's split: travel.py)
+        plan = kv_plan(docs, ring.q_lens, options.causal, by_heads) if docs is not None else None
+        call = KvCall(kernel.fn, layout, spec.scale, options.causal, by_heads, plan=plan)
     elif train:
         plan = ring.plan
         if window is not None:  # the window's plan: its skips, over the documents' if packed

@@ -9,7 +9,10 @@ same pick on its whole grid (ring 2-8, 4k-64k tokens per GPU, GQA 32/8 and 64/8,
 two rows it calls the other way are within its 2 % margin: tests/unit/test_seam_travel.py), and
 `tokenring-xdit plan` prints its times. CPU rings keep TokenRing by rule (no calibration; what
 CPU runs exist to test), as `--ring_impl_type auto` does. What the K/V family does not run yet
-(packed documents, a sliding window) keeps TokenRing under "auto" and is refused, on every rank, when forced.
+(packed documents in the documents layout or contiguous causal shards, a sliding window) keeps
+TokenRing under "auto" and is refused, on every rank, when forced. Packed documents in the row's
+split run when forced (ring/packed/kv_plan.py); "auto" keeps TokenRing for them, whose plan also
+trims what travels and whose times the planner models.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import logging
 from ...caches import Seen
 from ..agree.problems import CallSpec
 from ..agreed_ring import Ring
+from ..packed.doc_split import ROW
 
 __all__ = ["TRAVELS", "resolve_travel", "travel_rule"]
 
@@ -42,12 +46,13 @@ def resolve_travel(asked: str, ring: Ring, spec: CallSpec, windowed: bool) -> st
     """The travel ("q" or "kv") of a training call on the agreed `ring` (`spec`'s shapes and
     settings are agreed by now; `windowed`: a sliding window, agreed). Raises the same error on
     every rank where "kv" is forced and cannot run."""
-    blocker = ("does not run packed documents yet" if ring.plan is not None else
+    split = ring.plan.split if ring.plan is not None else ROW
+    blocker = (f"does not run packed documents in the {split!r} layout yet" if split != ROW else
                "does not run a sliding window yet" if windowed else "")  # fmt: skip
     if asked == "kv" and blocker:
         raise NotImplementedError(f"TokenRing: travel='kv' (K/V both ways) {blocker}; use "
                                   "travel='q' or 'auto'")  # fmt: skip
-    if asked != "auto" or blocker:
+    if asked != "auto" or blocker or ring.plan is not None:  # (auto: packed stays TokenRing)
         return asked if asked != "auto" else "q"
     heads, kv_heads = spec.q.shape[spec.layout.head_dim], spec.k.shape[spec.layout.head_dim]
     pick, why = travel_rule(spec.q.device.type, heads, kv_heads, ring.size)

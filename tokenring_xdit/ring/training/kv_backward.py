@@ -8,6 +8,8 @@ block to the sum that arrives from the previous one and posts it on one step lat
 holder's sum reaches the owner on the table's last row, where it joins the owner's own dK/dV
 (schedules/kv_both_ways.py). A sum that makes more than one hop travels in fp32 (N >= 3): it is
 rounded once, at home, like every other sum here; at N = 2 it is one block, sent in K's dtype.
+Packed documents: kernels take their block's segments; a block without any is not run, and the
+half's sum passes on unchanged (zeros where it starts).
 """
 
 from __future__ import annotations
@@ -31,12 +33,12 @@ def kv_backward(
     """(dq, dk, dv) of this rank's q, k, v, in their dtypes. out/lse: the forward's result."""
     dout = dout.contiguous()
     COUNTERS.kernel_calls += 1
-    args = (call.scale, call.layout, call.causal)
+    args = (call.scale, call.layout, call.mask(ring.rank, 0, A))
     if ring.size == 1:  # the kernel reads O itself
         return call.pair.run_backward(dout, q, k, v, out, lse, None, *args)
     delta = row_delta(dout, out, call.layout)
     own = call.pair.run_backward(dout, q, k, v, out, lse, delta, *args)
-    pay = _Backward(call, kv_lens, ring.size, (dout, q, k, v, out, lse, delta), own)
+    pay = _Backward(call, ring.rank, kv_lens, ring.size, (dout, q, k, v, out, lse, delta), own)
     return run_kv(call.causal, ring, kv_lens, pay)
 
 
@@ -46,8 +48,8 @@ class _Backward(TravellingKv):
 
     grads = True
 
-    def __init__(self, call: KvCall, kv_lens, n: int, inputs, own):
-        self.call, self.kv_lens = call, kv_lens
+    def __init__(self, call: KvCall, rank: int, kv_lens, n: int, inputs, own):
+        self.call, self.rank, self.kv_lens = call, rank, kv_lens
         self.dout, self.q, self.k, self.v, self.out, self.lse, self.delta = inputs
         acc = acc_dtype(self.q.dtype, call.acc)
         self.dq, self.dk, self.dv = (g.to(acc, copy=True) for g in own)  # step 0 starts them
@@ -66,14 +68,17 @@ class _Backward(TravellingKv):
             return  # ran before the loop: it started the sums
         call = self.call
         for half in (A, B):
-            row = st.halves[half]
+            row, mask = st.halves[half], call.mask(self.rank, st.step, half)
+            if mask == ():  # packed, no shared document: no dQ, a zero dK/dV share
+                self.made[half] = (None, None, row)
+                continue
             q_rows = [call.rows(call.heads(x, half), row.q_part) for x in
                       (self.dout, self.q, self.out)]  # fmt: skip
             stats = [call.stat(x, half, row.q_part).contiguous() for x in (self.lse, self.delta)]
             kv = [call.kv_rows(x, half, row.kv_part, self.kv_lens[row.owner]) for x in held[half]]
             COUNTERS.kernel_calls += 1
             dq, dk, dv = call.pair.run_backward(
-                q_rows[0], q_rows[1], *kv, q_rows[2], *stats, call.scale, call.layout, False
+                q_rows[0], q_rows[1], *kv, q_rows[2], *stats, call.scale, call.layout, mask
             )
             call.rows(call.heads(self.dq, half), row.q_part).add_(dq)
             self.made[half] = (dk, dv, row)
@@ -92,9 +97,11 @@ class _Backward(TravellingKv):
         length = self.kv_lens[row.owner]
         if arrived is None:  # dense buffers: the kernel's grads may be views (P2P needs dense)
             arrived = self.grad_buffers(half, length)
-            if row.kv_part == ALL:
+            if row.kv_part == ALL and dk is not None:
                 return [total.copy_(g) for total, g in zip(arrived, (dk, dv), strict=True)]
             arrived = [total.zero_() for total in arrived]
+        if dk is None:  # a block not run: the sum goes on as it came
+            return arrived
         for total, g in zip(arrived, (dk, dv), strict=True):
             self.call.kv_rows(total, half, row.kv_part, length).add_(g)
         return arrived

@@ -3,7 +3,8 @@
 Step 0 runs our own queries against our own K/V (the causal diagonal where causal); each later
 step runs them against the two halves held (schedules/kv_both_ways.py), and every partial is
 merged at once into our running (out, lse) in fp32 by log-sum-exp (the fused Triton pass on CUDA
-where it serves, else torch ops). Nothing goes home: Q, out and lse never move.
+where it serves, else torch ops). Nothing goes home: Q, out and lse never move. Packed documents:
+each kernel takes its block's segments, and a block without any adds nothing (not run).
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ def kv_forward(
     """(out in q's dtype, lse (b, h, s) fp32) of our queries against every rank's K/V.
     kv_lens: every ring rank's local K/V length."""
     COUNTERS.kernel_calls += 1
-    out, lse = call.pair.run_forward(q, k, v, call.scale, call.layout, call.causal)
+    out, lse = call.pair.run_forward(q, k, v, call.scale, call.layout, call.mask(ring.rank, 0, A))
     if ring.size == 1:
         return out.to(q.dtype), lse.float()
-    return run_kv(call.causal, ring, kv_lens, _Forward(call, kv_lens, q, k, v, out, lse))
+    pay = _Forward(call, ring.rank, kv_lens, q, k, v, out, lse)
+    return run_kv(call.causal, ring, kv_lens, pay)
 
 
 class _Forward(TravellingKv):
@@ -38,8 +40,8 @@ class _Forward(TravellingKv):
 
     grads = False
 
-    def __init__(self, call: KvCall, kv_lens, q, k, v, out, lse):
-        self.call, self.kv_lens, self.q, self.k, self.v = call, kv_lens, q, k, v
+    def __init__(self, call: KvCall, rank: int, kv_lens, q, k, v, out, lse):
+        self.call, self.rank, self.kv_lens, self.q, self.k, self.v = call, rank, kv_lens, q, k, v
         self.out = out.to(acc_dtype(q.dtype, call.acc), copy=True)  # step 0's block starts the sums
         self.lse = lse.float().clone()
         self.fused = fused_merge.serves(self.out)
@@ -49,12 +51,14 @@ class _Forward(TravellingKv):
             return  # ran before the loop: it started the sums
         call = self.call
         for half in (A, B):
-            row = st.halves[half]
+            row, mask = st.halves[half], call.mask(self.rank, st.step, half)
+            if mask == ():
+                continue  # packed: no query here shares a document with the half's keys
             q = call.rows(call.heads(self.q, half), row.q_part)
             length = self.kv_lens[row.owner]
             kv = [call.kv_rows(x, half, row.kv_part, length) for x in held[half]]
             COUNTERS.kernel_calls += 1
-            o, lse = call.pair.run_forward(q, *kv, call.scale, call.layout, False)
+            o, lse = call.pair.run_forward(q, *kv, call.scale, call.layout, mask)
             dst = call.rows(call.heads(self.out, half), row.q_part)
             self._merge(dst, call.stat(self.lse, half, row.q_part), o, lse.float())
 

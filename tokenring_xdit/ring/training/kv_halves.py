@@ -4,12 +4,15 @@
 rank. A half is either K/V heads [0, Hkv/2) or [Hkv/2, Hkv), serving query heads [0, H/2) or
 [H/2, H) (query head i uses K/V head i // g), or a set of token ranges with every head
 (`half_ranges`). A travelling half is a dense (K, V) pair (P2P needs dense buffers); its FRONT
-is its part in the owner's chunk j (causal blocks, the schedule's Note).
+is its part in the owner's chunk j (causal blocks, the schedule's Note). Packed documents: the
+call's `plan` gives every block's segments (ring/packed/kv_plan.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -17,6 +20,9 @@ from ..kernels import KernelPair
 from ..schedules.blocks import FRONT, part_slice
 from ..schedules.kv_both_ways import front_len, half_ranges
 from ..tensor_layout import Layout
+
+if TYPE_CHECKING:
+    from ..packed.kv_plan import KvPlan
 
 __all__ = ["KvCall", "TravellingKv", "acc_dtype"]
 
@@ -38,13 +44,26 @@ class KvCall:
     # what partials and gradients are summed (and multi-hop sums travel) in: fp32; fp64 sums
     # measure what the block kernels' own rounding alone makes of a ring (the GPU tests)
     acc: torch.dtype = torch.float32
-    packing = None  # no packed documents (a class attribute, as BlockCall's property)
+    plan: KvPlan | None = None  # packed documents: every block's segments (packed/kv_plan.py)
+
+    @property
+    def packing(self) -> Hashable:
+        """A packed call's agreed layout and documents (None: not packed), as BlockCall's."""
+        return None if self.plan is None else self.plan.packing
 
     def graph_key(self) -> tuple:
         """What a captured graph of this call bakes in besides the ring's agreed value and the
         tensors' signature (training/run.py)."""
         return ("kv", self.pair, self.layout.name, self.scale, self.causal, self.by_heads,
-                self.acc)  # fmt: skip
+                self.acc, self.plan)  # fmt: skip
+
+    def mask(self, rank: int, step: int, half: int):
+        """The kernel's mask argument for `rank`'s block of `half` at `step` (0: the diagonal):
+        the causal flag (only the diagonal is masked), or the block's segments when packed
+        (() : the block is not run)."""
+        if self.plan is None:
+            return self.causal and step == 0
+        return self.plan.block(rank, step, half)
 
     def heads(self, x: torch.Tensor, half: int) -> torch.Tensor:
         """x's heads that go with a half (all of them for token halves): q, out, dO or K/V."""
