@@ -263,8 +263,8 @@ class RingConfig:
         False,
         "`1`: training (and causal) calls run each rank's own block (step 0) on half of its "
         "K/V heads after posting the last return, so that transfer travels behind it in the "
-        "forward and the backward; same results (ring/training/hold_back.py; not with packed documents "
-        "or one K/V head)",
+        "forward and the backward; same results (ring/training/hold_back.py; not with packed "
+        "documents or one K/V head)",
         _flag,
     )
     # Agreed across the ring (the header's CUDA-graphs field): a capture is collective.

@@ -82,9 +82,9 @@ REFUSED = [
 
 def _recorder():
     """Wrap call.agree: every prepared call's header and agreed ring, in call order."""
-    from tokenring_xdit.ring.seam import prepare as call_mod
     from tokenring_xdit.ring.agree.header import call_header
     from tokenring_xdit.ring.agree.problems import Problem
+    from tokenring_xdit.ring.seam import prepare as call_mod
 
     records, agree = [], call_mod.agree
 

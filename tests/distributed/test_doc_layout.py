@@ -52,9 +52,9 @@ def _draw(n: int, i: int, seed=SEED, unit: int = 2, split: str = "documents") ->
 
 
 def _case(rank: int, n: int, c: dict) -> dict:
-    import torch
-
     from dataclasses import replace
+
+    import torch
 
     from tokenring_xdit import make_split, shard, shard_positions
     from tokenring_xdit.ring.api import token_ring_attn

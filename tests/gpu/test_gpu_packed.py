@@ -109,8 +109,8 @@ def test_cudnn_per_segment_is_offered_by_name():
 @pytest.mark.parametrize("kv_heads", [8, 2])
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
 def test_document_pairs_match_exact(name, kv_heads, layout):
-    from tokenring_xdit.ring.segments import Segment
     from tokenring_xdit.ring.kernels import gqa_pair, row_delta, segments_mask
+    from tokenring_xdit.ring.segments import Segment
     from tokenring_xdit.ring.tensor_layout import get_layout
 
     lay, dev, dtype, d = get_layout(layout), torch.device("cuda"), torch.bfloat16, 128
@@ -152,12 +152,12 @@ def test_thread_ring_with_documents_matches_exact(n, causal, name, split):
     document in 2N pieces: a query piece meets two key pieces in one block, merged) or
     contiguous shards (causal: schedules/contiguous.py; not causal: the row's split)."""
     from tests.thread_ring import run_ring
-    from tokenring_xdit.ring.training.backward import block_backward
-    from tokenring_xdit.ring.training.forward import BlockCall, block_forward
     from tokenring_xdit.ring.packed import Documents, doc_plan
-    from tokenring_xdit.ring.tensor_layout import BSHD
     from tokenring_xdit.ring.schedules import block_schedule
     from tokenring_xdit.ring.split.sharding import shard_positions, zigzag_positions
+    from tokenring_xdit.ring.tensor_layout import BSHD
+    from tokenring_xdit.ring.training.backward import block_backward
+    from tokenring_xdit.ring.training.forward import BlockCall, block_forward
 
     rng = random.Random(n * 2 + causal)
     dev, dtype, d, h, total = torch.device("cuda"), torch.bfloat16, 128, 4, 2 * n * 192

@@ -1,5 +1,5 @@
-"""Training calls replayed as CUDA graphs (RingConfig.train_cuda_graph, ring/training/run.py) equal the
-eager calls (marker `gpu`):
+"""Training calls replayed as CUDA graphs (RingConfig.train_cuda_graph, ring/training/run.py)
+equal the eager calls (marker `gpu`):
 
 python -m pytest -m gpu tests/gpu/test_gpu_train_graph.py -q -s -rA
 

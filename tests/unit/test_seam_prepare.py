@@ -9,9 +9,9 @@ import inspect
 import torch
 
 from tokenring_xdit.config import RingConfig
+from tokenring_xdit.ring.api import token_ring_attn
 from tokenring_xdit.ring.seam import compiled_op as compiled  # noqa: F401  (registers tokenring::attn)
 from tokenring_xdit.ring.seam import prepare as call
-from tokenring_xdit.ring.api import token_ring_attn
 
 
 def test_token_ring_attn_keywords_are_the_options():

@@ -12,16 +12,16 @@ import pytest
 import torch
 
 from tokenring_xdit.config import CALL, ENV, RingConfig, scope_of
-from tokenring_xdit.ring.training.block_loop import BlockCall
-from tokenring_xdit.ring.seam.prepare import _graphs
+from tokenring_xdit.ring.agreed_ring import Ring
 from tokenring_xdit.ring.comm import RingPosition
-from tokenring_xdit.ring.packed.doc_split import DOCUMENTS, ROW
-from tokenring_xdit.ring.packed import Documents, doc_plan
 from tokenring_xdit.ring.kernels import PAIRS
 from tokenring_xdit.ring.kernels.wrappers import expanded
-from tokenring_xdit.ring.tensor_layout import BHSD, BSHD
-from tokenring_xdit.ring.agreed_ring import Ring
+from tokenring_xdit.ring.packed import Documents, doc_plan
+from tokenring_xdit.ring.packed.doc_split import DOCUMENTS, ROW
 from tokenring_xdit.ring.schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
+from tokenring_xdit.ring.seam.prepare import _graphs
+from tokenring_xdit.ring.tensor_layout import BHSD, BSHD
+from tokenring_xdit.ring.training.block_loop import BlockCall
 from tokenring_xdit.ring.training.run import BACKWARD, FORWARD, train_graph_key
 
 VAR = "TOKENRING_XDIT_TRAIN_CUDA_GRAPH"

@@ -130,7 +130,6 @@ def _ring_with_sinks(query, key, value, sinks: torch.Tensor, options: dict) -> t
     return add_attention_sink(out, lse, sinks, layout="bhsd")[0]
 
 
-
 def _window_size(sliding_window: int | None, causal: bool, name: str) -> tuple[int, int]:
     """flash-attn's window_size for transformers' `sliding_window` W: its causal masks let a
     query see the W keys kv > q - W up to itself (masking_utils.sliding_window_overlay), i.e.

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..tensor_layout import BHSD, BSHD, Layout
 from ..merge.partials import lse_merge
+from ..tensor_layout import BHSD, BSHD, Layout
 from .standin import row_delta_bhsd
 
 __all__ = [

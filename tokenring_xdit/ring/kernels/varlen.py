@@ -12,12 +12,12 @@ from __future__ import annotations
 import torch
 
 from ...caches import Lru
-from ..segments import Segment, segment_runs
 from ..graph_cache import keep_alive
+from ..segments import Segment, segment_runs
 from ..tensor_layout import BHSD, Layout
-from .standin import out_standin_bhsd
 from .base import Kernel, RowsSeen, empty_partial, merge_rows
 from .sdpa import flash_backward, flash_forward, no_rng
+from .standin import out_standin_bhsd
 
 
 def _rows(x: torch.Tensor, i: int, sl: slice, layout: Layout) -> torch.Tensor:

@@ -9,8 +9,8 @@ layout; documents.py: segments and the `DocPlan`; kv_plan.py: the K/V family's p
 report.py: `document_work`; pack_order.py: a packing order that balances the ranks.
 """
 
-from .claims import claim_count, documents_from_claims, documents_from_position_ids, local_claims
 from ..kernels.names import PRICED
+from .claims import claim_count, documents_from_claims, documents_from_position_ids, local_claims
 from .doc_split import (
     CONTIGUOUS,
     DOCUMENTS,

@@ -17,8 +17,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 
-from ..schedules import block_schedule
 from ..kernels.names import PRICED, KernelName
+from ..schedules import block_schedule
 from .cost import LayoutCost, Work, load_kernels, piece_work, plan_work
 from .doc_split import CONTIGUOUS, DOCUMENTS, ROW
 from .documents import DocPlan, Documents, doc_plan

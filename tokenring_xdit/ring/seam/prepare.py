@@ -2,9 +2,9 @@
 
 `CallOptions` holds what a caller may ask of one call (the keyword arguments of `token_ring_attn`,
 documented on the class); `prepare(q, k, v, options)` turns them into a `PreparedCall`: the call's
-split and its proof (`agree.proof.call_split`), a packed call's kernels priced (ring/packed/), the
-kernel resolved (`kernel_choice.resolve_kernel`), the input check agreed across the ring (`agree`: the
-ring, with a packed call's plan), the loop's call object (schedule, kernel, layout, scale, plan,
+split and its proof (`agree.proof.call_split`), a packed call's kernels priced (ring/packed/),
+the kernel resolved (`kernel_choice.resolve_kernel`), the input check agreed across the ring
+(`agree`: the ring, with a packed call's plan), the loop's call object (schedule, kernel, layout, scale, plan,
 head start) and the settings the runner needs. The eager API (api.py), the training Function
 (function.py) and the torch.compile operator (compiled.py) all call `prepare`, so they cannot drift
 apart. The operator's schema is derived from the fields below: each carries an `OpArg` saying how it
@@ -38,9 +38,9 @@ from ..comm import RingPosition
 from ..head_start import ring_pause_us
 from ..inference.loop import RingCall
 from ..kernels import BlockKernel, SwappedKernel
-from ..schedules import NON_CAUSAL, block_schedule
 from ..packed.kv_plan import kv_plan
 from ..packed.window_plan import window_plan
+from ..schedules import NON_CAUSAL, block_schedule
 from ..schedules.kv_both_ways import split_by_heads
 from ..schedules.window import Window
 from ..split.value import Split
