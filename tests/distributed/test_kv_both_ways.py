@@ -323,7 +323,38 @@ def _worker(rank, n, cases):
         result["traffic"] = {c["name"]: _traffic(c, rank, n, torch) for c in cases}
     if n == 2:
         result["rejections"] = _rejections(rank, torch)
+        result["compiled"] = _compiled(rank, n, torch)
     return result
+
+
+def _compiled(rank, n, torch):
+    """One causal GQA call with travel="kv" under torch.compile (fullgraph, aot_eager) against
+    the same call eager: out and gradients, and the K/V family's kernel count in each pass."""
+    from tokenring_xdit import token_ring_attn
+    from tokenring_xdit.ring.comm import COUNTERS
+
+    case = next(c for c in CASES if c["name"] == "causal-gqa42-heads-bhsd-b2-odd")
+    (q, k, v, do), q_pos, kv_pos = _inputs(case, n, torch)
+    positions = torch.tensor(q_pos[rank])
+
+    def fn(q, k, v):
+        out, _ = token_ring_attn(q, k, v, causal=True, layout="bhsd", positions=positions,
+                                 travel="kv")  # fmt: skip
+        return out * 1.5
+
+    got = {}
+    for name, run in (("eager", fn), ("compiled", torch.compile(fn, fullgraph=True,
+                                                                backend="aot_eager"))):  # fmt: skip
+        loc = [_local(case, torch, x, p, rank).requires_grad_()
+               for x, p in ((q, q_pos), (k, kv_pos), (v, kv_pos))]  # fmt: skip
+        COUNTERS.reset()
+        out = run(*loc)
+        fwd = COUNTERS.kernel_calls
+        out.backward(_local(case, torch, do, q_pos, rank))
+        got[name] = ([out.detach(), *(x.grad for x in loc)], (fwd, COUNTERS.kernel_calls - fwd))
+    diff = max(float((a - b).abs().max()) for a, b in zip(got["eager"][0], got["compiled"][0],
+                                                          strict=True))  # fmt: skip
+    return {"diff": diff, "kernels": {k: x[1] for k, x in got.items()}}
 
 
 def _rejections(rank, torch):
@@ -403,6 +434,14 @@ def test_bad_input_is_one_error_on_every_rank():
                              ("bogus", "travel must be one of")):  # fmt: skip
             got = res["rejections"][name]
             assert got is not None and needle in got, (rank, name, got)
+
+
+def test_compiled_calls_equal_eager_ones():
+    """travel="kv" under torch.compile (one ring operator) runs the K/V family like eager."""
+    for rank, res in enumerate(_launch(2)):
+        got = res["compiled"]
+        assert got["diff"] <= 1e-6, (rank, got)
+        assert got["kernels"] == {"eager": (3, 3), "compiled": (3, 3)}, (rank, got)
 
 
 def _half_elements(case, length: int, half: int) -> int:

@@ -65,3 +65,23 @@ def test_token_ring_model_is_near_the_graphed_measurements():
 def test_unknown_family_is_refused():
     with pytest.raises(ValueError, match="kv_both_ways"):
         train_ms(make_machine(2), "ulysses", TrainShape(8, 8, 64, 256, False), [0, 1])
+
+
+def test_plan_says_what_travels_round_the_best_ring_in_training(capsys):
+    """`plan --train` names what `travel="auto"` moves round the best split with a ring: K/V
+    under GQA, queries for MHA; nothing for a forward-only plan."""
+    import argparse
+
+    from tokenring_xdit.tools import plan_cli
+
+    parser = argparse.ArgumentParser()
+    plan_cli.add_arguments(parser)
+    said = {}
+    for name, flags in (("gqa", "--kv-heads 8 --train"), ("mha", "--train"), ("fwd", "")):
+        args = parser.parse_args(f"--heads 32 --head-dim 128 --tokens 16384 --gpus 4 --causal "
+                                 f"{flags}".split())  # fmt: skip
+        assert plan_cli.run(args) == 0
+        said[name] = [x for x in capsys.readouterr().out.splitlines() if "travel:" in x]
+    assert len(said["gqa"]) == 1 and "K/V both ways round ulysses" in said["gqa"][0]
+    assert len(said["mha"]) == 1 and "queries round ulysses" in said["mha"][0]
+    assert said["fwd"] == []

@@ -136,6 +136,28 @@ def _plot(path: str, choices, title: str) -> None:
     plt.close(fig)
 
 
+def _say_best(choices, why: str, args, spec, tokens: int, batch: int) -> None:
+    """The best split, why, what travels round its ring in training (the call's
+    `travel="auto"` picks it from the same shapes), and how to run it."""
+    from ..planner.plan import diffusers_config, xdit_flags
+
+    best = choices[0]
+    print(f"best: {best.label}")
+    print(f"  why: {why}")
+    ring = next((c for c in choices if c.prediction.ring > 1), None)  # the best with a ring
+    if args.train and ring is not None:
+        from ..planner.kv_both_ways import TrainShape, choose_travel
+
+        p, kv = ring.prediction, args.kv_heads or spec.heads
+        shape = TrainShape(batch * spec.heads // p.ulysses, batch * kv // p.ulysses,
+                           spec.head_dim, tokens // p.ring, args.causal)  # fmt: skip
+        pick, said = choose_travel(shape, p.ring, args.fabric)
+        moved = "K/V both ways" if pick == "kv" else "queries"
+        print(f"  travel:    {moved} round {ring.label}'s ring ({said})")
+    print(f"  xDiT:      {xdit_flags(best)}")
+    print(f"  diffusers: {diffusers_config(best)}")
+
+
 def run(args: argparse.Namespace) -> int:
     if args.validate:
         from ..planner.validate import default_bench_dir, report
@@ -162,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     from ..planner.calibration import load_table
     from ..planner.machine import make_machine
-    from ..planner.plan import diffusers_config, rank_all, reason, xdit_flags
+    from ..planner.plan import rank_all, reason
     from ..planner.workload import Workload
 
     try:
@@ -203,11 +225,7 @@ def run(args: argparse.Namespace) -> int:
             f"{i:2} {c.label:36} {p.ms:9.3f} {c.per_step_ms:9.2f} "
             f"{c.per_step_ms * steps / 1e3:8.3f}{cols}  {p.gpu_ms:.3f}/{p.host_ms:.3f}"
         )
-    best = choices[0]
-    print(f"best: {best.label}")
-    print(f"  why: {reason(choices, tokens, workload)}")
-    print(f"  xDiT:      {xdit_flags(best)}")
-    print(f"  diffusers: {diffusers_config(best)}")
+    _say_best(choices, reason(choices, tokens, workload), args, spec, tokens, batch)
     if args.plot:
         try:
             title = f"{spec.name} {tokens} tokens, {m.describe()}"
