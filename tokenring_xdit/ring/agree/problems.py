@@ -122,7 +122,7 @@ class Problem(IntEnum):
         ),
     )
     SPLIT = 20, "the split does not fit this call: {detail}"
-    WINDOW = 23, "{detail}"  # window_size (schedules/window.py `Window.of` words it)
+    OPTION = 23, "{detail}"  # an agreed option's value refused (seam/prepare.py words it)
     # (21 and 22 were the proofs of packed layouts: a `Split` carries its proof)
 
 

@@ -4,8 +4,8 @@
 documented on the class); `prepare(q, k, v, options)` turns them into a `PreparedCall`: the call's
 split and its proof (`agree.proof.call_split`), a packed call's kernels priced (ring/packed/),
 the kernel resolved (`kernel_choice.resolve_kernel`), the input check agreed across the ring
-(`agree`: the ring, with a packed call's plan), the loop's call object (schedule, kernel, layout, scale, plan,
-head start) and the settings the runner needs. The eager API (api.py), the training Function
+(`agree`: the ring, with a packed call's plan), the loop's call object (schedule, kernel,
+layout, scale, plan, head start) and the settings the runner needs. The eager API (api.py), the training Function
 (function.py) and the torch.compile operator (compiled.py) all call `prepare`, so they cannot drift
 apart. The operator's schema is derived from the fields below: each carries an `OpArg` saying how it
 travels through a graph (its schema type, and how it is turned into that and back), so adding an
@@ -279,11 +279,11 @@ def prepare(
         raise ValueError(f"joint_strategy must be 'front' or 'rear', got {strategy!r}")
     pos = RingPosition.of(options.group)
     grad = needs_grad(q, k, v) if grad is None else grad
-    if options.travel not in TRAVELS:
-        raise ValueError(f"travel must be one of {TRAVELS}, got {options.travel!r}")
-    window, window_problem = _window(options)
+    window, refused = _window(options)
+    if options.travel not in TRAVELS:  # (refused on every rank, by the input check)
+        refused = f"travel must be one of {TRAVELS}, got {options.travel!r}"
     spec, kernel = _spec(q, k, v, options, layout, pos, grad, cfg, validate or cfg.validate,
-                         window, window_problem)  # fmt: skip
+                         window, refused)  # fmt: skip
     train = options.causal or grad or spec.packed or window is not None
     ring = agree(spec, pos, comm=cfg.comm)
     head_start_us = ring_pause_us(cfg.comm_head_start_us, ring.transport)
@@ -320,7 +320,7 @@ def _window(options: CallOptions) -> tuple[Window | None, str]:
 
 
 def _spec(
-    q, k, v, options, layout, pos, grad, cfg, validate, window, window_problem
+    q, k, v, options, layout, pos, grad, cfg, validate, window, refused
 ) -> tuple[CallSpec, KernelChoice]:
     """What this rank asks (the header is made of it) and its kernel: the call's split (and its
     problem), a packed call's kernels priced, the kernel resolved."""
@@ -336,8 +336,8 @@ def _spec(
     )  # fmt: skip
     if kernel.problem or not problem:
         problem, text = kernel.problem, kernel.problem_text
-    if window_problem and not kernel.problem:  # (before the split's: the simpler mistake)
-        problem, text = Problem.WINDOW, window_problem
+    if refused and not kernel.problem:  # (before the split's: the simpler mistake)
+        problem, text = Problem.OPTION, refused
     chunks = options.final_chunks if options.final_chunks is not None else cfg.final_chunks
     scale = options.softmax_scale if options.softmax_scale is not None else q.shape[-1] ** -0.5
     spec = CallSpec(
