@@ -4,12 +4,13 @@
 documented on the class); `prepare(q, k, v, options)` turns them into a `PreparedCall`: the call's
 split and its proof (`agree.proof.call_split`), a packed call's kernels priced (ring/packed/),
 the kernel resolved (`kernel_choice.resolve_kernel`), the input check agreed across the ring
-(`agree`: the ring, with a packed call's plan), the loop's call object (schedule, kernel,
-layout, scale, plan, head start) and the settings the runner needs. The eager API (api.py), the training Function
-(function.py) and the torch.compile operator (compiled.py) all call `prepare`, so they cannot drift
-apart. The operator's schema is derived from the fields below: each carries an `OpArg` saying how it
-travels through a graph (its schema type, and how it is turned into that and back), so adding an
-option is one field here plus where it is used.
+(`agree`: the ring, with a packed call's plan), what travels (travel.py), the loop's call object
+(a BlockCall, a KvCall or a RingCall, with a window's plan where there is one) and the settings
+the runner needs. The eager API (api.py), the training Function and the torch.compile operator
+(compiled_op.py) all call `prepare`, so they cannot drift apart. The operator's schema is derived
+from the fields below: each carries an `OpArg` saying how it travels through a graph (its schema
+type, and how it is turned into that and back), and an option ranks must agree on says so on its
+field (`agreed=`), so adding an option is one field here plus where it is used.
 
 The environment's configuration is read here only (`prepare`: the call's `config`, else
 `config.current()`), and passed down as values.
