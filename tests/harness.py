@@ -127,6 +127,10 @@ def _cases_worker(rank, world_size, fn, progress, cases, envs, group_timeout_s, 
     done = {}
     for case in cases:
         Path(progress, f"rank {rank}").write_text(case)
+        # every rank done with the last case first (the world group's long timeout): a rank that
+        # raised early must not start connecting the case's group, bounded by its short timeout,
+        # while a peer still waits out the last case's deadline (seen: "Connection refused")
+        dist.barrier()
         group = dist.new_group(list(range(world_size)), timeout=timedelta(seconds=group_timeout_s))
         before = dict(os.environ)  # the case may set variables itself too
         os.environ.update(envs.get(case, {}))
