@@ -155,7 +155,6 @@ def call_header(spec: CallSpec, problem: Problem) -> Header:
         return Header(problem=problem)
     q, k, v, layout = spec.q, spec.k, spec.v, spec.layout
     b, s, h, d = layout.dims(q)
-    train = spec.causal or spec.grad or spec.packed
     mode = (Mode.CAUSAL if spec.causal else Mode.NON_CAUSAL) | (
         Mode.GRAD if spec.grad else Mode.NON_CAUSAL
     )
@@ -173,7 +172,7 @@ def call_header(spec: CallSpec, problem: Problem) -> Header:
         validate=VALIDATE_CODES.get(spec.validate, -1),
         transport=TRANSPORT_CODES.get(spec.transport, -1), split=spec.split.code,
         gpu=_gpu_digest(q.device), docs=docs, ndocs=ndocs, wire=storage(q),
-        options=digest(spec.agreed), train_kv_len=k.shape[layout.seq_dim] if train else 0,
+        options=digest(spec.agreed), train_kv_len=k.shape[layout.seq_dim] if spec.train else 0,
     )  # fmt: skip
 
 

@@ -142,6 +142,7 @@ class CallSpec:
     validate: str
     joint_kv: tuple[torch.Tensor, torch.Tensor] | None = None
     grad: bool = False  # autograd wants gradients (the header's mode; prepare decides it)
+    train: bool = False  # the block-schedule path: causal, gradients, packed or a window
     split: Split = Split()  # how the sequence is cut (its documents, or those of doc_positions)
     doc_positions: torch.Tensor | None = None  # packed: this rank's position ids that restart
     problem: Problem = Problem.NONE  # found before the check (the kernel's, the documents')

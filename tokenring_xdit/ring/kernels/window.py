@@ -16,25 +16,23 @@ import torch
 
 from .base import HALF, Kernel
 from .names import WINDOWED, KernelName
-
-FLASH_VARLEN, MASKED = KernelName.FLASH_VARLEN.value, KernelName.MASKED.value
 from .probe import works
 from .registry import DOC_REGISTRY, REGISTRY
 from .wrappers import expanded
 
+FLASH_VARLEN, MASKED = KernelName.FLASH_VARLEN.value, KernelName.MASKED.value
+
 __all__ = ["window_pair", "banded"]
 
 
-def _route(dense: Kernel, band: Kernel, mask) -> Kernel:
+def _route(dense: Kernel, band: Kernel, tall: Kernel | None, mask) -> Kernel:
     """The record a block's mask goes to: the call's own for a causal flag (and for plain
-    segments where it takes segments), the band kernel for any other segments; the exact masked
-    kernel where flash's window would meet a banded segment taller than wide (more queries than
-    keys: on H200, torch 2.11, such a run of packed documents came out wrong, while square and
-    wide ones matched the masked kernel)."""
+    segments where it takes segments), the band kernel for any other segments, `tall` (if
+    any) where a banded segment is taller than wide (`banded` says why)."""
     if isinstance(mask, bool) or (dense.segments and all(s.band is None for s in mask)):
         return dense
-    if band.name.endswith(FLASH_VARLEN) and any(_tall(s) for s in mask):
-        return expanded(DOC_REGISTRY[MASKED])
+    if tall is not None and any(_tall(s) for s in mask):
+        return tall
     return band
 
 
@@ -46,30 +44,38 @@ def _tall(s) -> bool:
 class _Forward:
     dense: Kernel
     band: Kernel
+    tall: Kernel | None
 
     def __call__(self, q, k, v, scale, layout, mask):
-        return _route(self.dense, self.band, mask).forward(q, k, v, scale, layout, mask)
+        record = _route(self.dense, self.band, self.tall, mask)
+        return record.forward(q, k, v, scale, layout, mask)
 
 
 @dataclass(frozen=True)
 class _Backward:
     dense: Kernel
     band: Kernel
+    tall: Kernel | None
 
     def __call__(self, dout, q, k, v, out, lse, delta, scale, layout, mask):
-        record = _route(self.dense, self.band, mask)
+        record = _route(self.dense, self.band, self.tall, mask)
         return record.backward(dout, q, k, v, out, lse, delta, scale, layout, mask)
 
 
 @functools.lru_cache(maxsize=64)
 def banded(dense: Kernel, band: Kernel) -> Kernel:
     """`dense` for the blocks the window leaves alone, `band` (K/V expanded per block where a
-    call has fewer K/V heads: a no-op otherwise) for its segments."""
+    call has fewer K/V heads: a no-op otherwise) for its segments. Flash's window on a banded
+    segment taller than wide (more queries than keys) came out wrong on H200, torch 2.11 (a run
+    of packed documents; square and wide ones matched the masked kernel): those blocks run the
+    exact masked kernel instead, chosen here once."""
+    tall = expanded(DOC_REGISTRY[MASKED]) if band.name == FLASH_VARLEN else None
     band = expanded(band)
     return dataclasses.replace(
-        dense, name=f"{dense.name}+window:{band.name}", forward=_Forward(dense, band),
-        backward=_Backward(dense, band), deterministic=dense.deterministic and band.deterministic,
-        deterministic_backward=None, segments=True, bands=True,
+        dense, name=f"{dense.name}+window:{band.name}", forward=_Forward(dense, band, tall),
+        backward=_Backward(dense, band, tall),
+        deterministic=dense.deterministic and band.deterministic, deterministic_backward=None,
+        segments=True, bands=True,
     )  # fmt: skip
 
 

@@ -285,7 +285,7 @@ def prepare(
         refused = f"travel must be one of {TRAVELS}, got {options.travel!r}"
     spec, kernel = _spec(q, k, v, options, layout, pos, grad, cfg, validate or cfg.validate,
                          window, refused)  # fmt: skip
-    train = options.causal or grad or spec.packed or window is not None
+    train = spec.train
     ring = agree(spec, pos, comm=cfg.comm)
     head_start_us = ring_pause_us(cfg.comm_head_start_us, ring.transport)
     if train and resolve_travel(options.travel, ring, spec, window is not None) == "kv":
@@ -329,9 +329,9 @@ def _spec(
     split, problem, text = call_split(options, pos.rank, pos.size, q_len)
     by_ids = options.position_ids if split.docs is None else None  # documents from claims
     packed = split.docs is not None or by_ids is not None
+    train = options.causal or grad or packed or window is not None  # the block-schedule path
     kernel = resolve_kernel(
-        options.kernel, options.kernel_key, q, k, v, layout,
-        train=options.causal or grad or packed or window is not None,
+        options.kernel, options.kernel_key, q, k, v, layout, train=train,
         deterministic=options.deterministic, packed=packed,
         order=_priced(split, options, pos.size) if packed else (), windowed=window is not None,
     )  # fmt: skip
@@ -344,8 +344,7 @@ def _spec(
     spec = CallSpec(
         q=q, k=k, v=v, layout=layout, causal=options.causal, chunks=chunks, scale=scale,
         kernel=digest(kernel.family), family=kernel.family, validate=validate,
-        graphs=_graphs(options.cuda_graph, cfg, options.causal or grad or packed or
-                       window is not None, kernel.key),
+        graphs=_graphs(options.cuda_graph, cfg, train, kernel.key), train=train,
         joint_kv=options.joint_kv, grad=grad, split=split, doc_positions=by_ids, problem=problem,
         detail=text, transport=cfg.transport, timeout=cfg.timeout,
         agreed=_agreed(options),
