@@ -36,6 +36,21 @@ def window_mask(total: int, window_size, causal: bool, bounds=None) -> torch.Ten
     return keep
 
 
+def reference(q, k, v, do, window_size, causal: bool, bounds=None) -> list[torch.Tensor]:
+    """[out, dq, dk, dv] of fp64 attention of the whole sequence under the window's mask (within
+    documents), by autograd; (b, h, S, d) tensors on their device, GQA by repeating K/V heads."""
+    ref_in = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    total, d = q.shape[2], q.shape[3]
+    mask = window_mask(total, window_size, causal, bounds).to(q.device)
+    g = q.shape[1] // k.shape[1]
+    kk, vv = (x.repeat_interleave(g, dim=1) for x in ref_in[1:])
+    scores = (ref_in[0] @ kk.transpose(-1, -2) * d**-0.5).masked_fill(~mask, float("-inf"))
+    p = torch.softmax(scores, -1).nan_to_num(0.0)  # rows that see nothing: 0
+    ref = p @ vv
+    ref.backward(do.double())
+    return [ref.detach(), *(x.grad for x in ref_in)]
+
+
 class CountingLane(ThreadLane):
     """A thread lane that counts the posts that send something, per payload kind."""
 
@@ -77,10 +92,12 @@ def run_counted(n: int, rank_fn) -> tuple[list, dict]:
 
 
 def window_case(n, causal, split, local, window_size, *, bounds=None, b=1, h=2, h_kv=None, d=8,
-                dtype=torch.float64, pair=None, seed=0, device="cpu"):  # fmt: skip
+                dtype=torch.float64, pair=None, seed=0, device="cpu",
+                acc=torch.float32):  # fmt: skip
     """Forward + backward of every rank of a windowed call vs fp64 autograd of the whole
     sequence. Returns (max errors {out, dq, dk, dv} (abs / max(|ref|, 1)), counts of the run,
-    the plan). `pair`: the call's own kernel record (default: the masked one)."""
+    the plan). `pair`: the call's own kernel record (default: the masked one); `acc`: what the
+    ring sums partials and gradients in (`BlockCall.acc`; fp64: its block kernels' own error)."""
     from tokenring_xdit.ring.comm import COUNTERS
     from tokenring_xdit.ring.kernels import MASKED, gqa_pair, window_pair
     from tokenring_xdit.ring.packed import Documents
@@ -97,19 +114,12 @@ def window_case(n, causal, split, local, window_size, *, bounds=None, b=1, h=2, 
     pair = window_pair(pair or MASKED, dev, dtype, d, d)
     if h_kv is not None:  # (as resolve_kernel: the probe decides native or expanded K/V)
         pair = gqa_pair(pair, dev, dtype, d, d)
-    call = BlockCall(schedule=plan.schedule, pair=pair, layout=BSHD, scale=d**-0.5, plan=plan)
+    call = BlockCall(schedule=plan.schedule, pair=pair, layout=BSHD, scale=d**-0.5, plan=plan,
+                     acc=acc)  # fmt: skip
     gen = torch.Generator().manual_seed(seed)
     heads = (h, h_kv or h, h_kv or h, h)
     q, k, v, do = (torch.randn(b, hh, total, d, generator=gen, dtype=torch.float64) for hh in heads)
-    ref_in = [x.clone().requires_grad_() for x in (q, k, v)]
-    mask = window_mask(total, window_size, causal, bounds)
-    g = h // (h_kv or h)
-    kk, vv = (x.repeat_interleave(g, dim=1) for x in ref_in[1:])
-    scores = (ref_in[0] @ kk.transpose(-1, -2) * d**-0.5).masked_fill(~mask, float("-inf"))
-    p = torch.softmax(scores, -1).nan_to_num(0.0)  # rows that see nothing: 0
-    ref = p @ vv
-    ref.backward(do)
-    refs = [ref.detach(), *(x.grad for x in ref_in)]
+    refs = reference(q, k, v, do, window_size, causal, bounds)
     pos = positions(total, n, causal, split)
 
     def rank_fn(ring):

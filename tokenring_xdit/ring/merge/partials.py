@@ -11,7 +11,7 @@ from ..tensor_layout import Layout
 class PartialMerge:
     """Accumulates (out, lse) partials of the same queries against disjoint key blocks.
 
-    The math is always fp32: new_lse = logaddexp(lse, block_lse) and each side weighs
+    The math is fp32 (`acc`): new_lse = logaddexp(lse, block_lse) and each side weighs
     exp(its_lse - new_lse) (= sigmoid(block_lse - lse) for the block: the stable form of
     zhuzilin/ring-flash-attention#34). Storage follows the work left: with more than one merge to
     come the running out is an fp32 accumulator; the last merge of each query (`last=True`)
@@ -32,18 +32,20 @@ class PartialMerge:
         into: tuple[torch.Tensor, torch.Tensor] | None = None,
         owned: bool = False,
         in_place: bool = False,
+        acc: torch.dtype = torch.float32,
     ):
         """`into`: (out, lse) views the result is written to (rows of a larger output).
         `owned`: block_out/block_lse are fresh buffers the merge may keep (no copy: fp32, or
         the caller's dtype with one update); they may hold empty rows (lse -inf) that two empty
         partials must leave empty, not NaN. `in_place` (one update): the last merges write into
-        block_out itself, so rows that no partial reaches keep their start."""
-        self.layout = layout
+        block_out itself, so rows that no partial reaches keep their start. `acc`: what the
+        math and the running out use (fp64: a ring measuring its kernels' own error; torch ops)."""
+        self.layout, self.acc = layout, acc
         self.dtype = out_dtype or block_out.dtype
         self._empty_rows = owned
         self._in_place = in_place
         many = updates is None or updates > 1
-        self.out = block_out if owned or not many else block_out.to(torch.float32, copy=True)
+        self.out = block_out if owned or not many else block_out.to(acc, copy=True)
         if into is None:
             self.lse = block_lse if owned else block_lse.to(torch.float32, copy=True)
             self.final: torch.Tensor | None = None
@@ -56,6 +58,7 @@ class PartialMerge:
         # pass instead of five kernels and two fp32 temporaries per merge).
         self._fused = (
             fused
+            and acc == torch.float32
             and block_out.is_cuda
             and (eager_fused or torch.cuda.is_current_stream_capturing())
             and fused_merge.serves(block_out)
@@ -80,7 +83,7 @@ class PartialMerge:
                 self.final = torch.empty_like(self.out, dtype=self.dtype)
             dst = self.final if seq is None else self.layout.seq_slice(self.final, seq)
         else:
-            if self.out.dtype != torch.float32:
+            if self.out.dtype != self.acc:
                 raise RuntimeError("PartialMerge: more merges than announced by `updates`")
             dst = out
         self._merge(dst, lse, out, lse, block_out, block_lse)
@@ -95,7 +98,8 @@ class PartialMerge:
             to = self.layout.to_bhsd
             fused_merge.merge2_bhsd(to(dst), dst_lse, to(a), lse_a, to(b), lse_b)
             return
-        lse_merge(dst, dst_lse, a, lse_a, b, lse_b, self.layout.lse_to_out, self._empty_rows)
+        lse_merge(dst, dst_lse, a, lse_a, b, lse_b, self.layout.lse_to_out, self._empty_rows,
+                  self.acc)  # fmt: skip
 
     def result(self, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(out in `dtype` (default: the announced one), lse fp32 (b, h, s))."""

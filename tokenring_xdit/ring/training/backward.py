@@ -15,6 +15,7 @@ import torch
 from .block_loop import BlockCall, run_blocks
 from ..comm import COUNTERS
 from .hold_back import Piece
+from .kv_halves import acc_dtype
 from ..kernels import row_delta
 from ..kernels.standin import out_standin_bhsd
 from ..agreed_ring import Ring
@@ -62,9 +63,10 @@ class _Backward:
         # position gets at most N contributions; with N = 2 the input dtype's own add (fp32
         # math, one rounding) equals an fp32 sum rounded once, so fp32 sums only from N = 3 on.
         # Held back in part (diagonal.py), the own block is split by heads: no position gets
-        # another term, so the same rule holds.
+        # another term, so the same rule holds. `call.acc` other than fp32 (fp64): at any N.
         self.split = call.own_pieces(q, k)
-        self.acc = torch.float32 if n > 2 else None
+        wide = n > 2 or call.acc != torch.float32
+        self.acc = acc_dtype(q.dtype, call.acc) if wide else None
         self.dq = self.dk = self.dv = None
 
     def travelling(self) -> list[torch.Tensor]:

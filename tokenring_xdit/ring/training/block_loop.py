@@ -49,6 +49,10 @@ class BlockCall:
     plan: BlockPlan | None = None  # packed documents: the per-step segments and skips
     head_start_us: float = 0.0  # pause after a partial's post (ring/head_start.py)
     hold_back: bool = False  # part of the own block runs behind the last return (diagonal.py)
+    # what partials and gradients are summed in (at least: fp64 inputs sum in fp64): fp32 from
+    # ring 3; fp64 sums measure what the block kernels' own rounding alone makes of a ring (the
+    # GPU tests set it, as KvCall.acc)
+    acc: torch.dtype = torch.float32
 
     def own_pieces(self, q: torch.Tensor, k: torch.Tensor) -> Pieces | None:
         """How the own block is split (None: it runs whole at step 0). Local to the rank: the
@@ -71,7 +75,7 @@ class BlockCall:
         by every layer of a step, so its graphs replay per layer (the ring keeps those of its
         last few packings only: graphs.PACKINGS_KEPT)."""
         return (self.schedule.name, self.pair, self.layout.name, self.scale,
-                self.head_start_us, self.hold_back, self.packing)  # fmt: skip
+                self.head_start_us, self.hold_back, self.acc, self.packing)  # fmt: skip
 
     def steps(self, rank: int, n: int) -> tuple[BlockStep, ...]:
         """This rank's rows: the schedule's, or the packed plan's (which may trim what travels,

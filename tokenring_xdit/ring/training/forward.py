@@ -1,9 +1,9 @@
 """The forward of training (and of causal zigzag calls): the block loop with forward payloads.
 
 What travels is the held query part; what comes home is its (out, lse) partial, merged in fp32
-into our own (`merge.PartialMerge`). The loop itself (lanes, steps, document skips, the head
-start) is `block_loop.py`. The no-grad non-causal path keeps using `forward.py` (CUDA graphs,
-the chunked last return, the held-back own block, the fused merge).
+(`BlockCall.acc`) into our own (`merge.PartialMerge`). The loop itself (lanes, steps, document
+skips, the head start) is `block_loop.py`. The no-grad non-causal path keeps using
+`forward.py` (CUDA graphs, the chunked last return, the held-back own block, the fused merge).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import torch
 from .block_loop import BlockCall, run_blocks
 from ..comm import COUNTERS
 from .hold_back import Piece, Pieces
+from .kv_halves import acc_dtype
 from ..kernels import empty_partial
 from ..merge.partials import PartialMerge
 from ..agreed_ring import Ring
@@ -94,14 +95,15 @@ class _Forward:
         # is the same (the start's values are exact in fp32 too; one rounding at the end),
         # without the fp32 copy and its conversion back.
         layout, once = self.call.layout, self.n == 2
-        args = dict(updates=1 if once else None, eager_fused=True, in_place=once)
+        acc = acc_dtype(self.q.dtype, self.call.acc)
+        args = dict(updates=1 if once else None, eager_fused=True, in_place=once, acc=acc)
         if self.split is not None:  # the head piece's heads; the tail's start empty
             if once:  # (at ring 2 the tail writes its heads before the return comes)
                 b, length, h, _ = layout.dims(self.q)
                 out = layout.empty(b, length, h, self.v.shape[3], like=self.q)
                 lse = torch.empty(b, h, length, dtype=torch.float32, device=self.q.device)
             else:
-                out, lse = empty_partial(self.q, self.v, layout, torch.float32)
+                out, lse = empty_partial(self.q, self.v, layout, acc)
             layout.head_slice(out, self.split.head.q).copy_(block[0])
             lse[:, self.split.head.q].copy_(block[1])
             self.merge = PartialMerge(out, lse, layout, self.q.dtype, owned=True, **args)
