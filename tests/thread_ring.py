@@ -80,14 +80,16 @@ def run_ring(n: int, rank_fn) -> list:
 
 
 def ring_case(
-    n, causal, lens, b, h, d, dtype, device, pair, layout, seed=0, hold_back=False, h_kv=None
-):
+    n, causal, lens, b, h, d, dtype, device, pair, layout, seed=0, hold_back=False, h_kv=None,
+    acc=torch.float32,
+):  # fmt: skip
     """Forward + backward of every rank through the loops vs fp64 autograd of the whole sequence.
 
     lens: causal: each rank's half length (zigzag: rank r holds chunks r and 2N-1-r of a
     sequence cut at those lengths); non-causal: each rank's local length (contiguous shards).
     Returns the max errors: out (abs), dq/dk/dv (abs / max |ref|). hold_back: the own block
-    held back in part (ring/training/hold_back.py); h_kv: K/V heads (GQA; default h).
+    held back in part (ring/training/hold_back.py); h_kv: K/V heads (GQA; default h); acc: what
+    the ring sums in (`BlockCall.acc`; fp64: its block kernels' own error).
     """
     from tokenring_xdit.ring.training.backward import block_backward
     from tokenring_xdit.ring.training.forward import BlockCall, block_forward
@@ -124,7 +126,7 @@ def ring_case(
 
     schedule = CAUSAL_ZIGZAG if causal else NON_CAUSAL_BLOCKS
     call = BlockCall(schedule=schedule, pair=pair, layout=layout, scale=d**-0.5,
-                     hold_back=hold_back)  # fmt: skip
+                     hold_back=hold_back, acc=acc)  # fmt: skip
     q_lens = tuple(2 * x for x in lens) if causal else tuple(lens)
 
     def rank_fn(ring):

@@ -52,3 +52,31 @@ def test_thread_ring_held_back_bf16_within_tolerance(n, causal):
     for what, err in held.items():
         assert err <= BF16_TOL[what], (what, held)
         assert err <= 1.05 * base[what], (what, held, base)  # the same terms, the same sums
+
+
+@pytest.mark.parametrize("hold_back", [False, True], ids=["whole", "held-back"])
+def test_thread_ring_fp64_sums(hold_back):
+    """BlockCall.acc = fp64, how the GPU tests measure the block kernels' own error: fp64
+    inputs exact as with the default (which sums fp64 in fp64 too); fp32 inputs as exact, and
+    the sums are not the default's (fp32) somewhere; bf16 inputs meet the GPU tests' bound
+    (within 1.15x of the fp64-sum ring's error, or 4e-3)."""
+    changed = []
+    for n, causal in ((2, True), (3, True), (3, False), (4, True), (4, False)):
+        lens = [48, 40, 56, 64][:n]
+        args = (n, causal, lens, 1, 2, 64)
+        wide = ring_case(*args, torch.float64, "cpu", PAIRS["math"], BSHD, seed=3,
+                         hold_back=hold_back, acc=torch.float64)  # fmt: skip
+        default = ring_case(*args, torch.float64, "cpu", PAIRS["math"], BSHD, seed=3,
+                            hold_back=hold_back)  # fmt: skip
+        assert wide == default and max(wide.values()) <= 2e-5, (n, causal, wide, default)
+        rest = ("cpu", PAIRS["cpu_flash"], BSHD)
+        own, got = (ring_case(*args, dtype, *rest, seed=3, hold_back=hold_back, acc=acc)
+                    for dtype, acc in ((torch.float32, torch.float64),
+                                       (torch.float32, torch.float32)))  # fmt: skip
+        assert max(own.values()) <= 2e-5, (n, causal, own)
+        changed.append(own != got)
+        own, got = (ring_case(*args, torch.bfloat16, *rest, seed=3, hold_back=hold_back, acc=acc)
+                    for acc in (torch.float64, torch.float32))  # fmt: skip
+        for what, err in got.items():
+            assert err <= max(1.15 * own[what], 4e-3), (n, causal, what, got, own)
+    assert any(changed), "fp64 sums gave the fp32 sums' results everywhere"
