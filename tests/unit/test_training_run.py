@@ -118,6 +118,7 @@ def test_keys_differ_wherever_a_captured_graph_would():
         "scale": train_graph_key(ring, _call(scale=0.25), FORWARD, qkv),
         "head start": train_graph_key(ring, _call(head_start_us=10.0), FORWARD, qkv),
         "hold back": train_graph_key(ring, _call(hold_back=True), FORWARD, qkv),
+        "sums": train_graph_key(ring, _call(acc=torch.float64), FORWARD, qkv),
         "ring lengths": train_graph_key(_ring(q_lens=(8, 10)), call, FORWARD, qkv),
         "ring size": train_graph_key(_ring(q_lens=(8, 8, 8)), call, FORWARD, qkv),
         "ring settings": train_graph_key(_ring(settings=(1, 2, 4)), call, FORWARD, qkv),
