@@ -25,6 +25,7 @@ exact kernels (tests).
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import platform
@@ -124,7 +125,10 @@ class _Rank:
                 self.kernel.run_backward(do, q, k, v, own, lse, delta, scale, lay, b.mask)
 
 
-def _kernel_for(shape, dtype, device, kernel: str, train: bool, inference: bool, packed: bool):
+def _kernel_for(
+    shape, dtype, device, kernel: str, train: bool, inference: bool, packed: bool,
+    windowed: bool = False,
+):  # fmt: skip
     from tokenring_xdit.ring.seam.kernel_choice import resolve_kernel
     from tokenring_xdit.ring.tensor_layout import BSHD
 
@@ -132,8 +136,9 @@ def _kernel_for(shape, dtype, device, kernel: str, train: bool, inference: bool,
     q = torch.empty(batch, t, heads, d, dtype=dtype, device=device)
     k = torch.empty(batch, t, kv_heads, d, dtype=dtype, device=device)
     choice = resolve_kernel(
-        kernel, None, q, k, k, BSHD, train=not inference, deterministic=False, packed=packed
-    )
+        kernel, None, q, k, k, BSHD, train=not inference, deterministic=False, packed=packed,
+        windowed=windowed,
+    )  # fmt: skip
     if choice.fn is None:
         raise RuntimeError(f"no kernel for this call: {choice.problem_text}")
     return choice.fn
@@ -145,24 +150,29 @@ def ceiling(
     dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cuda",
     kernel: str = "auto", warmup: int = 1, iters: int = 3, budget_ms: float = 2000.0,
     whole_ms: float | None = None, defer_own: float | None = None, final_chunks: int = 1,
+    window_size: tuple[int, int] | None = None, split: str = "zigzag",
 ) -> dict:  # fmt: skip
     """The kernel ceiling of one (shape, ring degree, mask, pass); see the module docstring.
 
     docs: `documents.Documents` of the whole sequence (packed documents; `causal` says whether
     they are causal inside). whole_ms: the one-GPU time when already known (it does not depend
-    on `ring`). Returns a dict (the JSON row): whole_ms, per-rank kernels-only ms (ranks with
-    the same calls are timed once), the busiest rank and the ceiling."""
+    on `ring`; for a window, its default is the ring's own N = 1 call, one band kernel call).
+    window_size: flash-attn's (left, right), the blocks the window plan's (split: "zigzag" or
+    "contiguous" shards of a causal call). Returns a dict (the JSON row): whole_ms, per-rank
+    kernels-only ms (ranks with the same calls are timed once), the busiest rank and the
+    ceiling; with a window also the busiest rank's calls and ms per kernel (`kernels`)."""
     device = torch.device(device)
     kv_heads = kv_heads or heads
-    packed = docs is not None
-    if tokens % (2 * ring if causal and ring > 1 else ring):
-        raise ValueError(f"{tokens} tokens do not split into zigzag/contiguous shards of {ring}")
-    inference = not uses_block_steps(causal, train, packed)
+    packed, windowed = docs is not None, window_size is not None
+    zigzag = causal and ring > 1 and split == "zigzag"
+    if tokens % (2 * ring if zigzag else ring):
+        raise ValueError(f"{tokens} tokens do not split into {split} shards of {ring}")
+    inference = not uses_block_steps(causal, train, packed, windowed)
     args = dict(causal=causal, train=train, docs=docs, defer_own=defer_own,
-                final_chunks=final_chunks)  # fmt: skip
+                final_chunks=final_chunks, window=window_size, split=split)  # fmt: skip
     t = tokens // ring
     shape = (batch, t, heads, kv_heads, head_dim)
-    fn = _kernel_for(shape, dtype, device, kernel, train, inference, packed)
+    fn = _kernel_for(shape, dtype, device, kernel, train, inference, packed, windowed)
     times = {}
     per_rank = []
     for rank in range(ring if ring > 1 else 0):  # ring 1: the whole sequence, timed below
@@ -184,7 +194,7 @@ def ceiling(
         per_rank = [whole_ms]
     busiest = max(range(ring), key=per_rank.__getitem__)
     name = getattr(fn, "name", None) or getattr(fn, "__name__", type(fn).__name__)
-    return dict(
+    row = dict(
         tokens=tokens, tokens_per_rank=t, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
         batch=batch, ring=ring, mask=mask_name(causal, packed),
         **{"pass": "fwd+bwd" if train else "fwd"},
@@ -194,6 +204,37 @@ def ceiling(
         whole_ms=whole_ms, rank_ms=per_rank, busiest_rank=busiest, busiest_ms=per_rank[busiest],
         ceiling=(whole_ms / ring) / per_rank[busiest] if per_rank[busiest] else None,
     )  # fmt: skip
+    if windowed:
+        row.update(split=split, window_size=list(window_size),
+                   window=window_size[0] + 1 if causal and window_size[0] >= 0 else None)
+        # the record as many K/V heads resolve: no GQA wrapper to see its routing through
+        record = _kernel_for((batch, t, heads, heads, head_dim), dtype, device, kernel, train,
+                             False, packed, True)  # fmt: skip
+        local = t if ring > 1 else tokens
+        run = functools.partial(_Rank, kernel=fn, how=(train, False, ring == 1), dtype=dtype,
+                                shape=(batch, local, heads, kv_heads, head_dim), device=device)
+        times = functools.partial(_timed, device=device, warmup=warmup, iters=iters,
+                                  budget_ms=budget_ms)  # fmt: skip
+        blocks = rank_blocks(max(ring, 1), busiest, local, **args)
+        row["kernels"] = _per_kernel(blocks, record, run, times, row["busiest_ms"])
+    return row
+
+
+def _per_kernel(blocks, record, run, times, busiest_ms: float) -> dict:
+    """{kernel name: {"calls", "segments", "banded" (segments with a band), "ms"}} of one rank's
+    blocks, each kernel's calls timed back to back (the only kernel: the rank's time)."""
+    from tokenring_xdit.ring.kernels.window import runs_block
+
+    groups: dict[str, list] = {}
+    for b in blocks:
+        groups.setdefault(runs_block(record, b.mask).name, []).append(b)
+    out = {}
+    for name, group in groups.items():
+        segs = [s for b in group if not isinstance(b.mask, bool) for s in b.mask]
+        ms = busiest_ms if len(groups) == 1 else times(run(group).run)
+        out[name] = dict(calls=len(group), segments=len(segs),
+                         banded=sum(s.band is not None for s in segs), ms=ms)
+    return out
 
 
 def mask_name(causal: bool, packed: bool) -> str:
