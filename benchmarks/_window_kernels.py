@@ -8,8 +8,8 @@ Kernels (`KERNELS`):
                     (kernels/window.py `banded`);
   flash_varlen_gqa  the same op reading grouped K/V itself (only where K/V heads are fewer; an
                     error is recorded where torch's op refuses them);
-  masked            the exact kernel (kernels/exact.py): dense fp32 scores of the rectangle, so
-                    only where heads x rows x columns stay under `masked_limit`;
+  masked            the exact kernel (kernels/exact.py, K/V expanded): dense fp32 scores of the
+                    rectangle, so only where heads x rows x columns stay under `masked_limit`;
   flex              torch's flex_attention (compiled on CUDA, eager elsewhere) with a block mask
                     made from the band itself (`band_block_mask`: no dense mask at any length).
 
@@ -85,9 +85,9 @@ def _record(name: str):
     from tokenring_xdit.ring.kernels.exact import MASKED
     from tokenring_xdit.ring.kernels.varlen import FLASH_VARLEN
 
-    if name == "flash_varlen":
-        return wrappers.expanded(FLASH_VARLEN)
-    return FLASH_VARLEN if name == "flash_varlen_gqa" else MASKED
+    if name == "flash_varlen_gqa":
+        return FLASH_VARLEN
+    return wrappers.expanded(FLASH_VARLEN if name == "flash_varlen" else MASKED)
 
 
 class Rect:
@@ -153,7 +153,7 @@ def skip_reason(name: str, n_q: int, n_k: int, heads: int, kv_heads: int, device
         return f"skipped: dense scores of {heads} x {n_q} x {n_k} over --masked-limit"
     if name == "flex":
         try:
-            import torch.nn.attention.flex_attention  # noqa: F401
+            from torch.nn.attention import flex_attention  # noqa: F401
         except ImportError as exc:
             return f"skipped: no flex_attention ({exc})"
     return None

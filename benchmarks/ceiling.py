@@ -33,6 +33,7 @@ import random
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -42,6 +43,8 @@ __all__ = ["BlockRun", "ceiling", "documents_of", "main", "rank_blocks", "uses_b
 
 MASKS = ("full", "causal", "packed", "packed-full")
 PASSES = ("fwd", "fwd+bwd")
+SPLITS = ("zigzag", "contiguous")  # a windowed causal call's shards (ring/packed/doc_split.py)
+KERNELS = ("flash_varlen", "flash_varlen_gqa", "masked", "flex")  # _window_kernels.KERNELS
 
 
 def documents_of(spec: str, total: int, seed: int = 0):
@@ -264,6 +267,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-ms", type=float, default=1500.0, help="timed ms per measurement")
     p.add_argument("--time-limit", type=float, help="seconds; start no new shape after them")
     p.add_argument("--out", default="ceiling.json")
+    w = p.add_argument_group("sliding windows (--windows: causal window rows instead of --masks)")
+    w.add_argument("--windows", default="", help="causal windows of W tokens, window_size=(W-1, 0)")
+    w.add_argument("--splits", default="zigzag,contiguous", help="causal shards: zigzag,contiguous")
+    w.add_argument("--whole-kernels", default=",".join(KERNELS),
+                   help="the whole sequence's window kernels; the ceiling takes the fastest")
+    w.add_argument("--band-kernels", default=",".join(KERNELS),
+                   help="kernels timed on the busiest rank's banded segments ('': none)")
+    w.add_argument("--masked-limit", type=float, default=2**27,
+                   help="the exact kernel only where heads x rows x columns stay under this")
     args = p.parse_args(argv)
 
     masks, passes = args.masks.split(","), args.passes.split(",")
@@ -274,6 +286,12 @@ def main(argv: list[str] | None = None) -> int:
         if x not in PASSES:
             p.error(f"--passes: {x!r} is not one of {PASSES}")
     dtype = getattr(torch, args.dtype)
+    for name in filter(None, f"{args.whole_kernels},{args.band_kernels}".split(",")):
+        if name not in KERNELS:
+            p.error(f"--whole-kernels / --band-kernels: {name!r} is not one of {KERNELS}")
+    for split in args.splits.split(","):
+        if split not in SPLITS:
+            p.error(f"--splits: {split!r} is not one of {SPLITS}")
     rows, started = [], time.time()
     meta = dict(
         machine=platform.node(), device=_device_name(args.device), torch=torch.__version__,
@@ -281,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
         command="python -m benchmarks ceiling " + " ".join(sys.argv[1:] if argv is None else argv),
         time=time.strftime("%Y-%m-%d %H:%M"), docs=args.docs,
     )  # fmt: skip
+    if args.windows:
+        _window_sweep(args, dtype, meta, started)
+        return 0
     for tokens, kv, m, pass_ in itertools.product(
         _ints(args.tokens), _ints(args.kv_heads), masks, passes
     ):
@@ -309,10 +330,140 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _write(path: str, meta: dict, rows: list[dict]) -> None:
+def _write(path: str, meta: dict, rows: list[dict], bands: list[dict] | None = None) -> None:
     with open(path, "w") as f:
         f.write('{"meta": ' + json.dumps(meta, indent=1) + ',\n "rows": [\n ')
-        f.write(",\n ".join(json.dumps(r) for r in rows) + "\n]}\n")
+        f.write(",\n ".join(json.dumps(r) for r in rows) + "\n]")
+        if bands is not None:
+            f.write(',\n "bands": [\n ' + ",\n ".join(json.dumps(b) for b in bands) + "\n]")
+        f.write("}\n")
+
+
+def _window_sweep(args, dtype: torch.dtype, meta: dict, started: float) -> None:
+    """The --windows rows: per (tokens, K/V heads, W, pass) the whole sequence on each window
+    kernel, then per split and ring degree the ceiling row (whole_ms: the fastest of them) and
+    the busiest rank's banded segments on each band kernel (`bands`, each shape timed once)."""
+    meta.update(windows=args.windows, splits=args.splits, masked_limit=args.masked_limit)
+    bench = _Bench(args, dtype)
+    rows, splits = [], args.splits.split(",")
+    for tokens, kv, w, pass_ in itertools.product(
+        _ints(args.tokens), _ints(args.kv_heads), _ints(args.windows), args.passes.split(",")
+    ):
+        if args.time_limit and time.time() - started > args.time_limit:
+            meta["stopped"] = f"--time-limit {args.time_limit} s: later shapes not timed"
+            print(meta["stopped"], flush=True)
+            break
+        train = pass_ == "fwd+bwd"
+        why = bench.too_big(tokens, train)
+        if why:
+            meta.setdefault("skipped", []).append(f"S={tokens} kv={kv} W={w} {pass_}: {why}")
+            print(meta["skipped"][-1], flush=True)
+            continue
+        whole = bench.rect(tokens, tokens, (0, w - 1), kv, train, args.whole_kernels)
+        best = _fastest(whole)
+        for split, n in itertools.product(splits, _ints(args.rings)):
+            if tokens % (2 * n if split == "zigzag" and n > 1 else n):
+                continue
+            row = bench.row(tokens, kv, w, train, split, n, best)
+            row.update(whole_kernels_ms=whole, whole_kernel=best[0] if best else row["kernel"])
+            rows.append(row)
+            print(_line(row, time.time() - started), flush=True)
+        _write(args.out, meta, rows, bench.bands)  # after every shape: a killed run keeps them
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+    _write(args.out, meta, rows, bench.bands)
+    print(f"wrote {args.out} ({len(rows)} rows, {len(bench.bands)} band shapes, "
+          f"{time.time() - started:.0f} s)")  # fmt: skip
+
+
+class _Bench:
+    """The window sweep's shared state: its timer, the band shapes timed so far (`bands`)."""
+
+    def __init__(self, args, dtype: torch.dtype) -> None:
+        self.args, self.dtype, self.bands, self._done = args, dtype, [], {}
+        self.timed = functools.partial(_timed, device=torch.device(args.device),
+                                       warmup=args.warmup, iters=args.iters,
+                                       budget_ms=args.budget_ms)  # fmt: skip
+
+    def too_big(self, tokens: int, train: bool) -> str | None:
+        """Why the whole sequence would not fit this GPU's free memory (None: it would)."""
+        if self.args.device != "cuda":
+            return None
+        a = self.args
+        need = _wk().bytes_needed(tokens, tokens, a.heads, a.head_dim, train, self.dtype)
+        free = torch.cuda.mem_get_info()[0]
+        return f"needs ~{need / 2**30:.0f} GiB, {free / 2**30:.0f} free" if need > free else None
+
+    def rect(self, n_q: int, n_k: int, band, kv: int, train: bool, kernels: str) -> dict:
+        """{kernel: ms or why not} of one banded rectangle, timed once per sweep."""
+        key = (n_q, n_k, tuple(band), kv, train, kernels)
+        if key not in self._done:
+            a = self.args
+            self._done[key] = _wk().rect_ms(
+                n_q, n_k, tuple(band), a.heads, kv, a.head_dim, train=train, dtype=self.dtype,
+                device=a.device, kernels=tuple(filter(None, kernels.split(","))),
+                timed=self.timed, masked_limit=a.masked_limit,
+            )  # fmt: skip
+        return self._done[key]
+
+    def row(self, tokens: int, kv: int, w: int, train: bool, split: str, n: int, best) -> dict:
+        a = self.args
+        try:
+            row = ceiling(
+                tokens, a.heads, a.head_dim, n, kv_heads=kv, batch=a.batch, causal=True,
+                train=train, dtype=self.dtype, device=a.device, kernel=a.kernel,
+                warmup=a.warmup, iters=a.iters, budget_ms=a.budget_ms,
+                whole_ms=best[1] if best else None, window_size=(w - 1, 0), split=split,
+            )  # fmt: skip
+        except torch.OutOfMemoryError as exc:
+            if a.device == "cuda":
+                torch.cuda.empty_cache()
+            return dict(tokens=tokens, kv_heads=kv, window=w, split=split, ring=n,
+                        error=str(exc).splitlines()[0][:200],
+                        **{"pass": "fwd+bwd" if train else "fwd"})  # fmt: skip
+        if a.band_kernels:
+            row.update(self._band_fields(row, tokens, kv, w, train, split, n))
+        return row
+
+    def _band_fields(self, row, tokens, kv, w, train, split, n) -> dict:
+        """The busiest rank's banded segments and each band kernel's ms over all of them."""
+        blocks = rank_blocks(n, row["busiest_rank"], tokens // n, causal=True, train=train,
+                             window=(w - 1, 0), split=split)  # fmt: skip
+        counts: dict = {}
+        for b in blocks:
+            for s in () if isinstance(b.mask, bool) else b.mask:
+                if s.band is not None:
+                    shape = (s.q1 - s.q0, s.k1 - s.k0, s.band)
+                    counts[shape] = counts.get(shape, 0) + 1
+        times = {}
+        for n_q, n_k, band in counts:
+            done = len(self._done)
+            times[n_q, n_k, band] = self.rect(n_q, n_k, band, kv, train, self.args.band_kernels)
+            if len(self._done) > done:  # a shape not timed before: one `bands` entry
+                self.bands.append(dict(n_q=n_q, n_k=n_k, band=list(band), heads=self.args.heads,
+                                       kv_heads=kv, **{"pass": row["pass"]},
+                                       ms=times[n_q, n_k, band]))  # fmt: skip
+        total = {}
+        for name in filter(None, self.args.band_kernels.split(",")):
+            each = [(c, times[shape][name]) for shape, c in counts.items()]
+            why = next((ms for _, ms in each if not isinstance(ms, float)), None)
+            total[name] = why if why is not None else sum(c * ms for c, ms in each)
+        segments = [[q, k, *band, c] for (q, k, band), c in counts.items()]
+        return dict(band_segments=segments, band_kernels_ms=total)
+
+
+def _fastest(times: dict):
+    return _wk().fastest(times)
+
+
+def _wk():
+    """benchmarks/_window_kernels.py (this folder on sys.path: the script also runs by path)."""
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import _window_kernels
+
+    return _window_kernels
 
 
 def _device_name(device: str) -> str:
@@ -320,10 +471,13 @@ def _device_name(device: str) -> str:
 
 
 def _line(row: dict, elapsed: float) -> str:
-    c = row["ceiling"]
+    c = row.get("ceiling")
+    mask = row.get("mask", "")
+    if row.get("split"):
+        mask += f" W={row['window']} {row['split']}"
     return (
         f"[{elapsed:5.0f} s] S={row['tokens']:>6} h={row['heads']}/{row['kv_heads']} "
-        f"ring {row['ring']:>2} {row['mask']:<11} {row['pass']:<7} {row['kernel']:<14} "
+        f"ring {row['ring']:>2} {mask:<11} {row['pass']:<7} {row['kernel']:<14} "
         f"whole {row['whole_ms']:9.3f} ms  busiest rank {row['busiest_ms']:9.3f} ms "
         f"({row['blocks']} calls)  ceiling {c:.3f}"
         if c is not None
