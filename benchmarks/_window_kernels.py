@@ -113,7 +113,12 @@ class Rect:
             return self._flex_run()
         from tokenring_xdit.ring.tensor_layout import BSHD
 
-        record, (q, k, v), scale, mask = _record(name), (self.q, self.k, self.v), self.scale, self.mask
+        record, (q, k, v), scale, mask = (
+            _record(name),
+            (self.q, self.k, self.v),
+            self.scale,
+            self.mask,
+        )
 
         def run() -> None:
             out, lse = record.run_forward(q, k, v, scale, BSHD, mask)

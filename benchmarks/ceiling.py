@@ -208,14 +208,23 @@ def ceiling(
         ceiling=(whole_ms / ring) / per_rank[busiest] if per_rank[busiest] else None,
     )  # fmt: skip
     if windowed:
-        row.update(split=split, window_size=list(window_size),
-                   window=window_size[0] + 1 if causal and window_size[0] >= 0 else None)
+        row.update(
+            split=split,
+            window_size=list(window_size),
+            window=window_size[0] + 1 if causal and window_size[0] >= 0 else None,
+        )
         # the record as many K/V heads resolve: no GQA wrapper to see its routing through
         record = _kernel_for((batch, t, heads, heads, head_dim), dtype, device, kernel, train,
                              False, packed, True)  # fmt: skip
         local = t if ring > 1 else tokens
-        run = functools.partial(_Rank, kernel=fn, how=(train, False, ring == 1), dtype=dtype,
-                                shape=(batch, local, heads, kv_heads, head_dim), device=device)
+        run = functools.partial(
+            _Rank,
+            kernel=fn,
+            how=(train, False, ring == 1),
+            dtype=dtype,
+            shape=(batch, local, heads, kv_heads, head_dim),
+            device=device,
+        )
         times = functools.partial(_timed, device=device, warmup=warmup, iters=iters,
                                   budget_ms=budget_ms)  # fmt: skip
         blocks = rank_blocks(max(ring, 1), busiest, local, **args)
@@ -235,8 +244,12 @@ def _per_kernel(blocks, record, run, times, busiest_ms: float) -> dict:
     for name, group in groups.items():
         segs = [s for b in group if not isinstance(b.mask, bool) for s in b.mask]
         ms = busiest_ms if len(groups) == 1 else times(run(group).run)
-        out[name] = dict(calls=len(group), segments=len(segs),
-                         banded=sum(s.band is not None for s in segs), ms=ms)
+        out[name] = dict(
+            calls=len(group),
+            segments=len(segs),
+            banded=sum(s.band is not None for s in segs),
+            ms=ms,
+        )
     return out
 
 
@@ -270,12 +283,22 @@ def main(argv: list[str] | None = None) -> int:
     w = p.add_argument_group("sliding windows (--windows: causal window rows instead of --masks)")
     w.add_argument("--windows", default="", help="causal windows of W tokens, window_size=(W-1, 0)")
     w.add_argument("--splits", default="zigzag,contiguous", help="causal shards: zigzag,contiguous")
-    w.add_argument("--whole-kernels", default=",".join(KERNELS),
-                   help="the whole sequence's window kernels; the ceiling takes the fastest")
-    w.add_argument("--band-kernels", default=",".join(KERNELS),
-                   help="kernels timed on the busiest rank's banded segments ('': none)")
-    w.add_argument("--masked-limit", type=float, default=2**27,
-                   help="the exact kernel only where heads x rows x columns stay under this")
+    w.add_argument(
+        "--whole-kernels",
+        default=",".join(KERNELS),
+        help="the whole sequence's window kernels; the ceiling takes the fastest",
+    )
+    w.add_argument(
+        "--band-kernels",
+        default=",".join(KERNELS),
+        help="kernels timed on the busiest rank's banded segments ('': none)",
+    )
+    w.add_argument(
+        "--masked-limit",
+        type=float,
+        default=2**27,
+        help="the exact kernel only where heads x rows x columns stay under this",
+    )
     args = p.parse_args(argv)
 
     masks, passes = args.masks.split(","), args.passes.split(",")
