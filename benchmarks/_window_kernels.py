@@ -203,12 +203,12 @@ def fastest(times: dict[str, float | str]) -> tuple[str, float] | None:
 
 
 def bytes_needed(n_q: int, n_k: int, heads: int, head_dim: int, train: bool, dtype) -> int:
-    """A rough upper bound of one rectangle's memory: Q, O (dO, dQ) at the query heads, K/V
-    expanded to them (dK/dV in fp32 when folded), bf16/fp16/fp32 elements."""
+    """A rough upper bound of one rectangle's memory: Q and O (dO, dQ) at the query heads, K/V
+    expanded to them (their grads too, and folded in fp32), with a quarter more for slack."""
     e = torch.tensor([], dtype=dtype).element_size()
     q_side = n_q * heads * head_dim * e * (4 if train else 2)
-    k_side = n_k * heads * head_dim * (2 * e + (4 * 4 if train else 0))
-    return math.ceil(1.25 * (q_side + 2 * k_side))
+    k_side = n_k * heads * head_dim * (2 * e + (2 * e + 8 if train else 0))
+    return math.ceil(1.25 * (q_side + k_side))
 
 
 def _sync(device) -> None:
