@@ -20,6 +20,19 @@ N = 1 call). Masks: `full` (non-causal), `causal` (zigzag), `packed` (causal doc
 zigzag shards; the lengths from --docs) and `packed-full` (non-causal documents). Passes: `fwd`
 and `fwd+bwd`. `ceiling()` is the pure entry other benchmarks call; on the CPU it runs with the
 exact kernels (tests).
+
+Sliding windows (`--windows 128,1024,4096`: causal windows window_size=(W - 1, 0), in place of
+--masks): the blocks are the window plan's (ring/packed/window_plan.py) on `--splits` zigzag and
+contiguous shards, run by the record a windowed call resolves (kernels/window.py: the call's
+kernel for blocks the window left alone, torch's flash op with its window arguments for banded
+segments); each row adds the busiest rank's calls and ms per kernel (`kernels`). The one-GPU time
+is the fastest whole-sequence window kernel (`whole_kernels_ms`: flash's window with K/V expanded
+or grouped, flex_attention compiled, the exact kernel where small; _window_kernels.py), and the
+busiest rank's banded segments are timed on each of them too (`band_kernels_ms`; each distinct
+segment once, in the file's `bands`).
+
+    python -m benchmarks ceiling --windows 128,1024,4096 --tokens 32768,65536,131072,262144,524288 \
+        --rings 4,8 --kv-heads 8 --out window_ceiling.json
 """
 
 from __future__ import annotations
