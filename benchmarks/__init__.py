@@ -70,7 +70,8 @@ SWEEPS: dict[str, tuple[str, str]] = {
     "ceiling": (
         "python",
         "the kernel ceiling of a ring: the blocks one rank runs, back to back on one GPU, vs the "
-        "whole sequence / N (fwd and fwd+bwd; full, causal zigzag, packed documents)",
+        "whole sequence / N (fwd and fwd+bwd; full, causal zigzag, packed documents; `--windows`: "
+        "causal sliding windows on zigzag and contiguous shards, each window kernel timed)",
     ),
     "train_ring1": (
         "python",
@@ -110,6 +111,10 @@ SWEEPS: dict[str, tuple[str, str]] = {
     "plot_before_after": (
         "python",
         "plots one change's effect: new / old time per shape from ring_sweep or train_sweep runs",
+    ),
+    "plot_window_ceiling": (
+        "python",
+        "plots ceiling --windows results: the kernel ceiling vs tokens per W, the band kernels' ms",
     ),
 }
 

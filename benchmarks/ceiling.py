@@ -20,11 +20,25 @@ N = 1 call). Masks: `full` (non-causal), `causal` (zigzag), `packed` (causal doc
 zigzag shards; the lengths from --docs) and `packed-full` (non-causal documents). Passes: `fwd`
 and `fwd+bwd`. `ceiling()` is the pure entry other benchmarks call; on the CPU it runs with the
 exact kernels (tests).
+
+Sliding windows (`--windows 128,1024,4096`: causal windows window_size=(W - 1, 0), in place of
+--masks): the blocks are the window plan's (ring/packed/window_plan.py) on `--splits` zigzag and
+contiguous shards, run by the record a windowed call resolves (kernels/window.py: the call's
+kernel for blocks the window left alone, torch's flash op with its window arguments for banded
+segments); each row adds the busiest rank's calls and ms per kernel (`kernels`). The one-GPU time
+is the fastest whole-sequence window kernel (`whole_kernels_ms`: flash's window with K/V expanded
+or grouped, flex_attention compiled, the exact kernel where small; _window_kernels.py), and the
+busiest rank's banded segments are timed on each of them too (`band_kernels_ms`; each distinct
+segment once, in the file's `bands`).
+
+    python -m benchmarks ceiling --windows 128,1024,4096 --tokens 32768,65536,131072,262144,524288 \
+        --rings 4,8 --kv-heads 8 --out window_ceiling.json
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import platform
@@ -32,6 +46,7 @@ import random
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -41,6 +56,8 @@ __all__ = ["BlockRun", "ceiling", "documents_of", "main", "rank_blocks", "uses_b
 
 MASKS = ("full", "causal", "packed", "packed-full")
 PASSES = ("fwd", "fwd+bwd")
+SPLITS = ("zigzag", "contiguous")  # a windowed causal call's shards (ring/packed/doc_split.py)
+KERNELS = ("flash_varlen", "flash_varlen_gqa", "masked", "flex")  # _window_kernels.KERNELS
 
 
 def documents_of(spec: str, total: int, seed: int = 0):
@@ -124,7 +141,10 @@ class _Rank:
                 self.kernel.run_backward(do, q, k, v, own, lse, delta, scale, lay, b.mask)
 
 
-def _kernel_for(shape, dtype, device, kernel: str, train: bool, inference: bool, packed: bool):
+def _kernel_for(
+    shape, dtype, device, kernel: str, train: bool, inference: bool, packed: bool,
+    windowed: bool = False,
+):  # fmt: skip
     from tokenring_xdit.ring.seam.kernel_choice import resolve_kernel
     from tokenring_xdit.ring.tensor_layout import BSHD
 
@@ -132,8 +152,9 @@ def _kernel_for(shape, dtype, device, kernel: str, train: bool, inference: bool,
     q = torch.empty(batch, t, heads, d, dtype=dtype, device=device)
     k = torch.empty(batch, t, kv_heads, d, dtype=dtype, device=device)
     choice = resolve_kernel(
-        kernel, None, q, k, k, BSHD, train=not inference, deterministic=False, packed=packed
-    )
+        kernel, None, q, k, k, BSHD, train=not inference, deterministic=False, packed=packed,
+        windowed=windowed,
+    )  # fmt: skip
     if choice.fn is None:
         raise RuntimeError(f"no kernel for this call: {choice.problem_text}")
     return choice.fn
@@ -145,24 +166,29 @@ def ceiling(
     dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cuda",
     kernel: str = "auto", warmup: int = 1, iters: int = 3, budget_ms: float = 2000.0,
     whole_ms: float | None = None, defer_own: float | None = None, final_chunks: int = 1,
+    window_size: tuple[int, int] | None = None, split: str = "zigzag",
 ) -> dict:  # fmt: skip
     """The kernel ceiling of one (shape, ring degree, mask, pass); see the module docstring.
 
     docs: `documents.Documents` of the whole sequence (packed documents; `causal` says whether
     they are causal inside). whole_ms: the one-GPU time when already known (it does not depend
-    on `ring`). Returns a dict (the JSON row): whole_ms, per-rank kernels-only ms (ranks with
-    the same calls are timed once), the busiest rank and the ceiling."""
+    on `ring`; for a window, its default is the ring's own N = 1 call, one band kernel call).
+    window_size: flash-attn's (left, right), the blocks the window plan's (split: "zigzag" or
+    "contiguous" shards of a causal call). Returns a dict (the JSON row): whole_ms, per-rank
+    kernels-only ms (ranks with the same calls are timed once), the busiest rank and the
+    ceiling; with a window also the busiest rank's calls and ms per kernel (`kernels`)."""
     device = torch.device(device)
     kv_heads = kv_heads or heads
-    packed = docs is not None
-    if tokens % (2 * ring if causal and ring > 1 else ring):
-        raise ValueError(f"{tokens} tokens do not split into zigzag/contiguous shards of {ring}")
-    inference = not uses_block_steps(causal, train, packed)
+    packed, windowed = docs is not None, window_size is not None
+    zigzag = causal and ring > 1 and split == "zigzag"
+    if tokens % (2 * ring if zigzag else ring):
+        raise ValueError(f"{tokens} tokens do not split into {split} shards of {ring}")
+    inference = not uses_block_steps(causal, train, packed, windowed)
     args = dict(causal=causal, train=train, docs=docs, defer_own=defer_own,
-                final_chunks=final_chunks)  # fmt: skip
+                final_chunks=final_chunks, window=window_size, split=split)  # fmt: skip
     t = tokens // ring
     shape = (batch, t, heads, kv_heads, head_dim)
-    fn = _kernel_for(shape, dtype, device, kernel, train, inference, packed)
+    fn = _kernel_for(shape, dtype, device, kernel, train, inference, packed, windowed)
     times = {}
     per_rank = []
     for rank in range(ring if ring > 1 else 0):  # ring 1: the whole sequence, timed below
@@ -184,7 +210,7 @@ def ceiling(
         per_rank = [whole_ms]
     busiest = max(range(ring), key=per_rank.__getitem__)
     name = getattr(fn, "name", None) or getattr(fn, "__name__", type(fn).__name__)
-    return dict(
+    row = dict(
         tokens=tokens, tokens_per_rank=t, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
         batch=batch, ring=ring, mask=mask_name(causal, packed),
         **{"pass": "fwd+bwd" if train else "fwd"},
@@ -194,6 +220,50 @@ def ceiling(
         whole_ms=whole_ms, rank_ms=per_rank, busiest_rank=busiest, busiest_ms=per_rank[busiest],
         ceiling=(whole_ms / ring) / per_rank[busiest] if per_rank[busiest] else None,
     )  # fmt: skip
+    if windowed:
+        row.update(
+            split=split,
+            window_size=list(window_size),
+            window=window_size[0] + 1 if causal and window_size[0] >= 0 else None,
+        )
+        # the record as many K/V heads resolve: no GQA wrapper to see its routing through
+        record = _kernel_for((batch, t, heads, heads, head_dim), dtype, device, kernel, train,
+                             False, packed, True)  # fmt: skip
+        local = t if ring > 1 else tokens
+        run = functools.partial(
+            _Rank,
+            kernel=fn,
+            how=(train, False, ring == 1),
+            dtype=dtype,
+            shape=(batch, local, heads, kv_heads, head_dim),
+            device=device,
+        )
+        times = functools.partial(_timed, device=device, warmup=warmup, iters=iters,
+                                  budget_ms=budget_ms)  # fmt: skip
+        blocks = rank_blocks(max(ring, 1), busiest, local, **args)
+        row["kernels"] = _per_kernel(blocks, record, run, times, row["busiest_ms"])
+    return row
+
+
+def _per_kernel(blocks, record, run, times, busiest_ms: float) -> dict:
+    """{kernel name: {"calls", "segments", "banded" (segments with a band), "ms"}} of one rank's
+    blocks, each kernel's calls timed back to back (the only kernel: the rank's time)."""
+    from tokenring_xdit.ring.kernels.window import runs_block
+
+    groups: dict[str, list] = {}
+    for b in blocks:
+        groups.setdefault(runs_block(record, b.mask).name, []).append(b)
+    out = {}
+    for name, group in groups.items():
+        segs = [s for b in group if not isinstance(b.mask, bool) for s in b.mask]
+        ms = busiest_ms if len(groups) == 1 else times(run(group).run)
+        out[name] = dict(
+            calls=len(group),
+            segments=len(segs),
+            banded=sum(s.band is not None for s in segs),
+            ms=ms,
+        )
+    return out
 
 
 def mask_name(causal: bool, packed: bool) -> str:
@@ -223,6 +293,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-ms", type=float, default=1500.0, help="timed ms per measurement")
     p.add_argument("--time-limit", type=float, help="seconds; start no new shape after them")
     p.add_argument("--out", default="ceiling.json")
+    w = p.add_argument_group("sliding windows (--windows: causal window rows instead of --masks)")
+    w.add_argument("--windows", default="", help="causal windows of W tokens, window_size=(W-1, 0)")
+    w.add_argument("--splits", default="zigzag,contiguous", help="causal shards: zigzag,contiguous")
+    w.add_argument(
+        "--whole-kernels",
+        default=",".join(KERNELS),
+        help="the whole sequence's window kernels; the ceiling takes the fastest",
+    )
+    w.add_argument(
+        "--band-kernels",
+        default=",".join(KERNELS),
+        help="kernels timed on the busiest rank's banded segments ('': none)",
+    )
+    w.add_argument(
+        "--masked-limit",
+        type=float,
+        default=2**27,
+        help="the exact kernel only where heads x rows x columns stay under this",
+    )
     args = p.parse_args(argv)
 
     masks, passes = args.masks.split(","), args.passes.split(",")
@@ -233,6 +322,12 @@ def main(argv: list[str] | None = None) -> int:
         if x not in PASSES:
             p.error(f"--passes: {x!r} is not one of {PASSES}")
     dtype = getattr(torch, args.dtype)
+    for name in filter(None, f"{args.whole_kernels},{args.band_kernels}".split(",")):
+        if name not in KERNELS:
+            p.error(f"--whole-kernels / --band-kernels: {name!r} is not one of {KERNELS}")
+    for split in args.splits.split(","):
+        if split not in SPLITS:
+            p.error(f"--splits: {split!r} is not one of {SPLITS}")
     rows, started = [], time.time()
     meta = dict(
         machine=platform.node(), device=_device_name(args.device), torch=torch.__version__,
@@ -240,6 +335,9 @@ def main(argv: list[str] | None = None) -> int:
         command="python -m benchmarks ceiling " + " ".join(sys.argv[1:] if argv is None else argv),
         time=time.strftime("%Y-%m-%d %H:%M"), docs=args.docs,
     )  # fmt: skip
+    if args.windows:
+        _window_sweep(args, dtype, meta, started)
+        return 0
     for tokens, kv, m, pass_ in itertools.product(
         _ints(args.tokens), _ints(args.kv_heads), masks, passes
     ):
@@ -268,10 +366,140 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _write(path: str, meta: dict, rows: list[dict]) -> None:
+def _write(path: str, meta: dict, rows: list[dict], bands: list[dict] | None = None) -> None:
     with open(path, "w") as f:
         f.write('{"meta": ' + json.dumps(meta, indent=1) + ',\n "rows": [\n ')
-        f.write(",\n ".join(json.dumps(r) for r in rows) + "\n]}\n")
+        f.write(",\n ".join(json.dumps(r) for r in rows) + "\n]")
+        if bands is not None:
+            f.write(',\n "bands": [\n ' + ",\n ".join(json.dumps(b) for b in bands) + "\n]")
+        f.write("}\n")
+
+
+def _window_sweep(args, dtype: torch.dtype, meta: dict, started: float) -> None:
+    """The --windows rows: per (tokens, K/V heads, W, pass) the whole sequence on each window
+    kernel, then per split and ring degree the ceiling row (whole_ms: the fastest of them) and
+    the busiest rank's banded segments on each band kernel (`bands`, each shape timed once)."""
+    meta.update(windows=args.windows, splits=args.splits, masked_limit=args.masked_limit)
+    bench = _Bench(args, dtype)
+    rows, splits = [], args.splits.split(",")
+    for tokens, kv, w, pass_ in itertools.product(
+        _ints(args.tokens), _ints(args.kv_heads), _ints(args.windows), args.passes.split(",")
+    ):
+        if args.time_limit and time.time() - started > args.time_limit:
+            meta["stopped"] = f"--time-limit {args.time_limit} s: later shapes not timed"
+            print(meta["stopped"], flush=True)
+            break
+        train = pass_ == "fwd+bwd"
+        why = bench.too_big(tokens, train)
+        if why:
+            meta.setdefault("skipped", []).append(f"S={tokens} kv={kv} W={w} {pass_}: {why}")
+            print(meta["skipped"][-1], flush=True)
+            continue
+        whole = bench.rect(tokens, tokens, (0, w - 1), kv, train, args.whole_kernels)
+        best = _fastest(whole)
+        for split, n in itertools.product(splits, _ints(args.rings)):
+            if tokens % (2 * n if split == "zigzag" and n > 1 else n):
+                continue
+            row = bench.row(tokens, kv, w, train, split, n, best)
+            row.update(whole_kernels_ms=whole, whole_kernel=best[0] if best else row["kernel"])
+            rows.append(row)
+            print(_line(row, time.time() - started), flush=True)
+        _write(args.out, meta, rows, bench.bands)  # after every shape: a killed run keeps them
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+    _write(args.out, meta, rows, bench.bands)
+    print(f"wrote {args.out} ({len(rows)} rows, {len(bench.bands)} band shapes, "
+          f"{time.time() - started:.0f} s)")  # fmt: skip
+
+
+class _Bench:
+    """The window sweep's shared state: its timer, the band shapes timed so far (`bands`)."""
+
+    def __init__(self, args, dtype: torch.dtype) -> None:
+        self.args, self.dtype, self.bands, self._done = args, dtype, [], {}
+        self.timed = functools.partial(_timed, device=torch.device(args.device),
+                                       warmup=args.warmup, iters=args.iters,
+                                       budget_ms=args.budget_ms)  # fmt: skip
+
+    def too_big(self, tokens: int, train: bool) -> str | None:
+        """Why the whole sequence would not fit this GPU's free memory (None: it would)."""
+        if self.args.device != "cuda":
+            return None
+        a = self.args
+        need = _wk().bytes_needed(tokens, tokens, a.heads, a.head_dim, train, self.dtype)
+        free = torch.cuda.mem_get_info()[0]
+        return f"needs ~{need / 2**30:.0f} GiB, {free / 2**30:.0f} free" if need > free else None
+
+    def rect(self, n_q: int, n_k: int, band, kv: int, train: bool, kernels: str) -> dict:
+        """{kernel: ms or why not} of one banded rectangle, timed once per sweep."""
+        key = (n_q, n_k, tuple(band), kv, train, kernels)
+        if key not in self._done:
+            a = self.args
+            self._done[key] = _wk().rect_ms(
+                n_q, n_k, tuple(band), a.heads, kv, a.head_dim, train=train, dtype=self.dtype,
+                device=a.device, kernels=tuple(filter(None, kernels.split(","))),
+                timed=self.timed, masked_limit=a.masked_limit,
+            )  # fmt: skip
+        return self._done[key]
+
+    def row(self, tokens: int, kv: int, w: int, train: bool, split: str, n: int, best) -> dict:
+        a = self.args
+        try:
+            row = ceiling(
+                tokens, a.heads, a.head_dim, n, kv_heads=kv, batch=a.batch, causal=True,
+                train=train, dtype=self.dtype, device=a.device, kernel=a.kernel,
+                warmup=a.warmup, iters=a.iters, budget_ms=a.budget_ms,
+                whole_ms=best[1] if best else None, window_size=(w - 1, 0), split=split,
+            )  # fmt: skip
+        except torch.OutOfMemoryError as exc:
+            if a.device == "cuda":
+                torch.cuda.empty_cache()
+            return dict(tokens=tokens, kv_heads=kv, window=w, split=split, ring=n,
+                        error=str(exc).splitlines()[0][:200],
+                        **{"pass": "fwd+bwd" if train else "fwd"})  # fmt: skip
+        if a.band_kernels:
+            row.update(self._band_fields(row, tokens, kv, w, train, split, n))
+        return row
+
+    def _band_fields(self, row, tokens, kv, w, train, split, n) -> dict:
+        """The busiest rank's banded segments and each band kernel's ms over all of them."""
+        blocks = rank_blocks(n, row["busiest_rank"], tokens // n, causal=True, train=train,
+                             window=(w - 1, 0), split=split)  # fmt: skip
+        counts: dict = {}
+        for b in blocks:
+            for s in () if isinstance(b.mask, bool) else b.mask:
+                if s.band is not None:
+                    shape = (s.q1 - s.q0, s.k1 - s.k0, s.band)
+                    counts[shape] = counts.get(shape, 0) + 1
+        times = {}
+        for n_q, n_k, band in counts:
+            done = len(self._done)
+            times[n_q, n_k, band] = self.rect(n_q, n_k, band, kv, train, self.args.band_kernels)
+            if len(self._done) > done:  # a shape not timed before: one `bands` entry
+                self.bands.append(dict(n_q=n_q, n_k=n_k, band=list(band), heads=self.args.heads,
+                                       kv_heads=kv, **{"pass": row["pass"]},
+                                       ms=times[n_q, n_k, band]))  # fmt: skip
+        total = {}
+        for name in filter(None, self.args.band_kernels.split(",")):
+            each = [(c, times[shape][name]) for shape, c in counts.items()]
+            why = next((ms for _, ms in each if not isinstance(ms, float)), None)
+            total[name] = why if why is not None else sum(c * ms for c, ms in each)
+        segments = [[q, k, *band, c] for (q, k, band), c in counts.items()]
+        return dict(band_segments=segments, band_kernels_ms=total)
+
+
+def _fastest(times: dict):
+    return _wk().fastest(times)
+
+
+def _wk():
+    """benchmarks/_window_kernels.py (this folder on sys.path: the script also runs by path)."""
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import _window_kernels
+
+    return _window_kernels
 
 
 def _device_name(device: str) -> str:
@@ -279,10 +507,13 @@ def _device_name(device: str) -> str:
 
 
 def _line(row: dict, elapsed: float) -> str:
-    c = row["ceiling"]
+    c = row.get("ceiling")
+    mask = row.get("mask", "")
+    if row.get("split"):
+        mask += f" W={row['window']} {row['split']}"
     return (
         f"[{elapsed:5.0f} s] S={row['tokens']:>6} h={row['heads']}/{row['kv_heads']} "
-        f"ring {row['ring']:>2} {row['mask']:<11} {row['pass']:<7} {row['kernel']:<14} "
+        f"ring {row['ring']:>2} {mask:<11} {row['pass']:<7} {row['kernel']:<14} "
         f"whole {row['whole_ms']:9.3f} ms  busiest rank {row['busiest_ms']:9.3f} ms "
         f"({row['blocks']} calls)  ceiling {c:.3f}"
         if c is not None

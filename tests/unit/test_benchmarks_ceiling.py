@@ -202,3 +202,140 @@ def test_the_sweeps_print_efficiency_and_the_share_of_the_ceiling():
     assert "efficiency" not in rows[2]
     line = train_sweep._efficiency_line(rows)
     assert "token_ring 0.800, ulysses 1.000" in line and "0.889 of its kernel ceiling 0.900" in line
+
+
+# --- sliding windows -------------------------------------------------------------------------
+
+WINDOW_CASES = [
+    (n, split, left)
+    for n in (2, 3, 4)
+    for split in ("zigzag", "contiguous")
+    for left in (3, 12, 40)  # inside a chunk, across a shard, wider than two shards
+]
+
+
+def _window_ring_calls(n: int, rank: int, t: int, window, split: str, train: bool) -> list:
+    """The kernel calls rank `rank` makes in a windowed call, from the ring's own loops and
+    the window plan the call's preparation builds."""
+    from tokenring_xdit.ring.kernels.window import banded
+    from tokenring_xdit.ring.packed.window_plan import window_plan
+    from tokenring_xdit.ring.schedules.window import Window
+
+    calls: list = []
+    q, k, v, do = _tensors(t, rank)
+    plan = window_plan(Window.of(window, True), True, (t,) * n, split)
+    call = BlockCall(plan.schedule, _recording(banded(MATH, MASKED), calls), BSHD, D**-0.5, plan)
+    out, lse = block_forward(call, LocalRing(rank, n), (t,) * n, q, k, v)
+    if train:
+        block_backward(call, LocalRing(rank, n), (t,) * n, do, q, k, v, out, lse)
+    return calls
+
+
+@pytest.mark.parametrize("n,split,left", WINDOW_CASES)
+@pytest.mark.parametrize("train", [False, True])
+def test_the_window_probes_blocks_are_the_rings_kernel_calls(n, split, left, train):
+    t = 16
+    for rank in range(n):
+        blocks = rank_blocks(n, rank, t, causal=True, train=train, window=(left, 0), split=split)
+        got = _window_ring_calls(n, rank, t, (left, 0), split, train)
+        assert got == _expected(blocks, train, n), (n, rank, split, left, train)
+
+
+def test_the_window_blocks_are_the_window_plans():
+    # ring 4, contiguous shards of 16, W = 41: rank 0's own block stays a causal flag, the
+    # queries of shard 1 see all its keys (a plain flag), those of shards 2 and 3 a band
+    from tokenring_xdit.ring.packed.window_plan import window_plan
+    from tokenring_xdit.ring.schedules.window import Window
+
+    plan = window_plan(Window(40, 0), True, (16,) * 4, "contiguous")
+    for rank in range(4):
+        blocks = rank_blocks(4, rank, 16, causal=True, train=True, window=(40, 0),
+                             split="contiguous")  # fmt: skip
+        kept = [(st.step, plan.block(rank, st.step)) for st in plan.steps[rank]
+                if st.kernel and plan.block(rank, st.step) != ()]  # fmt: skip
+        assert [(b.step, b.mask) for b in blocks] == kept
+    masks = [b.mask for b in rank_blocks(4, 0, 16, causal=True, train=False, window=(40, 0),
+                                         split="contiguous")]  # fmt: skip
+    assert masks[:2] == [True, False]
+    assert len(masks) == 4 and all(s.band is not None for m in masks[2:] for s in m)
+    # W = 9: shard 3's queries are out of reach of rank 0's keys, the ring skips that block
+    assert len(rank_blocks(4, 0, 16, causal=True, train=False, window=(8, 0),
+                           split="contiguous")) == 2  # fmt: skip
+    with pytest.raises(ValueError, match="windowed call"):
+        rank_blocks(4, 0, 16, causal=True, train=False, split="contiguous")
+
+
+@pytest.mark.parametrize("split", ["zigzag", "contiguous"])
+@pytest.mark.parametrize("train", [False, True])
+def test_the_window_ceiling_counts_each_kernels_calls(split, train):
+    # the busiest rank's calls by kernel: causal flags on the call's kernel (math), the
+    # window's segments on the band kernel (the exact masked one on the CPU); which rank is
+    # busiest is the CPU's timing, the counts hold for any
+    row = ceiling(
+        64, 4, 16, 4, kv_heads=2, causal=True, train=train, dtype=torch.float32, device="cpu",
+        kernel="math", iters=1, budget_ms=1.0, window_size=(40, 0), split=split,
+    )  # fmt: skip
+    blocks = rank_blocks(4, row["busiest_rank"], 16, causal=True, train=train, window=(40, 0),
+                         split=split)  # fmt: skip
+    flags = sum(isinstance(b.mask, bool) for b in blocks)
+    want = {"math": flags, "masked": len(blocks) - flags}
+    got = {name: k["calls"] for name, k in row["kernels"].items()}
+    assert got == {name: c for name, c in want.items() if c}
+    assert row["blocks"] == len(blocks) and row["window"] == 41 and row["split"] == split
+    banded = sum(s.band is not None for b in blocks if not isinstance(b.mask, bool) for s in b.mask)
+    assert sum(k["banded"] for k in row["kernels"].values()) == banded
+    assert row["kernel"] == "math+window:masked" and row["ceiling"] > 0
+
+
+def test_the_cli_writes_window_rows_and_band_shapes(tmp_path):
+    out = tmp_path / "w.json"
+    argv = ["--windows", "8", "--tokens", "64", "--rings", "2,4", "--heads", "2", "--kv-heads",
+            "1", "--head-dim", "8", "--dtype", "float32", "--device", "cpu", "--kernel", "math",
+            "--iters", "1", "--budget-ms", "1", "--passes", "fwd+bwd", "--whole-kernels",
+            "masked,flash_varlen", "--band-kernels", "masked", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    import json
+
+    data = json.loads(out.read_text())
+    rows = data["rows"]
+    assert [(r["split"], r["ring"]) for r in rows] == [
+        ("zigzag", 2), ("zigzag", 4), ("contiguous", 2), ("contiguous", 4)
+    ]  # fmt: skip
+    for r in rows:
+        whole = r["whole_kernels_ms"]
+        assert whole["flash_varlen"].startswith("skipped") and r["whole_kernel"] == "masked"
+        assert r["whole_ms"] == whole["masked"] and r["window_size"] == [7, 0]
+        segs = r["band_segments"]
+        shapes = {(b["n_q"], b["n_k"], *b["band"]) for b in data["bands"]}
+        assert segs and all(tuple(s[:4]) in shapes for s in segs)
+        assert r["band_kernels_ms"]["masked"] > 0
+    assert {b["pass"] for b in data["bands"]} == {"fwd+bwd"}
+    # a shape met by two rows is timed once
+    assert len(data["bands"]) == len({(b["n_q"], b["n_k"], *b["band"]) for b in data["bands"]})
+
+
+def test_flex_block_mask_from_the_band_is_create_block_masks():
+    from _window_kernels import Rect, band_block_mask
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    from tokenring_xdit.ring.kernels.wrappers import expanded
+
+    for n_q, n_k, (lo, hi) in [(300, 300, (0, 37)), (257, 257, (-100, 0)),
+                               (129, 400, (-200, 50)), (200, 130, (None, 5))]:  # fmt: skip
+
+        def visible(b, h, q, k, lo=lo, hi=hi):
+            d = q - k
+            keep = d == d
+            keep = keep & (d >= lo) if lo is not None else keep
+            return keep & (d <= hi) if hi is not None else keep
+
+        ours = band_block_mask(n_q, n_k, (lo, hi), "cpu", block=32)
+        ref = create_block_mask(visible, None, None, n_q, n_k, device="cpu", BLOCK_SIZE=32)
+        assert torch.equal(ours.to_dense(), ref.to_dense())
+        assert torch.equal(ours.full_kv_num_blocks, ref.full_kv_num_blocks)
+        rect = Rect(n_q, n_k, (lo, hi), 4, 2, 16, False, torch.float32, "cpu")
+        qb, kb, vb = (x.transpose(1, 2) for x in (rect.q, rect.k, rect.v))
+        got = flex_attention(qb, kb, vb, block_mask=band_block_mask(n_q, n_k, (lo, hi), "cpu"),
+                             scale=rect.scale, enable_gqa=True)  # fmt: skip
+        want, _ = expanded(MASKED).forward(rect.q, rect.k, rect.v, rect.scale, BSHD, rect.mask)
+        torch.testing.assert_close(got.transpose(1, 2), want, atol=1e-5, rtol=1e-5)

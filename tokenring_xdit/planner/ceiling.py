@@ -73,56 +73,83 @@ class BlockRun:
         return float(sum(s.pairs for s in self.mask))
 
 
-def uses_block_steps(causal: bool, train: bool, packed: bool) -> bool:
-    """Whether the ring runs the call through the block loop (ring/call.prepare: causal, grad
-    or documents) rather than the inference forward (ring/inference/loop.py)."""
-    return causal or train or packed
+def uses_block_steps(causal: bool, train: bool, packed: bool, windowed: bool = False) -> bool:
+    """Whether the ring runs the call through the block loop (ring/seam/prepare: causal, grad,
+    documents or a sliding window) rather than the inference forward (ring/inference/loop.py)."""
+    return causal or train or packed or windowed
 
 
 def rank_blocks(
     n: int, rank: int, tokens_per_rank: int, *, causal: bool, train: bool, docs=None,
-    defer_own: float | None = None, final_chunks: int = 1,
+    defer_own: float | None = None, final_chunks: int = 1, window=None, split: str = "zigzag",
 ) -> list[BlockRun]:  # fmt: skip
     """The kernel calls of `rank` in a ring of `n`, in the ring's order, from its schedules.
     docs: `ring.documents.Documents` of the whole sequence (n * tokens_per_rank tokens);
-    defer_own / final_chunks: RingConfig's (the inference forward's own block and last pieces)."""
-    from ..ring.schedules import CAUSAL_ZIGZAG, NON_CAUSAL, NON_CAUSAL_BLOCKS, chunk_bounds
-    from ..ring.schedules import held_back as held_back_of
+    defer_own / final_chunks: RingConfig's (the inference forward's own block and last pieces);
+    window: flash-attn's `window_size` (left, right) (a causal window of W tokens is
+    (W - 1, 0)): the blocks are the window plan's (ring/packed/window_plan.py: a block the
+    window left alone keeps its causal flag, the others their segments, emptied ones are
+    skipped); split: the window plan's shards of a causal call, "zigzag" or "contiguous"."""
     from ..ring.schedules.blocks import part_len
+    from ..ring.schedules.window import Window
 
     t = tokens_per_rank
-    if not uses_block_steps(causal, train, docs is not None):
-        if n == 1:  # local_forward: one call
-            return [BlockRun(0, t, t, False, True)]
-        held = held_back_of(t, defer_own)  # forward.py: the own block's tail runs last
-        calls = []
-        for st in NON_CAUSAL.steps(rank, n):
-            if st.step == 0:
-                calls.append(BlockRun(0, t - held, t, False, True))
-            elif st.step < n - 1:
-                calls.append(BlockRun(st.step, t, t, False, False))
-            else:  # the last block in pieces, each sent home as it is done
-                pieces = chunk_bounds(t, min(final_chunks, t))
-                calls += [BlockRun(st.step, b - a, t, False, False) for a, b in pieces]
-        if held:
-            calls.append(BlockRun(0, held, t, False, True))
-        return calls
-    schedule = CAUSAL_ZIGZAG if causal else NON_CAUSAL_BLOCKS
-    plan = None
-    if docs is not None:
-        from ..ring.packed import doc_plan
-
-        plan = doc_plan(docs, schedule, (t,) * n)
+    win = Window.of(window, causal) if window is not None else None
+    if win is None and split != "zigzag":
+        raise ValueError(f"split={split!r} is a windowed call's; without a window: 'zigzag'")
+    if not uses_block_steps(causal, train, docs is not None, win is not None):
+        return _inference_blocks(n, rank, t, defer_own, final_chunks)
+    plan, steps = _block_plan(n, rank, t, causal, docs, win, split)
     calls = []
-    for st in schedule.block_steps(rank, n):
+    for st in steps:
         if not st.kernel:
             continue
         mask = st.causal if plan is None else plan.block(rank, st.step)
-        if mask == ():  # documents: nothing to attend, the ring skips the step
+        if mask == ():  # documents or the window: nothing to attend, the ring skips the step
             continue
         q_len, kv_len = part_len(st.q_part, t), part_len(st.kv_part, t)
         calls.append(BlockRun(st.step, q_len, kv_len, mask, st.step == 0))
     return calls
+
+
+def _inference_blocks(n: int, rank: int, t: int, defer_own, final_chunks: int) -> list[BlockRun]:
+    """The inference forward's calls (non-causal, no grad, no documents, no window)."""
+    from ..ring.schedules import NON_CAUSAL, chunk_bounds
+    from ..ring.schedules import held_back as held_back_of
+
+    if n == 1:  # local_forward: one call
+        return [BlockRun(0, t, t, False, True)]
+    held = held_back_of(t, defer_own)  # forward.py: the own block's tail runs last
+    calls = []
+    for st in NON_CAUSAL.steps(rank, n):
+        if st.step == 0:
+            calls.append(BlockRun(0, t - held, t, False, True))
+        elif st.step < n - 1:
+            calls.append(BlockRun(st.step, t, t, False, False))
+        else:  # the last block in pieces, each sent home as it is done
+            pieces = chunk_bounds(t, min(final_chunks, t))
+            calls += [BlockRun(st.step, b - a, t, False, False) for a, b in pieces]
+    if held:
+        calls.append(BlockRun(0, held, t, False, True))
+    return calls
+
+
+def _block_plan(n: int, rank: int, t: int, causal: bool, docs, window, split: str):
+    """(the call's plan or None, this rank's block steps): the window's plan (over the
+    documents' if packed), the documents' plan, or the schedule's own steps."""
+    from ..ring.schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
+
+    if window is not None:  # (ring/packed imports torch: only where a plan is asked for)
+        from ..ring.packed.window_plan import window_plan
+
+        plan = window_plan(window, causal, (t,) * n, split, docs)
+        return plan, plan.steps[rank]
+    schedule = CAUSAL_ZIGZAG if causal else NON_CAUSAL_BLOCKS
+    if docs is None:
+        return None, schedule.block_steps(rank, n)
+    from ..ring.packed import doc_plan
+
+    return doc_plan(docs, schedule, (t,) * n), schedule.block_steps(rank, n)
 
 
 @dataclass(frozen=True)

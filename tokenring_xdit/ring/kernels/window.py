@@ -22,7 +22,7 @@ from .wrappers import expanded
 
 FLASH_VARLEN, MASKED = KernelName.FLASH_VARLEN.value, KernelName.MASKED.value
 
-__all__ = ["window_pair", "banded"]
+__all__ = ["window_pair", "banded", "runs_block"]
 
 
 def _route(dense: Kernel, band: Kernel, tall: Kernel | None, mask) -> Kernel:
@@ -34,6 +34,13 @@ def _route(dense: Kernel, band: Kernel, tall: Kernel | None, mask) -> Kernel:
     if tall is not None and any(_tall(s) for s in mask):
         return tall
     return band
+
+
+def runs_block(record: Kernel, mask) -> Kernel:
+    """The record that runs a block of `mask` in `record`: a `banded` record's choice, any
+    other record itself (read only: benchmarks/ceiling.py times each kernel's blocks apart)."""
+    f = record.forward
+    return _route(f.dense, f.band, f.tall, mask) if isinstance(f, _Forward) else record
 
 
 def _tall(s) -> bool:
