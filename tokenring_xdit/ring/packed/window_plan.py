@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import bisect
 import functools
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 from ..schedules import block_schedule
@@ -97,23 +97,25 @@ def _halves(rank: int, q_lens, causal: bool, split: str, docs: Documents | None)
     return [[g] for g in _local_ranges(rank, q_lens, zigzag)]
 
 
-def _tile_runs(halves, part: str) -> list[tuple[int, int, int]]:
-    """(t0, t1, g0): the `part` tile's rows [t0, t1) hold global positions g0, g0 + 1, ..."""
+Runs = tuple[list[tuple[int, int, int]], list[int], list[int]]
+
+
+def _tile_runs(halves, part: str) -> Runs:
+    """The `part` tile's runs (t0, t1, g0): rows [t0, t1) hold global positions g0, g0 + 1, ...;
+    with the runs' starts and ends (to find a segment's runs by bisection)."""
     runs, t = [], 0
     for half in _part_ranges(halves, part):
         for g0, g1 in half:
             runs.append((t, t + g1 - g0, g0))
             t += g1 - g0
-    return runs
+    return runs, [run[0] for run in runs], [run[1] for run in runs]
 
 
-def _meeting(runs: list[tuple[int, int, int]], t0: int, t1: int) -> Iterator[tuple[int, int, int]]:
+def _meeting(tile: Runs, t0: int, t1: int) -> list[tuple[int, int, int]]:
     """The runs holding some of the tile's rows [t0, t1) (a documents tile has a run per
-    document: a segment meets one or two of them, found by bisection)."""
-    i = bisect.bisect_right(runs, t0, key=lambda run: run[1])
-    while i < len(runs) and runs[i][0] < t1:
-        yield runs[i]
-        i += 1
+    document piece: a segment meets one of them)."""
+    runs, starts, ends = tile
+    return runs[bisect.bisect_right(ends, t0) : bisect.bisect_left(starts, t1)]
 
 
 def _block(window: Window, st: BlockStep, rank: int, halves, inner: DocPlan | None) -> Mask:
@@ -123,7 +125,7 @@ def _block(window: Window, st: BlockStep, rank: int, halves, inner: DocPlan | No
     q_runs = _tile_runs(halves[st.q_owner], st.q_part)
     k_runs = _tile_runs(halves[rank], st.kv_part)
     if inner is None:
-        n_q, n_k = q_runs[-1][1], k_runs[-1][1]
+        n_q, n_k = q_runs[2][-1], k_runs[2][-1]
         base: Mask = st.causal
         segs = (Segment(0, n_q, 0, n_k, st.causal),)
     else:
