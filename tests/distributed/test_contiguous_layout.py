@@ -58,7 +58,7 @@ def _errors(rank: int, n: int) -> dict:
         "zigzag_positions": call(full[:, zig_pos], split=split, positions=zig_pos),
         "unequal": call(full[:, : 3 + (rank == 0)], split=split),
         "dense": call(contig, split=replace(split, docs=None)),
-        "no_documents": lambda: shard(full, causal=True, layout="contiguous"),
+        "no_documents": lambda: shard(full, causal=True, layout="documents"),
     }
     return {name: _try(fn) for name, fn in cases.items()}
 

@@ -63,13 +63,11 @@ def _bounds(case, total):
 
 
 def _split(case, n):
-    """The case's split (make_split); a dense causal contiguous split is one packed document."""
+    """The case's split (make_split; a dense row cut contiguous passes no cu_seqlens)."""
     from tokenring_xdit import make_split
 
     total = case["local"] * n
     cu = _bounds(case, total)
-    if case["causal"] and case["split"] == "contiguous" and cu is None:
-        cu = [0, total]  # (make_split cuts causal contiguous shards of packed rows only)
     return make_split(total, n, causal=case["causal"], cu_seqlens=cu, layout=case["split"])
 
 
