@@ -37,6 +37,7 @@ def _case(name, window, *, causal=True, split="zigzag", h=2, h_kv=2, local=8, do
                 seed=seed)  # fmt: skip
 
 
+_DOCS = dict(split="documents", docs=(3, 8))  # (the documents layout's cases)
 CASES = [
     _case("zigzag-inside-chunk-mha", (2, 0), seed=1),
     _case("zigzag-over-shards-gqa42", (11, 0), h=4, h_kv=2, seed=2),
@@ -51,14 +52,10 @@ CASES = [
     _case(
         "packed-noncausal-gqa42", (3, 2), causal=False, h=4, h_kv=2, local=12, docs=(5, 6), seed=11
     ),
-    _case("documents-inside-piece-gqa42", (1, 0), split="documents", h=4, h_kv=2, local=24,
-          docs=(4, 9), seed=15),  # fmt: skip
-    _case("documents-over-shards-mha", (13, 0), split="documents", local=12, docs=(2, 9),
-          seed=16),  # fmt: skip
-    _case("documents-past-documents-bhsd", (100, 0), split="documents", layout="bhsd", local=12,
-          docs=(3, 8), seed=17),  # fmt: skip
-    _case("documents-noncausal-mha", (3, 2), causal=False, split="documents", local=12,
-          docs=(4, 9), seed=18),  # fmt: skip
+    _case("documents-inside-piece-gqa42", (1, 0), h=4, h_kv=2, local=24, **_DOCS, seed=15),
+    _case("documents-over-shards-mha", (13, 0), local=12, **_DOCS, seed=16),
+    _case("documents-past-documents-bhsd", (100, 0), layout="bhsd", local=12, **_DOCS, seed=17),
+    _case("documents-noncausal-mha", (3, 2), causal=False, local=12, **_DOCS, seed=18),
     _case("bf16-zigzag-gqa42", (5, 0), h=4, h_kv=2, dtype="bfloat16", seed=12),
     _case("bf16-noncausal-mha", (4, 4), causal=False, dtype="bfloat16", seed=13),
     _case("nograd-noncausal-gqa42", (2, 6), causal=False, h=4, h_kv=2, grad=False, seed=14),
