@@ -8,10 +8,14 @@ import torch
 from tests.thread_ring import ThreadLane, ThreadRing, _Mail, run_ring
 
 
-def positions(total: int, n: int, causal: bool, split: str) -> list[list[int]]:
-    """Each rank's global positions: zigzag chunks r and 2N-1-r (a causal row split), else the
-    r-th contiguous shard."""
+def positions(total: int, n: int, causal: bool, split: str, bounds=None) -> list[list[int]]:
+    """Each rank's global positions: zigzag chunks r and 2N-1-r (a causal row split), the
+    documents layout's pieces of the documents `bounds`, else the r-th contiguous shard."""
+    from tokenring_xdit.ring.packed import local_positions
+
     local = total // n
+    if split == "documents":
+        return [local_positions(tuple(bounds), r, n) for r in range(n)]
     if causal and n > 1 and split == "zigzag":
         c = local // 2
         return [[*range(r * c, (r + 1) * c), *range((2 * n - 1 - r) * c, (2 * n - r) * c)]
@@ -120,7 +124,7 @@ def window_case(n, causal, split, local, window_size, *, bounds=None, b=1, h=2, 
     heads = (h, h_kv or h, h_kv or h, h)
     q, k, v, do = (torch.randn(b, hh, total, d, generator=gen, dtype=torch.float64) for hh in heads)
     refs = reference(q, k, v, do, window_size, causal, bounds)
-    pos = positions(total, n, causal, split)
+    pos = positions(total, n, causal, split, bounds)
 
     def rank_fn(ring):
         idx = torch.tensor(pos[ring.rank])

@@ -11,8 +11,8 @@ documents (and `positions=shard_positions(split, rank)`, checked) or without the
 cu_seqlens. Each rank compares out, lse, dq, dk, dv with autograd of exact fp64 attention under
 the document mask on the whole row; its kernel calls and Q transfers equal the plan's
 (`document_work(..., layout="contiguous")`). Bad input (documents that contradict the split,
-positions that are not its shards', unequal shards, a dense causal row in contiguous shards) is
-one error on every rank. One launch per ring size (gloo, CPU).
+positions that are not its shards', unequal shards, a causal contiguous split stripped of its
+documents, the documents layout without cu_seqlens) is one error on every rank. One launch per ring size (gloo, CPU).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def _errors(rank: int, n: int) -> dict:
         "zigzag_positions": call(full[:, zig_pos], split=split, positions=zig_pos),
         "unequal": call(full[:, : 3 + (rank == 0)], split=split),
         "dense": call(contig, split=replace(split, docs=None)),
-        "no_documents": lambda: shard(full, causal=True, layout="contiguous"),
+        "no_documents": lambda: shard(full, causal=True, layout="documents"),
     }
     return {name: _try(fn) for name, fn in cases.items()}
 

@@ -6,7 +6,8 @@ a learned sink logit per head, MoE), Gemma3ForCausalLM text-only (six layers: fi
 full, two rotary bases) and MistralForCausalLM (sliding everywhere), all GQA (4 query heads, 2
 K/V heads). Each takes one step with `attn_implementation="token_ring"` on batches cut by
 `shard_batch` (plain rows, b = 2; packed rows, one row of documents, one crossing the shard
-boundaries; zigzag, and contiguous shards with the window of 10), windows of 3 tokens (inside a
+boundaries; zigzag, contiguous shards with the window of 10, and the documents layout, every
+document in 2N pieces), windows of 3 tokens (inside a
 zigzag chunk: 6 tokens at N = 2, 4 at N = 3) and of 10 (across chunks and ranks). The reference
 is one process with transformers' own attention (eager for GPT-OSS, whose sinks SDPA lacks; SDPA
 otherwise), each packed document run alone: the loss and every parameter's gradient (the sinks'
@@ -16,7 +17,7 @@ included) must match. Only rank 0 runs the references (the ranks' gradients are 
 Guards against passing by accident: the reference's loss under window W + 1, and without the
 sinks, differs from the one compared by well over the bound (an off-by-one in the window mapping
 or a dropped sink would show), the sinks' gradient is well above the comparison's floor. Refused
-on every rank: a window in a non-causal layer, a packed batch cut in the documents layout.
+on every rank: a window in a non-causal layer.
 """
 
 from __future__ import annotations
@@ -98,6 +99,7 @@ def _ring_step(torch, kind, window, rows, compiled=False):
     ids, pos, _ = _batch(torch, rows)
     layout = rows.split("-")[1] if "-" in rows else "auto"
     batch = tr_hf.shard_batch(ids, position_ids=pos, layout=layout)
+    assert layout == "auto" or batch["split"].kind == layout, (layout, batch["split"])
     labels = batch.pop("shift_labels")
     loss = tr_hf.ring_loss(run(**batch).logits, labels)
     loss.backward()
@@ -172,18 +174,12 @@ def _compiled(torch) -> dict:
 
 
 def _refusals(torch) -> dict:
-    """Gemma 3's bidirectional variant: a window in a non-causal layer is refused; a packed
-    batch cut in the documents layout (which a window does not run) is refused saying which
-    layouts to cut it in."""
+    """Gemma 3's bidirectional variant: a window in a non-causal layer is refused."""
     from tokenring_xdit.integrations import transformers as tr_hf
 
     model = _model("gemma3", 3, "token_ring", use_bidirectional_attention=True)
     batch = tr_hf.shard_batch(_batch(torch, "plain")[0], causal=False)
     calls = {"non_causal": lambda: model(**batch)}
-    ids, pos, _ = _batch(torch, "packed-documents")
-    packed = tr_hf.shard_batch(ids, position_ids=pos, layout="documents")
-    packed.pop("shift_labels")
-    calls["documents_layout"] = lambda: _model("mistral", 3, "token_ring")(**packed)
     found = {}
     for name, call in calls.items():
         try:
@@ -208,10 +204,13 @@ def _worker(rank, n):
     return out
 
 
-# every model, window and row kind; and packed rows cut in contiguous shards (the window
-# across the shards)
+# every model, window and row kind; packed rows cut in contiguous shards (the window across
+# the shards) and in the documents layout (a window of 3 against pieces of 2-4 tokens of the
+# long document; of 10, across its pieces on every rank)
 CASES = [f"{k}-w{w}-{r}" for k in MODELS for w in WINDOWS for r in ROWS]
 CASES += [f"{k}-w10-packed-contiguous" for k in MODELS]
+CASES += ["gpt_oss-w3-packed-documents", "gemma3-w10-packed-documents"]
+CASES += ["mistral-w3-packed-documents"]
 
 
 def _parse(case: str) -> tuple[str, int, str]:
@@ -239,13 +238,11 @@ def test_window_models_train_like_one_process(n, case):
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_non_causal_window_and_documents_layout_are_refused_on_every_rank(n):
+def test_non_causal_window_is_refused_on_every_rank(n):
     for rank, res in enumerate(_launch(n)):
         got = res["refusals"]
         assert got["non_causal"].startswith("NotImplementedError"), (rank, got)
         assert "causal attention only" in got["non_causal"], (rank, got)
-        assert got["documents_layout"].startswith("NotImplementedError"), (rank, got)
-        assert "layout='zigzag'" in got["documents_layout"], (rank, got)
 
 
 def test_gpt_oss_sinks_compiled_train_like_eager():

@@ -1,7 +1,9 @@
 """Sliding windows (`window_size=`) through the public call on real gloo ranks, ring 1-4: out, dq,
 dk, dv against autograd of float64 attention over the whole sequence under the window's mask;
-windows inside a shard, over several and past the sequence; causal zigzag and contiguous splits,
-non-causal; MHA and GQA 4/2; packed documents; bf16; no-grad; torch.compile(fullgraph) of a
+windows inside a shard, over several and past the sequence; causal zigzag and contiguous splits
+(a dense row cut contiguous without cu_seqlens), non-causal; MHA and GQA 4/2; packed documents,
+on the row's split and in the documents layout (windows inside a piece, over shards, wider than
+the documents; causal and not); bf16; no-grad; torch.compile(fullgraph) of a
 windowed call (compiled == eager); the kernels each rank runs against the window plan; and bad
 input refused with one clear error on every rank.
 
@@ -27,13 +29,15 @@ BF16_TOL = {"out": 2e-2, "dq": 6e-2, "dk": 6e-2, "dv": 6e-2}
 
 def _case(name, window, *, causal=True, split="zigzag", h=2, h_kv=2, local=8, docs=None,
           layout="bshd", dtype="float32", grad=True, seed=0):  # fmt: skip
-    """split: "zigzag" or "contiguous" (causal; non-causal shards are contiguous); docs:
-    packed documents as cut points inside the sequence (0 and the end are added)."""
+    """split: "zigzag", "contiguous" (causal; non-causal shards are contiguous) or
+    "documents" (packed); docs: packed documents as cut points inside the sequence, in twelfths
+    of it (0 and the end are added)."""
     return dict(name=name, window=window, causal=causal, split=split, h=h, h_kv=h_kv,
                 local=local, docs=docs, layout=layout, dtype=dtype, grad=grad,
                 seed=seed)  # fmt: skip
 
 
+_DOCS = dict(split="documents", docs=(3, 8))  # (the documents layout's cases)
 CASES = [
     _case("zigzag-inside-chunk-mha", (2, 0), seed=1),
     _case("zigzag-over-shards-gqa42", (11, 0), h=4, h_kv=2, seed=2),
@@ -48,6 +52,10 @@ CASES = [
     _case(
         "packed-noncausal-gqa42", (3, 2), causal=False, h=4, h_kv=2, local=12, docs=(5, 6), seed=11
     ),
+    _case("documents-inside-piece-gqa42", (1, 0), h=4, h_kv=2, local=24, **_DOCS, seed=15),
+    _case("documents-over-shards-mha", (13, 0), local=12, **_DOCS, seed=16),
+    _case("documents-past-documents-bhsd", (100, 0), layout="bhsd", local=12, **_DOCS, seed=17),
+    _case("documents-noncausal-mha", (3, 2), causal=False, local=12, **_DOCS, seed=18),
     _case("bf16-zigzag-gqa42", (5, 0), h=4, h_kv=2, dtype="bfloat16", seed=12),
     _case("bf16-noncausal-mha", (4, 4), causal=False, dtype="bfloat16", seed=13),
     _case("nograd-noncausal-gqa42", (2, 6), causal=False, h=4, h_kv=2, grad=False, seed=14),
@@ -63,13 +71,11 @@ def _bounds(case, total):
 
 
 def _split(case, n):
-    """The case's split (make_split); a dense causal contiguous split is one packed document."""
+    """The case's split (make_split; a dense row cut contiguous passes no cu_seqlens)."""
     from tokenring_xdit import make_split
 
     total = case["local"] * n
     cu = _bounds(case, total)
-    if case["causal"] and case["split"] == "contiguous" and cu is None:
-        cu = [0, total]  # (make_split cuts causal contiguous shards of packed rows only)
     return make_split(total, n, causal=case["causal"], cu_seqlens=cu, layout=case["split"])
 
 
@@ -160,13 +166,12 @@ def _compiled(rank, n, torch):
 
 def _rejections(rank, torch):
     """Calls refused on every rank: window_size that differs between ranks, a bad window on one
-    rank (negative, floats), softcap or dropout with a window (token_ring_attn_func), K/V travel
-    with a window, and a window over the documents packed layout."""
+    rank (negative, floats), softcap or dropout with a window (token_ring_attn_func) and K/V
+    travel with a window."""
     import tokenring_xdit as tr
 
     split = tr.make_split(16, 2, causal=True)
     qkv = [torch.randn(1, 8, 2, 8, requires_grad=True) for _ in range(3)]
-    packed = tr.make_split(16, 2, causal=True, cu_seqlens=[0, 7, 16], layout="documents")
     first = rank == 0  # rank 0 asks a good window, rank 1 another or a bad one
     mine = {"differs": (3, 0) if first else (4, 0), "negative": (2, 0) if first else (-2, 0),
             "floats": (2, 0) if first else (2.0, 0)}  # fmt: skip
@@ -177,8 +182,6 @@ def _rejections(rank, torch):
         "dropout": lambda: tr.token_ring_attn_func(*qkv, window_size=(2, 2), dropout_p=0.1),
         "travel-kv": lambda: tr.token_ring_attn(*qkv, causal=True, split=split,
                                                 window_size=(2, 0), travel="kv"),
-        "documents": lambda: tr.token_ring_attn(*qkv, causal=True, split=packed,
-                                                window_size=(2, 0)),
     }  # fmt: skip
     found = {}
     for name, call in calls.items():
@@ -266,7 +269,6 @@ def test_bad_window_is_one_error_on_every_rank():
         "softcap": "softcap=5.0",
         "dropout": "dropout_p=0.1",
         "travel-kv": "window",
-        "documents": "window_size with the 'documents' packed layout",
     }
     for rank, res in enumerate(_launch(2)):
         for name, needle in needles.items():

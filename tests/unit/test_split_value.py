@@ -62,8 +62,21 @@ def test_make_split_names_the_cut_it_makes():
         make_split(14, 2, causal=True)
     with pytest.raises(ValueError, match="pass cu_seqlens="):
         make_split(16, 2, causal=True, layout="documents")
+    with pytest.raises(ValueError, match="multiple of 3"):
+        make_split(16, 3, causal=True, layout="contiguous")
     with pytest.raises(ValueError, match="cu_seqlens ends at 16"):
         make_split(20, 2, causal=True, cu_seqlens=cu)
+
+
+def test_a_dense_row_cuts_contiguous_without_cu_seqlens():
+    """Causal contiguous shards of a dense row: the split holds it as one document, the same
+    split as cu_seqlens=[0, S] gives; a non-causal or one-rank row stays the row's own cut."""
+    dense = make_split(24, 3, causal=True, layout="contiguous")
+    assert dense == make_split(24, 3, causal=True, cu_seqlens=[0, 24], layout="contiguous")
+    assert dense.kind == "contiguous" and dense.docs.bounds == (0, 24)
+    for n, causal in ((3, False), (1, True)):
+        plain = make_split(24, n, causal=causal, layout="contiguous")
+        assert plain.kind == "contiguous" and plain.docs is None, (n, causal)
 
 
 def test_the_header_field_and_the_words():

@@ -46,12 +46,6 @@ _POSITIONS_HINT = (
     "which passes the documents on as cu_seq_lens_q / cu_seq_lens_k)"
 )
 
-_LAYOUT_HINT = (
-    "  (transformers: a model with sliding-window layers takes packed batches cut by "
-    "shard_batch(..., layout='zigzag') or layout='contiguous'; layout='auto' may choose the "
-    "documents layout)"
-)
-
 
 class TokenRingAttention:
     """transformers attention function running TokenRing over `group` (None: default group)."""
@@ -88,10 +82,6 @@ class TokenRingAttention:
                 raise
             # every rank raises this same error; say what it means under transformers
             raise ValueError(f"{exc}\n{_POSITIONS_HINT}") from exc
-        except NotImplementedError as exc:
-            if "'documents' packed layout" not in str(exc):
-                raise
-            raise NotImplementedError(f"{exc}\n{_LAYOUT_HINT}") from exc
         return out.transpose(1, 2), None
 
     def _ring(self, query, key, value, dropout, scaling, causal, positions, cu_seqlens, split,

@@ -85,7 +85,8 @@ def _given(split: Split, docs, by_position_ids: bool, causal: bool, size: int):
     if causal and split.kind == CONTIGUOUS and not packed:
         return split, (
             "causal=True over contiguous shards needs the row's documents (cu_seqlens) to know "
-            "which blocks attend; cut a dense row with make_split(S, N, causal=True) (zigzag)"
+            "which blocks attend; cut a dense row with make_split(S, N, causal=True, "
+            "layout='contiguous') (one document) or make_split(S, N, causal=True) (zigzag)"
         )
     if size > 1 and not causal and split.kind == ZIGZAG and packed:
         return split, (

@@ -11,10 +11,17 @@ stays what it was (the causal flag: the call's dense kernel runs it); an emptied
 and `DocPlan`'s transfer table then drops its return and every hop of a query no later holder
 needs. On contiguous causal shards a travelling query is also cut to the rows its later holders
 reach (`blocks.Rows`), so what travels is bounded by the window, not by the shard.
+
+The documents layout (doc_split.py) runs the same way: its tile is a run per document piece,
+the documents' plan gives each block's segments (one piece against one piece, causal on the
+diagonal), and the window cuts each against the piece's global positions. A window narrower
+than a piece empties the blocks of pieces far apart, and the transfer table stops a query no
+later holder needs.
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
 from collections.abc import Hashable
 from dataclasses import dataclass
@@ -23,7 +30,7 @@ from ..schedules import block_schedule
 from ..schedules.blocks import BlockStep
 from ..schedules.window import ALL_VISIBLE, NONE, Window, band_of, relation
 from ..segments import Segment
-from .doc_split import CONTIGUOUS, DOCUMENTS, ROW
+from .doc_split import CONTIGUOUS, DOCUMENTS, ROW, local_pieces
 from .documents import DocPlan, Documents, _local_ranges, _part_ranges, _trimmed, doc_plan
 
 __all__ = ["WindowPlan", "window_plan"]
@@ -50,19 +57,15 @@ def window_plan(
 ) -> WindowPlan:  # fmt: skip
     """The plan of a call with `window` over shards of `q_lens` tokens cut in layout `split`
     (ring/packed's names: ROW = the zigzag for a causal call, else contiguous shards; CONTIGUOUS:
-    contiguous causal shards), with packed `docs` or dense (None)."""
-    if split == DOCUMENTS:
-        raise NotImplementedError(
-            "window_size with the 'documents' packed layout: use the zigzag or contiguous layout"
-        )
+    contiguous causal shards; DOCUMENTS: every document in 2N pieces, `docs` needed), with
+    packed `docs` or dense (None)."""
     n = len(q_lens)
     schedule = block_schedule(causal, split)
     inner = doc_plan(docs, schedule, q_lens, split) if docs is not None else None
-    zigzag = causal and n > 1 and split == ROW
-    ranges = [_local_ranges(r, q_lens, zigzag) for r in range(n)]
+    halves = [_halves(r, q_lens, causal, split, docs) for r in range(n)]
     steps = tuple(schedule.block_steps(r, n) for r in range(n))
     segments = tuple(
-        tuple(_block(window, st, r, ranges, inner) for st in steps[r]) for r in range(n)
+        tuple(_block(window, st, r, halves, inner) for st in steps[r]) for r in range(n)
     )
     if split == CONTIGUOUS and causal:
         whole = [[_as_segments(m, st, q_lens) for m, st in zip(row, steps[r], strict=True)]
@@ -79,31 +82,58 @@ def _as_segments(mask: Mask, st: BlockStep, q_lens) -> tuple[Segment, ...]:
     return (Segment(0, n_q, 0, n_q, mask),)  # (only its rows count)
 
 
-def _tile_runs(ranges: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
-    """(t0, t1, g0): the tile's rows [t0, t1) hold global positions g0, g0 + 1, ..."""
+def _halves(rank: int, q_lens, causal: bool, split: str, docs: Documents | None):
+    """`rank`'s global ranges in its local order, per half of its shard: a zigzag or documents
+    shard's front and back (a documents half: its non-empty pieces, document by document), or
+    the one whole of a contiguous shard."""
+    if split == DOCUMENTS:
+        if docs is None:
+            raise ValueError("the documents layout needs the row's documents (cu_seqlens)")
+        pieces = local_pieces(docs.bounds, rank, len(q_lens))
+        half = len(pieces) // 2
+        return [[(g0, g1) for _, _, g0, g1 in part if g1 > g0]
+                for part in (pieces[:half], pieces[half:])]  # fmt: skip
+    zigzag = causal and len(q_lens) > 1 and split == ROW
+    return [[g] for g in _local_ranges(rank, q_lens, zigzag)]
+
+
+Runs = tuple[list[tuple[int, int, int]], list[int], list[int]]
+
+
+def _tile_runs(halves, part: str) -> Runs:
+    """The `part` tile's runs (t0, t1, g0): rows [t0, t1) hold global positions g0, g0 + 1, ...;
+    with the runs' starts and ends (to find a segment's runs by bisection)."""
     runs, t = [], 0
-    for g0, g1 in ranges:
-        runs.append((t, t + g1 - g0, g0))
-        t += g1 - g0
-    return runs
+    for half in _part_ranges(halves, part):
+        for g0, g1 in half:
+            runs.append((t, t + g1 - g0, g0))
+            t += g1 - g0
+    return runs, [run[0] for run in runs], [run[1] for run in runs]
 
 
-def _block(window: Window, st: BlockStep, rank: int, ranges, inner: DocPlan | None) -> Mask:
+def _meeting(tile: Runs, t0: int, t1: int) -> list[tuple[int, int, int]]:
+    """The runs holding some of the tile's rows [t0, t1) (a documents tile has a run per
+    document piece: a segment meets one of them)."""
+    runs, starts, ends = tile
+    return runs[bisect.bisect_right(ends, t0) : bisect.bisect_left(starts, t1)]
+
+
+def _block(window: Window, st: BlockStep, rank: int, halves, inner: DocPlan | None) -> Mask:
     """The block of `rank` at `st`: its mask without the window, narrowed by it."""
     if not st.kernel:
         return ()
-    q_runs = _tile_runs(_part_ranges(ranges[st.q_owner], st.q_part))
-    k_runs = _tile_runs(_part_ranges(ranges[rank], st.kv_part))
+    q_runs = _tile_runs(halves[st.q_owner], st.q_part)
+    k_runs = _tile_runs(halves[rank], st.kv_part)
     if inner is None:
-        n_q, n_k = q_runs[-1][1], k_runs[-1][1]
+        n_q, n_k = q_runs[2][-1], k_runs[2][-1]
         base: Mask = st.causal
         segs = (Segment(0, n_q, 0, n_k, st.causal),)
     else:
         base = segs = inner.block(rank, st.step)
     out, changed = [], False
     for s in segs:
-        for q_run in q_runs:
-            for k_run in k_runs:
+        for q_run in _meeting(q_runs, s.q0, s.q1):
+            for k_run in _meeting(k_runs, s.k0, s.k1):
                 piece, same = _piece(window, s, q_run, k_run)
                 changed |= not same
                 if piece is not None:

@@ -65,12 +65,12 @@ def _layout(layout: str, docs: Documents | None, total: int, n: int, causal: boo
     if layout == CONTIGUOUS_LAYOUT and not (causal and n > 1):
         layout = ROW  # contiguous shards of a row that is not causal are the row's split
     if docs is None:
-        if layout in (DOCUMENTS_LAYOUT, CONTIGUOUS_LAYOUT):
+        if layout == DOCUMENTS_LAYOUT:
             raise ValueError(
-                f"layout={layout!r} is for packed rows (a causal call over contiguous shards "
-                "needs their documents to know which blocks attend): pass cu_seqlens="
+                "layout='documents' is for packed rows (every document is cut in 2N pieces): "
+                "pass cu_seqlens= (a dense row is one document: its pieces are the zigzag's)"
             )
-        layout = ROW
+        layout = CONTIGUOUS_LAYOUT if layout == CONTIGUOUS_LAYOUT else ROW
     if layout == "auto":
         _pieces(total, n, causal)  # the error says how far to pad
         return pick_layout(docs, n, causal)
@@ -89,10 +89,13 @@ def make_split(
     2N-1-r of 2N); else N contiguous shards. Packed rows (`cu_seqlens`, offsets in the full
     row) by `layout`: "zigzag" (as above), "documents" (every document in 2N pieces),
     "contiguous" (a causal row in N contiguous shards; `packed.balanced_order(...,
-    split="contiguous")` evens them) or "auto" (the smallest predicted time). The errors say how
+    split="contiguous")` evens them) or "auto" (the smallest predicted time). A dense row may
+    be cut "contiguous" too (causal: the split holds it as one document). The errors say how
     far to pad."""
     docs = None if cu_seqlens is None else Documents.of(cu_seqlens, total=total)
     found = _layout(layout, docs, total, world_size, causal)
+    if found == CONTIGUOUS_LAYOUT and docs is None:
+        docs = Documents((0, total))  # a dense row is one document (which blocks attend)
     if found == DOCUMENTS_LAYOUT:
         kind = DOCUMENTS
     elif found == CONTIGUOUS_LAYOUT or not (causal and world_size > 1):
