@@ -26,7 +26,6 @@ from typing import Any
 import torch
 import wrapt
 
-from ..hosts.xdit_backends import refuse_without_cpu_version
 from .base import PatchSet, check_host_version
 from .table import (
     COORDINATOR,
@@ -133,6 +132,25 @@ def refuse_pipefusion(pp_degree: int) -> None:
             "--pipefusion_parallel_degree 1 and split the ranks with --ulysses_degree / "
             "--ring_degree (or run on GPUs)"
         )
+
+
+# AttentionBackendType names whose kernels run on CPU tensors: torch's SDPA (no lse) and its
+# math path, and SDPA_FLASH (CPU mode's dispatch to torch's CPU flash kernel, which has an lse)
+CPU_BACKENDS = ("SDPA", "SDPA_MATH", "SDPA_FLASH")
+
+
+def refuse_without_cpu_version(backend: str | None) -> None:
+    """ValueError for an explicit --attention_backend with no CPU kernel (None: automatic).
+    xfuser registers its GPU kernels without a device check: `--attention_backend FLASH` on a
+    CPU would end in flash-attn's `NameError: name 'flash_attn_func_2' is not defined`."""
+    if backend is None or backend.upper() in CPU_BACKENDS:
+        return
+    raise ValueError(
+        f"--attention_backend {backend} has no CPU version (tokenring_xdit's CPU mode runs xDiT "
+        "on CPU tensors): leave --attention_backend out (CPU mode then picks SDPA_FLASH, the CPU "
+        "kernel that returns the lse a ring needs) or pass --attention_backend SDPA_FLASH; "
+        "run on GPUs for the others"
+    )
 
 
 def _select_backend(backend_type: Any) -> Callable:
