@@ -34,7 +34,7 @@ from typing import Any, Literal, NamedTuple, get_args
 from ._envflags import AUTOPATCH, ENV_PREFIX, STRICT, misspelled, parse_flag
 from .caches import Seen
 
-__all__ = ["RingConfig", "CommSettings", "ENV", "SCOPES", "current", "scope_of"]
+__all__ = ["RingConfig", "CommSettings", "ENV", "current", "scope_of"]
 
 
 RingImpl = Literal["default", "token_ring", "auto"]
@@ -91,7 +91,6 @@ CALL = "call"  # one ring call (token_ring_attn's entry reads it, or its config=
 COMM = "communicator"  # a ring's communicators, when they are made (CommSettings)
 HOST = "host"  # a host's ring choice: xDiT's and diffusers' adapters (hosts/)
 PATCHING = "patching"  # the patch hooks (patches/)
-SCOPES = (CALL, COMM, HOST, PATCHING)
 
 Parser = Callable[[str | None, str, Any], Any]  # (raw text, variable, default) -> value
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from tests.speed import scaled
-from tokenring_xdit.hosts.xdit_backends import CPU_BACKENDS, refuse_without_cpu_version
+from tokenring_xdit.patches.xfuser_cpu import CPU_BACKENDS, refuse_without_cpu_version
 
 SCRIPT = """
 import json, sys

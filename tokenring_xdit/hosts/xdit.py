@@ -17,9 +17,9 @@ from __future__ import annotations
 import torch
 
 from ..ring.api import attend, reject_unsupported, token_ring_attn_func
-from ..ring.seam.prepare import CallOptions
 from ..ring.kernels import BlockKernel, KeyedKernel, lse_bhs
 from ..ring.kernels.names import KernelName
+from ..ring.seam.prepare import CallOptions
 from .selection import Refusal, raise_refused
 from .yunchang import kernel_for
 
@@ -33,8 +33,8 @@ _COMPILED_KERNELS = {
 
 
 def _compiled_kernel(backend, device_type: str) -> str:
-    """Under torch.compile the block kernel is a name (ring/seam/compiled_op.py): the TokenRing kernel
-    of xDiT's backend family, else (and on CPU) "auto" (the fastest one with an lse)."""
+    """Under torch.compile the block kernel is a name (ring/seam/compiled_op.py): the TokenRing
+    kernel of xDiT's backend family, else (and on CPU) "auto" (the fastest one with an lse)."""
     if device_type != "cuda":
         return "auto"
     return _COMPILED_KERNELS.get(getattr(backend, "__name__", ""), "auto")

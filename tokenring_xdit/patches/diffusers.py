@@ -33,20 +33,6 @@ log = logging.getLogger("diffusers.tokenring_xdit")
 _announced = selection.announced()  # implementations, and `auto`'s signatures, announced
 HOST_RING = "diffusers' own ring"
 
-_CP_PARAMS = (
-    "query",
-    "key",
-    "value",
-    "attn_mask",
-    "dropout_p",
-    "is_causal",
-    "scale",
-    "enable_gqa",
-    "return_lse",
-    "forward_op",
-    "backward_op",
-    "_parallel_config",
-)
 _SETUP_PARAMS = ("self", "rank", "world_size", "device", "mesh")
 
 
@@ -67,6 +53,9 @@ def _cp_arguments(
 ) -> dict:
     """diffusers' arguments by name (same signature as the wrapped function, checked at apply)."""
     return locals()
+
+
+_CP_PARAMS = tuple(inspect.signature(_cp_arguments).parameters)
 
 
 def _announce(impl: str, source: str, call, decision) -> None:

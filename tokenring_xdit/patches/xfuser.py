@@ -123,15 +123,13 @@ def _add_flag(wrapped, instance, args, kwargs):
     return parser
 
 
-def _read_flag_namespace(wrapped, instance, args, kwargs):
-    namespace = args[0] if args else kwargs["args"]
-    selection.set_from_flag(getattr(namespace, "ring_impl_type", None))
-    return wrapped(*args, **kwargs)
-
-
-def _read_flag_dict(wrapped, instance, args, kwargs):
+def _read_flag(wrapped, instance, args, kwargs):
+    """from_cli_args gets an argparse Namespace, from_runner_args a dict."""
     options = args[0] if args else kwargs["args"]
-    selection.set_from_flag(options.get("ring_impl_type"))
+    if isinstance(options, dict):
+        selection.set_from_flag(options.get("ring_impl_type"))
+    else:
+        selection.set_from_flag(getattr(options, "ring_impl_type", None))
     return wrapped(*args, **kwargs)
 
 
@@ -277,18 +275,8 @@ def _build(patches: PatchSet) -> None:
     )
     for name in ("add_cli_args", "add_runner_args"):
         patches.wrapper("xfuser.ring_impl_flag", args_module, f"xFuserArgs.{name}", _add_flag)
-    patches.wrapper(
-        "xfuser.ring_impl_flag_read",
-        args_module,
-        "xFuserArgs.from_cli_args",
-        _read_flag_namespace,
-    )
-    patches.wrapper(
-        "xfuser.ring_impl_flag_read",
-        args_module,
-        "xFuserArgs.from_runner_args",
-        _read_flag_dict,
-    )
+    for name in ("from_cli_args", "from_runner_args"):
+        patches.wrapper("xfuser.ring_impl_flag_read", args_module, f"xFuserArgs.{name}", _read_flag)
     cls = long_ctx.xFuserLongContextAttention
     patches.list_entry(
         "xfuser.long_ctx_kv_cache", cls.ring_impl_type_supported_kv_cache, selection.TOKEN_RING

@@ -26,7 +26,6 @@ from typing import Any
 import torch
 import wrapt
 
-from ..hosts.xdit_backends import refuse_without_cpu_version
 from .base import PatchSet, check_host_version
 from .table import (
     COORDINATOR,
@@ -100,8 +99,13 @@ def _sdpa_flash_by_device(original: Callable) -> Callable:
     return sdpa_flash
 
 
-def _device_version(wrapped, instance, args, kwargs):
-    return None if _on_cpu() else wrapped(*args, **kwargs)
+def _on_cpu_answer(value: Any) -> Callable:
+    """A wrapt wrapper: `value` on CPU, the wrapped function's own answer elsewhere."""
+
+    def answer(wrapped, instance, args, kwargs):
+        return value if _on_cpu() else wrapped(*args, **kwargs)
+
+    return answer
 
 
 def _is_npu_at_gate(wrapped, instance, args, kwargs):
@@ -118,18 +122,6 @@ def _is_npu_at_gate(wrapped, instance, args, kwargs):
     )
 
 
-def _dist_backend(wrapped, instance, args, kwargs):
-    return "gloo" if _on_cpu() else wrapped(*args, **kwargs)
-
-
-def _device(wrapped, instance, args, kwargs):
-    return torch.device("cpu") if _on_cpu() else wrapped(*args, **kwargs)
-
-
-def _device_name(wrapped, instance, args, kwargs):
-    return "cpu" if _on_cpu() else wrapped(*args, **kwargs)
-
-
 def refuse_pipefusion(pp_degree: int) -> None:
     """PipeFusion's patch pipeline does not finish in CPU mode (the ranks wait until killed):
     refuse it when the pipeline is built, on every rank (each has the same config)."""
@@ -140,6 +132,25 @@ def refuse_pipefusion(pp_degree: int) -> None:
             "--pipefusion_parallel_degree 1 and split the ranks with --ulysses_degree / "
             "--ring_degree (or run on GPUs)"
         )
+
+
+# AttentionBackendType names whose kernels run on CPU tensors: torch's SDPA (no lse) and its
+# math path, and SDPA_FLASH (CPU mode's dispatch to torch's CPU flash kernel, which has an lse)
+CPU_BACKENDS = ("SDPA", "SDPA_MATH", "SDPA_FLASH")
+
+
+def refuse_without_cpu_version(backend: str | None) -> None:
+    """ValueError for an explicit --attention_backend with no CPU kernel (None: automatic).
+    xfuser registers its GPU kernels without a device check: `--attention_backend FLASH` on a
+    CPU would end in flash-attn's `NameError: name 'flash_attn_func_2' is not defined`."""
+    if backend is None or backend.upper() in CPU_BACKENDS:
+        return
+    raise ValueError(
+        f"--attention_backend {backend} has no CPU version (tokenring_xdit's CPU mode runs xDiT "
+        "on CPU tensors): leave --attention_backend out (CPU mode then picks SDPA_FLASH, the CPU "
+        "kernel that returns the lse a ring needs) or pass --attention_backend SDPA_FLASH; "
+        "run on GPUs for the others"
+    )
 
 
 def _select_backend(backend_type: Any) -> Callable:
@@ -165,10 +176,6 @@ def _select_backend(backend_type: Any) -> Callable:
         return backend
 
     return select
-
-
-def _synchronize(wrapped, instance, args, kwargs):
-    return None if _on_cpu() else wrapped(*args, **kwargs)
 
 
 def _prepare_run(with_msl: bool, with_control_image: bool) -> Callable:
@@ -239,13 +246,14 @@ def _yunchang_usable() -> bool:
 
 
 def _patch_envs(mod: ModuleType, p: PatchSet) -> None:
-    p.aliased_wrapper("xfuser_cpu.device_version", mod, "get_device_version", _device_version)
-    p.aliased_wrapper("xfuser_cpu.long_ctx_gate", mod, "_is_npu", _is_npu_at_gate)
-    p.aliased_wrapper(
-        "xfuser_cpu.dist_backend", mod, "get_torch_distributed_backend", _dist_backend
-    )
-    p.aliased_wrapper("xfuser_cpu.device", mod, "get_device", _device)
-    p.aliased_wrapper("xfuser_cpu.device", mod, "get_device_name", _device_name)
+    for patch_id, name, wrapper in (
+        ("xfuser_cpu.device_version", "get_device_version", _on_cpu_answer(None)),
+        ("xfuser_cpu.long_ctx_gate", "_is_npu", _is_npu_at_gate),
+        ("xfuser_cpu.dist_backend", "get_torch_distributed_backend", _on_cpu_answer("gloo")),
+        ("xfuser_cpu.device", "get_device", _on_cpu_answer(torch.device("cpu"))),
+        ("xfuser_cpu.device", "get_device_name", _on_cpu_answer("cpu")),
+    ):
+        p.aliased_wrapper(patch_id, mod, name, wrapper)
 
 
 def _patch_long_ctx(mod: ModuleType, p: PatchSet) -> None:
@@ -276,7 +284,7 @@ def _patch_runtime_state(mod: ModuleType, p: PatchSet) -> None:
 
 def _patch_coordinator(mod: ModuleType, p: PatchSet) -> None:
     _patch_long_ctx(mod, p)
-    p.aliased_wrapper("xfuser_cpu.synchronize", mod, "synchronize", _synchronize)
+    p.aliased_wrapper("xfuser_cpu.synchronize", mod, "synchronize", _on_cpu_answer(None))
 
 
 def _patch_prepare_run(mod: ModuleType, p: PatchSet) -> None:

@@ -95,25 +95,14 @@ def _build(patches: PatchSet) -> None:
 
     from ..hosts.yunchang import token_ring_flash_attn_func, token_ring_flash_attn_qkvpacked_func
 
-    patches.registry_entry(
-        "yunchang.ring_impl",
-        hybrid_utils.RING_IMPL_DICT,
-        RING_IMPL_NAME,
-        token_ring_flash_attn_func,
-    )
-    patches.registry_entry(
-        "yunchang.ring_impl_qkvpacked",
-        hybrid_utils.RING_IMPL_QKVPACKED_DICT,
-        RING_IMPL_NAME,
-        token_ring_flash_attn_qkvpacked_func,
-    )
-    patches.registry_entry(
-        "yunchang.extract_local",
-        extract_local.EXTRACT_FUNC_DICT,
-        RING_IMPL_NAME,
+    packed = hybrid_utils.RING_IMPL_QKVPACKED_DICT
+    for patch_id, registry, value in (
+        ("yunchang.ring_impl", hybrid_utils.RING_IMPL_DICT, token_ring_flash_attn_func),
+        ("yunchang.ring_impl_qkvpacked", packed, token_ring_flash_attn_qkvpacked_func),
         # zigzag shards (the ring function's contract); non-causal is exact on any
-        zigzag_extract_local,
-    )
+        ("yunchang.extract_local", extract_local.EXTRACT_FUNC_DICT, zigzag_extract_local),
+    ):
+        patches.registry_entry(patch_id, registry, RING_IMPL_NAME, value)
     original = ygl.set_seq_parallel_pg
     wrapped = patches.wrapper(
         "yunchang.set_seq_parallel_pg", ygl, "set_seq_parallel_pg", _setup_after
@@ -121,18 +110,12 @@ def _build(patches: PatchSet) -> None:
     patches.rebind(
         "yunchang.set_seq_parallel_pg", yunchang, "set_seq_parallel_pg", original, wrapped
     )
-    patches.wrapper(
-        "yunchang.ring_impl_type_check",
-        attn_layer,
-        "LongContextAttention.__init__",
-        _ring_impl_check(hybrid_utils.RING_IMPL_DICT),
-    )
-    patches.wrapper(
-        "yunchang.ring_impl_type_check",
-        attn_layer,
-        "LongContextAttentionQKVPacked.__init__",
-        _ring_impl_check(hybrid_utils.RING_IMPL_QKVPACKED_DICT),
-    )
+    for cls, registry in (
+        ("LongContextAttention", hybrid_utils.RING_IMPL_DICT),
+        ("LongContextAttentionQKVPacked", packed),
+    ):
+        check = _ring_impl_check(registry)
+        patches.wrapper("yunchang.ring_impl_type_check", attn_layer, f"{cls}.__init__", check)
     patches.missing_symbol("yunchang.update_npu_out", ring_utils, "update_npu_out", _update_npu_out)
 
 

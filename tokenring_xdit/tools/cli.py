@@ -20,9 +20,6 @@ from .cli_args import EXIT_OK, EXIT_USAGE
 
 __all__ = ["main", "console_main", "build_parser"]
 
-# (name, help, add_arguments, run). Add a subcommand here; the first one is the default.
-SUBCOMMANDS: list[tuple[str, str, Callable[[argparse.ArgumentParser], None], Callable]] = []
-
 
 class _Parser(argparse.ArgumentParser):
     """argparse with a one-line error (exit 2) instead of the full usage block."""
@@ -114,19 +111,6 @@ def _lazy(module: str, run: str = "run") -> tuple[Callable, Callable]:
     )
 
 
-# ---------------------------------------------------------------------------------------- demo
-
-SUBCOMMANDS.append(
-    (
-        "demo",
-        "time TokenRing, yunchang's ring and exact attention on local ranks (random tensors)",
-        *_lazy(".demo_cli"),
-    )
-)
-
-# ------------------------------------------------------------------------------------- patches
-
-
 def _add_patches_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--markdown", action="store_true", help="print the audit table (patches/README.md)"
@@ -140,31 +124,8 @@ def _run_patches(args: argparse.Namespace) -> int:
     return 0
 
 
-SUBCOMMANDS.append(
-    (
-        "patches",
-        "list every place tokenring_xdit patches a host library (--markdown: the audit file)",
-        _add_patches_args,
-        _run_patches,
-    )
-)
-
-# ---------------------------------------------------------------------------------------- plan
-
-SUBCOMMANDS.append(
-    (
-        "plan",
-        "predict and rank ulysses x ring splits and ring implementations for a model, sequence "
-        "and machine (cost model; --validate checks it against docs/benchmarks/)",
-        *_lazy(".plan_cli"),
-    )
-)
-
-# ------------------------------------------------------------------------------------- compare
-
-# The first entry is the default subcommand.
-SUBCOMMANDS.insert(
-    0,
+# (name, help, add_arguments, run). Add a subcommand here; the first one is the default.
+SUBCOMMANDS: list[tuple[str, str, Callable[[argparse.ArgumentParser], None], Callable]] = [
     (
         "compare",
         "one image three ways (diffusers in 1 process, xDiT's ring, xDiT + TokenRing; with "
@@ -172,7 +133,24 @@ SUBCOMMANDS.insert(
         "maps, PSNR/SSIM report (random-weight PixArt or Flux)",
         *_lazy(".compare", run="run_cli"),
     ),
-)
+    (
+        "demo",
+        "time TokenRing, yunchang's ring and exact attention on local ranks (random tensors)",
+        *_lazy(".demo_cli"),
+    ),
+    (
+        "patches",
+        "list every place tokenring_xdit patches a host library (--markdown: the audit file)",
+        _add_patches_args,
+        _run_patches,
+    ),
+    (
+        "plan",
+        "predict and rank ulysses x ring splits and ring implementations for a model, sequence "
+        "and machine (cost model; --validate checks it against docs/benchmarks/)",
+        *_lazy(".plan_cli"),
+    ),
+]
 
 
 if __name__ == "__main__":

@@ -95,15 +95,23 @@ def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def positive_seconds(text: str) -> float:
-    """An argparse type: a finite number of seconds > 0 (a timeout)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text}")
-    return value
+def positive_number(unit: str = "") -> Callable[[str], float]:
+    """An argparse type: a finite number > 0, e.g. of `unit` "seconds" (a timeout)."""
+    what = f"number of {unit}" if unit else "number"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {what}") from None
+        if not (value > 0 and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"must be a finite {what} > 0, got {text}")
+        return value
+
+    return parse
+
+
+positive_seconds = positive_number("seconds")
 
 
 def int_at_least(low: int) -> Callable[[str], int]:

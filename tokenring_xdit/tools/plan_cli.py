@@ -1,7 +1,7 @@
 """`tokenring-xdit plan`: rank every ulysses x ring split and ring for a model on a machine.
 
 The CLI glue over tokenring_xdit/planner (which imports nothing from tools/); registered by
-tokenring_xdit/tools/cli.py as ("plan", HELP, add_arguments, run).
+tokenring_xdit/tools/cli.py.
 """
 
 from __future__ import annotations
@@ -12,10 +12,7 @@ from pathlib import Path
 
 from .. import config
 
-__all__ = ["HELP", "add_arguments", "run"]
-
-HELP = "predict and rank ulysses x ring splits and ring implementations (cost model)"
-FABRIC_CHOICES = config.FABRICS
+__all__ = ["add_arguments", "run"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,12 +31,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--gpus", type=positive_int, default=2, help="GPUs in all (default 2)")
     p.add_argument("--nodes", type=positive_int, default=1, help="nodes the GPUs are spread over")
-    p.add_argument("--fabric", default="nvswitch", choices=FABRIC_CHOICES, help="inside a node")
+    p.add_argument("--fabric", default="nvswitch", choices=config.FABRICS, help="inside a node")
     p.add_argument(
         "--inter-fabric",
         default="ib",
         metavar="LINK",
-        help="between nodes: a fabric name (" + ", ".join(FABRIC_CHOICES) + "), the JSON of a "
+        help="between nodes: a fabric name (" + ", ".join(config.FABRICS) + "), the JSON of a "
         "link probe (benchmarks/multi_node.py ... nccl_peers.py), or "
         "gbps=G[,latency_us=L][,both_ways_gbps=B] (default ib, nominal)",
     )
@@ -158,21 +155,25 @@ def _say_best(choices, why: str, args, spec, tokens: int, batch: int) -> None:
     print(f"  diffusers: {diffusers_config(best)}")
 
 
+def _validate(args: argparse.Namespace) -> int:
+    from ..planner.validate import default_bench_dir, report
+    from ..planner.validate_train import training_lines
+
+    try:
+        text, ok = report(args.bench_dir, verbose=args.verbose)
+    except FileNotFoundError as exc:
+        return _fail(str(exc))
+    # the training model's score beside the forward one, before the summary line (the forward
+    # target's; training is not part of it)
+    *body, summary = text.splitlines()
+    train = training_lines(args.bench_dir or default_bench_dir(), verbose=args.verbose)
+    print("\n".join([*body, *train, summary]))
+    return 0 if ok else 1
+
+
 def run(args: argparse.Namespace) -> int:
     if args.validate:
-        from ..planner.validate import default_bench_dir, report
-        from ..planner.validate_train import training_lines
-
-        try:
-            text, ok = report(args.bench_dir, verbose=args.verbose)
-        except FileNotFoundError as exc:
-            return _fail(str(exc))
-        # the training model's score beside the forward one, before the summary line (the
-        # forward target's; training is not part of it)
-        *body, summary = text.splitlines()
-        train = training_lines(args.bench_dir or default_bench_dir(), verbose=args.verbose)
-        print("\n".join([*body, *train, summary]))
-        return 0 if ok else 1
+        return _validate(args)
     if args.plot:  # refused before the table, not after it
         try:
             import matplotlib  # noqa: F401
@@ -197,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
         )  # fmt: skip
     except (ValueError, FileNotFoundError) as exc:
         return _fail(str(exc))
+    src = "derived (not measured)" if table.derived else "measured"
     if table.meta.get("fallback_for"):
         print(
             f"tokenring-xdit plan: warning: no kernel table for {args.gpu!r}: predicting with "
@@ -204,8 +206,6 @@ def run(args: argparse.Namespace) -> int:
             "benchmarks/calibrate_blocks.py on that GPU and pass --table",
             file=sys.stderr,
         )
-    src = "derived (not measured)" if table.derived else "measured"
-    if table.meta.get("fallback_for"):
         src += f", {table.gpu}'s: none for {args.gpu}"
     print(f"{spec.name}: {spec.heads} heads x {spec.head_dim}, {tokens} tokens, batch {batch}, "
           f"{layers} attention layers x {steps} steps")  # fmt: skip
@@ -228,8 +228,7 @@ def run(args: argparse.Namespace) -> int:
     _say_best(choices, reason(choices, tokens, workload), args, spec, tokens, batch)
     if args.plot:
         try:
-            title = f"{spec.name} {tokens} tokens, {m.describe()}"
-            _plot(args.plot, shown, title)
+            _plot(args.plot, shown, f"{spec.name} {tokens} tokens, {m.describe()}")
         except RuntimeError as exc:
             return _fail(str(exc))
         print(f"wrote {args.plot}")

@@ -8,7 +8,7 @@ import math
 import shlex
 from dataclasses import dataclass
 
-from ..cli_args import add_device_and_dtype, gpu_count, positive_int, positive_seconds
+from ..cli_args import add_device_and_dtype, gpu_count, positive_int, positive_number
 
 MODELS = ("pixart", "flux")
 SIZES = ("tiny", "full")
@@ -113,16 +113,6 @@ class Thresholds:
 # Arguments
 
 
-def _gain(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0 or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return value
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """compare's flags, in groups (their order is --help's)."""
     _run_arguments(p)
@@ -218,7 +208,7 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("the random model and its prompt")
     g.add_argument(
         "--qk-gain",
-        type=_gain,
+        type=positive_number(),
         default=DEFAULT_QK_GAIN,
         help="multiply every self-attention's logits by this (random weights give nearly "
         f"uniform attention, which hides ring errors); 1 = the plain random model "
@@ -244,14 +234,14 @@ def _output_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("output and limits")
     g.add_argument(
         "--gain",
-        type=_gain,
+        type=positive_number(),
         default=None,
         help="amplification of the difference maps (default: the power of ten that shows "
         "the largest difference)",
     )
     g.add_argument(
         "--timeout",
-        type=positive_seconds,
+        type=positive_number("seconds"),
         default=900.0,
         help="seconds per run before it is killed (900)",
     )

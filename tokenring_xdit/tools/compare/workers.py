@@ -228,16 +228,8 @@ def xdit_worker(rank: int, nproc: int, report, cfg: CompareConfig, impl: str) ->
     pipe, kwargs = build_pipeline(cfg, device)
     wrapper = {"pixart": xFuserPixArtAlphaPipeline, "flux": xFuserFluxPipeline}[cfg.model]
     xpipe = wrapper(pipe, engine_config)
-    from ...hosts.calls import calls_by_host
-
-    own_ring = _count_xdit_ring_calls()
-    token_ring_before = calls_by_host().get("xdit", 0)
-    last = rank == nproc - 1
-    timer = StepTimer(device, report if last else None)
-    result = _timed_call(xpipe, kwargs, cfg, timer, report if last else _quiet)
-    token_ring = calls_by_host().get("xdit", 0) - token_ring_before
-    backend = get_runtime_state().attention_backend.name
-    return _ring_result(result, rank, nproc, dict(token_ring=token_ring, **own_ring), backend)
+    backend = get_runtime_state().attention_backend.name  # chosen as the wrapper was built
+    return _ring_run(xpipe, kwargs, cfg, rank, nproc, report, _count_xdit_ring_calls(), backend)
 
 
 def diffusers_worker(rank: int, nproc: int, report, cfg: CompareConfig, impl: str) -> dict:
@@ -268,27 +260,31 @@ def diffusers_worker(rank: int, nproc: int, report, cfg: CompareConfig, impl: st
         config=ContextParallelConfig(ring_degree=cfg.ring, ulysses_degree=cfg.ulysses)
     )
     own_ring = _count_diffusers_ring_calls()
-    token_ring_before = tokenring_xdit.calls_by_host().get("diffusers", 0)
-    # CP gathers the transformer's output on every rank, so every rank holds the whole latents
-    # and image: the last rank returns them (as under xDiT), the others only their timings
+    return _ring_run(pipe, kwargs, cfg, rank, nproc, report, own_ring, backend)
+
+
+def _ring_run(pipe, kwargs, cfg, rank, nproc, report, own_ring: dict, backend: str) -> dict:
+    """A ring run's value: _timed_call on every rank (the last one reports progress), the ring
+    calls it made (`own_ring` counts the host's ring, calls_by_host TokenRing's), the ring
+    selected."""
+    from ...hosts import selection
+    from ...hosts.calls import calls_by_host
+
+    before = calls_by_host().get(cfg.host, 0)
     last = rank == nproc - 1
+    device = f"cuda:{rank}" if cfg.device == "cuda" else "cpu"
     timer = StepTimer(device, report if last else None)
     result = _timed_call(pipe, kwargs, cfg, timer, report if last else _quiet)
-    if not last:
+    if cfg.host == "diffusers" and not last:
+        # CP gathers the transformer's output on every rank: the last rank returns the whole
+        # latents and image (as under xDiT), the others only their timings
         result.update(image=None, latents=None)
-    token_ring = tokenring_xdit.calls_by_host().get("diffusers", 0) - token_ring_before
-    return _ring_result(result, rank, nproc, dict(token_ring=token_ring, **own_ring), backend)
-
-
-def _ring_result(result: dict, rank: int, nproc: int, calls: dict, backend: str) -> dict:
-    """A ring run's value: the timed call's result, the ring calls counted, the ring selected."""
-    from ...hosts import selection
-
+    token_ring = calls_by_host().get(cfg.host, 0) - before
     return dict(
         result,
         rank=rank,
         ranks=nproc,
-        ring_calls=calls,
+        ring_calls=dict(token_ring=token_ring, **own_ring),
         ring_impl=list(selection.xdit_ring_impl()),
         attention_backend=backend,
         **_environment(),
