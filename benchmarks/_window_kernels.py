@@ -4,10 +4,11 @@ plan) timed on every window-capable kernel that runs here.
 
 Kernels (`KERNELS`):
   flash_varlen      torch's flash op with its window arguments (kernels/varlen.py), K/V expanded
-                    to the query's heads where there are fewer: how the ring runs its bands
-                    (kernels/window.py `banded`);
+                    to the query's heads where there are fewer (how the ring ran its bands
+                    before the "gqa-bands" probe let it read grouped K/V);
   flash_varlen_gqa  the same op reading grouped K/V itself (only where K/V heads are fewer; an
-                    error is recorded where torch's op refuses them);
+                    error is recorded where torch's op refuses them): how the ring runs its
+                    bands where the probe passes (kernels/window.py `banded`);
   masked            the exact kernel (kernels/exact.py, K/V expanded): dense fp32 scores of the
                     rectangle, so only where heads x rows x columns stay under `masked_limit`;
   flex              torch's flex_attention (compiled on CUDA, eager elsewhere) with a block mask

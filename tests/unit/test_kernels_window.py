@@ -12,6 +12,8 @@ from tokenring_xdit.ring.kernels import MASKED, PAIRS, segments_mask, segments_p
 from tokenring_xdit.ring.kernels.base import row_delta
 from tokenring_xdit.ring.kernels.probe import works
 from tokenring_xdit.ring.kernels.varlen import _window
+from tokenring_xdit.ring.kernels.window import banded
+from tokenring_xdit.ring.kernels.wrappers import expanded
 from tokenring_xdit.ring.packed.window_plan import _trim
 from tokenring_xdit.ring.segments import Segment
 from tokenring_xdit.ring.tensor_layout import BHSD
@@ -84,6 +86,16 @@ def test_window_pair_gqa_expands_for_bands():
     band = (Segment(0, 24, 0, 24, False, (0, 3)),)
     got = _run(pair, band, h=4, h_kv=2)
     assert got[3].shape[1] == 2 and got[4].shape[1] == 2  # dK, dV folded to the K/V heads
+
+
+def test_band_kernel_reads_grouped_kv_where_the_probe_says_it_takes_them():
+    """"gqa-bands" decides: a band kernel that takes fewer K/V heads itself runs on them (no
+    copy of a whole tile's K/V per block), one that does not gets them expanded per block."""
+    assert not works(MASKED, "gqa-bands", CPU, torch.float64, 8, 8)  # 4 heads against 2: no
+    grouped = expanded(MASKED)  # takes them (by expanding itself)
+    assert works(grouped, "gqa-bands", CPU, torch.float64, 8, 8)
+    assert banded(PAIRS["cpu_flash"], grouped, True).forward.band is grouped
+    assert banded(PAIRS["cpu_flash"], MASKED).forward.band == expanded(MASKED)
 
 
 def test_dense_kernel_per_segment_refuses_a_band():

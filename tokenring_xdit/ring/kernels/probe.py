@@ -7,8 +7,8 @@ capture).
 Checks: "forward" (a block kernel, no causality), "pair" (a record's causal forward and
 stand-in backward), "segments" (a record on a block of two packed documents), "bands" (on a
 sliding window's banded segments, overlapping in rows and keys), "gqa-forward" /
-"gqa-pair" (does the kernel take 4 query heads against 2 K/V heads itself and give what the
-expanded call gives, dK/dV in 2 heads?). `runs_once` is the one check of a host's own kernel.
+"gqa-pair" / "gqa-bands" (does the kernel take 4 query heads against 2 K/V heads itself, on a
+causal block / on banded segments, and give what the expanded call gives, dK/dV in 2 heads?). `runs_once` is the one check of a host's own kernel.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from ..segments import Segment
 from ..tensor_layout import BHSD, Layout
 from .base import HALF, BlockKernel, Kernel, row_delta
 from .exact import MASKED, MATH
-from .wrappers import ExpandedBackward, expand_kv
+from .wrappers import ExpandedBackward, expand_kv, expanded
 
 # what a kernel that cannot serve this input raises (anything else is a bug and propagates)
 _UNSERVED = (
@@ -32,6 +32,7 @@ _UNSERVED = (
 )  # fmt: skip
 _TWO_DOCS = (Segment(0, 17, 0, 17, True), Segment(17, 40, 17, 40, True))
 _BANDS = (Segment(0, 40, 0, 40, False, (0, 7)), Segment(0, 8, 30, 40, False, (-9, 0)))
+_EXPANDED_MASKED = expanded(MASKED)
 
 
 @functools.cache
@@ -102,6 +103,12 @@ def _gqa_pair(kernel: Kernel, rand, d_qk, d_v, scale):
     return got, (out, lse, *ExpandedBackward(kernel.backward)(*args))
 
 
+def _gqa_bands(kernel: Kernel, rand, d_qk, d_v, scale):
+    q, k, v, do = rand(4, 40, d_qk), rand(2, 40, d_qk), rand(2, 40, d_v), rand(4, 40, d_v)
+    got = _fwd_bwd(kernel, q, k, v, do, scale, _BANDS)
+    return got, _fwd_bwd(_EXPANDED_MASKED, q, k, v, do, scale, _BANDS)
+
+
 _RUNS = {
     "forward": _forward,
     "pair": _pair,
@@ -109,6 +116,7 @@ _RUNS = {
     "bands": _bands,
     "gqa-forward": _gqa_forward,
     "gqa-pair": _gqa_pair,
+    "gqa-bands": _gqa_bands,
 }
 
 _RAN = Seen(256)  # keys of the host kernels that ran once (one per host kernel and device)

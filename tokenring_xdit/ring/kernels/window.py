@@ -70,14 +70,16 @@ class _Backward:
 
 
 @functools.lru_cache(maxsize=64)
-def banded(dense: Kernel, band: Kernel) -> Kernel:
-    """`dense` for the blocks the window leaves alone, `band` (K/V expanded per block where a
-    call has fewer K/V heads: a no-op otherwise) for its segments. Flash's window on a banded
-    segment taller than wide (more queries than keys) came out wrong on H200, torch 2.11 (a run
-    of packed documents; square and wide ones matched the masked kernel): those blocks run the
-    exact masked kernel instead, chosen here once."""
+def banded(dense: Kernel, band: Kernel, grouped: bool = False) -> Kernel:
+    """`dense` for the blocks the window leaves alone, `band` for its segments: on the call's
+    K/V heads where it takes fewer K/V heads than query heads itself (`grouped`: the probe
+    said so), else on K/V expanded per block (a no-op where the heads are equal; the copy of a
+    whole tile's K/V made a 127-row corner block cost as much as a 32k-row band on H200). Flash's
+    window on a banded segment taller than wide (more queries than keys) came out wrong on
+    H200, torch 2.11 (a run of packed documents; square and wide ones matched the masked
+    kernel): those blocks run the exact masked kernel instead, chosen here once."""
     tall = expanded(DOC_REGISTRY[MASKED]) if band.name == FLASH_VARLEN else None
-    band = expanded(band)
+    band = band if grouped else expanded(band)
     return dataclasses.replace(
         dense, name=f"{dense.name}+window:{band.name}", forward=_Forward(dense, band, tall),
         backward=_Backward(dense, band, tall),
@@ -91,7 +93,8 @@ def window_pair(
 ) -> Kernel:
     """The record of a windowed call whose own kernel is `record` (a dense or a packed one):
     itself where it takes bands, else `banded` with the first of names.WINDOWED that runs on
-    this device and dtype (deterministic where asked) and passes the bands probe."""
+    this device and dtype (deterministic where asked) and passes the bands probe, on grouped
+    K/V where it passes that probe with them too."""
     if record.bands:
         return record
     band = next(
@@ -100,7 +103,8 @@ def window_pair(
         and (r.deterministic or not deterministic) and _bands_work(r.name, device.type, dtype,
                                                                    d_qk, d_v)
     )  # fmt: skip
-    return banded(record, band)
+    grouped = works(band, "gqa-bands", device, dtype, d_qk, d_v)
+    return banded(record, band, grouped)
 
 
 def _band_record(name: str) -> Kernel:
