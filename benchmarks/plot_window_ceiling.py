@@ -38,6 +38,7 @@ def plot(path: Path) -> Path:
         whole = {r["whole_kernel"] for r in sel}
         ax.set(xscale="log", xlabel="tokens", ylabel="ceiling (whole / N / busiest rank)",
                title=f"W = {w}, {pass_} (whole: {', '.join(sorted(whole))})")  # fmt: skip
+        _token_ticks(ax, {r["tokens"] for r in sel})
         ax.axhline(1.0, color="grey", lw=0.5)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
@@ -47,6 +48,12 @@ def plot(path: Path) -> Path:
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def _token_ticks(ax, tokens) -> None:
+    """The measured lengths as the only x ticks (32k, 64k, ...): log-scale minor labels overlap."""
+    ax.set_xticks(sorted(tokens), [f"{t // 1024}k" for t in sorted(tokens)])
+    ax.minorticks_off()
 
 
 def _line_of(row: dict) -> tuple:
@@ -74,6 +81,7 @@ def plot_bands(path: Path) -> Path | None:
                             label=f"{kernel}: {split} ring {ring}")  # fmt: skip
         ax.set(xscale="log", yscale="log", xlabel="tokens", ylabel="ms (busiest rank's bands)",
                title=f"band kernels, W = {w}, {pass_}")  # fmt: skip
+        _token_ticks(ax, {r["tokens"] for r in sel})
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=6)
     fig.tight_layout()
