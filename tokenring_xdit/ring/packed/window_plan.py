@@ -26,7 +26,7 @@ from ..segments import Segment
 from .doc_split import CONTIGUOUS, DOCUMENTS, ROW
 from .documents import DocPlan, Documents, _local_ranges, _part_ranges, _trimmed, doc_plan
 
-__all__ = ["WindowPlan", "window_plan"]
+__all__ = ["WindowPlan", "narrowed", "window_plan"]
 
 Mask = bool | tuple[Segment, ...]
 
@@ -92,14 +92,23 @@ def _block(window: Window, st: BlockStep, rank: int, ranges, inner: DocPlan | No
     """The block of `rank` at `st`: its mask without the window, narrowed by it."""
     if not st.kernel:
         return ()
-    q_runs = _tile_runs(_part_ranges(ranges[st.q_owner], st.q_part))
-    k_runs = _tile_runs(_part_ranges(ranges[rank], st.kv_part))
-    if inner is None:
-        n_q, n_k = q_runs[-1][1], k_runs[-1][1]
-        base: Mask = st.causal
-        segs = (Segment(0, n_q, 0, n_k, st.causal),)
+    base = st.causal if inner is None else inner.block(rank, st.step)
+    q_ranges = _part_ranges(ranges[st.q_owner], st.q_part)
+    return narrowed(window, base, q_ranges, _part_ranges(ranges[rank], st.kv_part))
+
+
+def narrowed(window: Window, base: Mask, q_ranges, k_ranges) -> Mask:
+    """A block's mask under `window`: `base` is its mask without it (the causal flag of the
+    whole tile, or segments), `q_ranges` / `k_ranges` the global token ranges of its query and
+    key tiles in tile order. `base` itself where the window hides none of its pairs, else its
+    pieces (() : nothing visible, or an empty tile)."""
+    q_runs, k_runs = _tile_runs(q_ranges), _tile_runs(k_ranges)
+    if not (q_runs and k_runs and q_runs[-1][1] and k_runs[-1][1]):
+        return ()
+    if isinstance(base, bool):
+        segs = (Segment(0, q_runs[-1][1], 0, k_runs[-1][1], base),)
     else:
-        base = segs = inner.block(rank, st.step)
+        segs = base
     out, changed = [], False
     for s in segs:
         for q_run in q_runs:
