@@ -161,11 +161,13 @@ def _compiled(rank, n, torch):
 def _rejections(rank, torch):
     """Calls refused on every rank: window_size that differs between ranks, a bad window on one
     rank (negative, floats), softcap or dropout with a window (token_ring_attn_func), K/V travel
-    with a window, and a window over the documents packed layout."""
+    with a window over K/V of another length than the queries', and a window over the documents
+    packed layout."""
     import tokenring_xdit as tr
 
     split = tr.make_split(16, 2, causal=True)
     qkv = [torch.randn(1, 8, 2, 8, requires_grad=True) for _ in range(3)]
+    short = [torch.randn(1, 6, 2, 8, requires_grad=True) for _ in range(2)]  # K/V of 6 tokens
     packed = tr.make_split(16, 2, causal=True, cu_seqlens=[0, 7, 16], layout="documents")
     first = rank == 0  # rank 0 asks a good window, rank 1 another or a bad one
     mine = {"differs": (3, 0) if first else (4, 0), "negative": (2, 0) if first else (-2, 0),
@@ -175,8 +177,8 @@ def _rejections(rank, torch):
            for name, w in mine.items()},
         "softcap": lambda: tr.token_ring_attn_func(*qkv, window_size=(2, 2), softcap=5.0),
         "dropout": lambda: tr.token_ring_attn_func(*qkv, window_size=(2, 2), dropout_p=0.1),
-        "travel-kv": lambda: tr.token_ring_attn(*qkv, causal=True, split=split,
-                                                window_size=(2, 0), travel="kv"),
+        "travel-kv": lambda: tr.token_ring_attn(qkv[0], *short, window_size=(2, 2),
+                                                travel="kv"),
         "documents": lambda: tr.token_ring_attn(*qkv, causal=True, split=packed,
                                                 window_size=(2, 0)),
     }  # fmt: skip
@@ -265,7 +267,7 @@ def test_bad_window_is_one_error_on_every_rank():
         "floats": "window_size must be a pair of ints",
         "softcap": "softcap=5.0",
         "dropout": "dropout_p=0.1",
-        "travel-kv": "window",
+        "travel-kv": "a sliding window only over K/V of the queries' length",
         "documents": "window_size with the 'documents' packed layout",
     }
     for rank, res in enumerate(_launch(2)):
