@@ -47,6 +47,22 @@ block is masked but the diagonal.
 Totals per pass and direction: N-1 K/V half transfers (the backward: and N-1 dK/dV accumulator
 transfers, the last one home); 2N-1 kernel calls (the diagonal, then two half blocks a step);
 no self-sends.
+
+Windows' note (a sliding window or packed documents: ring/packed/kv_plan.py says which blocks
+have a visible pair; `kept_steps` keeps the rows' transfers they need). For KV_j's half, let
+U be the steps 1..N-1 whose holder runs a block with it, and m = max U (0: none):
+  - K/V: the hops of steps 0..m-1 only (holder s -> holder s+1); later holders get nothing.
+  - dK/dV: for each run [a, b] of consecutive steps in U, holder a starts the sum, rows a+1..b
+    carry it holder to holder (one hop, as above), and at row b+1 holder b sends it home to j:
+    the neighbour at b = N-1 (row N, as above), else straight to j (`home_from`), which adds it
+    to its own. Holders with no block neither receive nor send a sum.
+Ring 4, causal zigzag, a window inside a chunk (W <= L/2, L local tokens): a head half of KV_j is seen at
+step 1 (chunk j+1 sees the end of chunk j) and, after the wrap, at step 3 (chunk 2N-1-r sees the
+end of chunk 2N-1-j), not at step 2: it travels the whole way and its sum makes two runs (home
+from step 1's holder at row 2, from step 3's at row 4); 16 of 28 kernels a pass (W = 3).
+Token halves with W - 1 <= L/4: those ends lie in B, so A never leaves home (10 kernels). Non-causal contiguous shards, a left
+window inside a shard: A is seen by r+1 at step 1 only (one hop); B by r+1 too, at step N-1,
+the long way round (a half's direction is the table's).
 """
 
 from __future__ import annotations
