@@ -56,13 +56,14 @@ U be the steps 1..N-1 whose holder runs a block with it, and m = max U (0: none)
     carry it holder to holder (one hop, as above), and at row b+1 holder b sends it home to j:
     the neighbour at b = N-1 (row N, as above), else straight to j (`home_from`), which adds it
     to its own. Holders with no block neither receive nor send a sum.
-Ring 4, causal zigzag, a window inside a chunk (W <= L/2, L local tokens): a head half of KV_j is seen at
-step 1 (chunk j+1 sees the end of chunk j) and, after the wrap, at step 3 (chunk 2N-1-r sees the
-end of chunk 2N-1-j), not at step 2: it travels the whole way and its sum makes two runs (home
-from step 1's holder at row 2, from step 3's at row 4); 16 of 28 kernels a pass (W = 3).
-Token halves with W - 1 <= L/4: those ends lie in B, so A never leaves home (10 kernels). Non-causal contiguous shards, a left
-window inside a shard: A is seen by r+1 at step 1 only (one hop); B by r+1 too, at step N-1,
-the long way round (a half's direction is the table's).
+Ring 4, causal zigzag, a window inside a chunk (W <= L/2, L local tokens): a head half of
+KV_j is seen at step 1 (chunk j+1 sees the end of chunk j) and, after the wrap, at step 3
+(chunk 2N-1-r sees the end of chunk 2N-1-j), not at step 2: it travels the whole way and its
+sum makes two runs (home from step 1's holder at row 2, from step 3's at row 4); 16 of 28
+kernels a pass (W = 3). Token halves with W - 1 <= L/4: those ends lie in B, so A never
+leaves home (10 kernels). Non-causal contiguous shards, a left window inside a shard: A is
+seen by r+1 at step 1 only (one hop); B by r+1 too, at step N-1, the long way round (a half's
+direction is the table's).
 """
 
 from __future__ import annotations
