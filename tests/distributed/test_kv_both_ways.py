@@ -11,6 +11,7 @@ results.
 from __future__ import annotations
 
 import functools
+import itertools
 
 import pytest
 
@@ -137,6 +138,30 @@ PACKED = [
 ]
 
 
+def _windowed(name, window, *, causal, docs=None, h=4, h_kv=2, layout="bshd", lens=6, seed=0):
+    """A sliding-window case (`window`: flash-attn's (left, right)); `docs` as `_packed`'s.
+    Non-causal: every rank holds `lens` tokens (a window needs K/V of the queries' length)."""
+    case = _case(name, causal=causal, h=h, h_kv=h_kv, layout=layout, lens=lens, seed=seed)
+    return {**case, "window": window, **({"docs": docs, "ids": False} if docs else {})}
+
+
+# local: 12 (causal: chunks of 6) or 6 tokens; windows inside a shard, over several shards, past
+# the sequence; halves by heads (GQA 4/2) and by tokens (3/3, 4/1)
+WINDOWED = [
+    _windowed("win-causal-gqa42-inside-chunk", (2, 0), causal=True, seed=21),
+    _windowed("win-causal-mha33-tokens-over-shards", (13, 0), causal=True, h=3, h_kv=3,
+              lens=4, layout="bhsd", seed=22),
+    _windowed("win-noncausal-gqa42-band", (3, 2), causal=False, seed=23),
+    _windowed("win-noncausal-mqa41-tokens-over-shards", (-1, 8), causal=False, h_kv=1, seed=24),
+    _windowed("win-causal-gqa42-past-sequence", (100, 0), causal=True, lens=3, seed=25),
+    _windowed("win-packed-causal-gqa42", (4, 0), causal=True, docs=[5, 9, 2], seed=26),
+    _windowed("win-packed-noncausal-mha33-tokens", (2, 3), causal=False, h=3, h_kv=3,
+              docs=[4, 1, 10], seed=27),
+]  # fmt: skip
+NARROW_W3 = "win-causal-gqa42-inside-chunk"  # ring 4, W = 3: against the whole table
+COMPILED_WINDOW = (3, 0)
+
+
 def _bounds(case, total: int) -> list[int]:
     """The case's cu_seqlens over a row of `total` tokens."""
     bounds, i = [0], 0
@@ -188,7 +213,8 @@ def _run_case(case, rank, n, torch):
 
     (q, k, v, do), q_pos, kv_pos = _inputs(case, n, torch)
     bounds = _bounds(case, q.shape[2]) if "docs" in case else None
-    ref, *grads = _reference(torch, (q, k, v, do), case["causal"], bounds)
+    window = case.get("window", (-1, -1))
+    ref, *grads = _reference(torch, (q, k, v, do), case["causal"], bounds, window)
     loc = [_local(case, torch, x, p, rank).requires_grad_()
            for x, p in ((q, q_pos), (k, kv_pos), (v, kv_pos))]  # fmt: skip
     COUNTERS.reset()
@@ -199,7 +225,7 @@ def _run_case(case, rank, n, torch):
                                               for p in q_pos[rank]])}  # fmt: skip
     out, _ = token_ring_attn(*loc, causal=case["causal"], layout=case["layout"],
                              kernel=case["kernel"], positions=positions, travel="kv",
-                             **docs)  # fmt: skip
+                             window_size=window, **docs)  # fmt: skip
     kernels_fwd = COUNTERS.kernel_calls
     out.backward(_local(case, torch, do, q_pos, rank))
     errs = {"out": max_err(out, _local(case, torch, ref, q_pos, rank))}
@@ -211,34 +237,43 @@ def _run_case(case, rank, n, torch):
             "planned": _planned(case, n, rank, bounds, tuple(map(len, q_pos)))}  # fmt: skip
 
 
-def _reference(torch, xs, causal: bool, bounds):
+def _reference(torch, xs, causal: bool, bounds, window=(-1, -1)):
     """(out, dq, dk, dv) of exact float64 attention over the whole row, (b, h, s, d): within
-    documents where `bounds` (the block-diagonal mask, tests/window_ring.py), else plain."""
+    documents where `bounds` and under a sliding `window` (the mask: tests/window_ring.py),
+    else plain."""
     xs = [x.double() for x in xs]
-    if bounds is None:
+    if bounds is None and window == (-1, -1):
         return exact_grads(*xs, causal=causal, layout="bhsd")
     from tests.window_ring import window_mask
 
     q, k, v = (x.detach().requires_grad_() for x in xs[:3])
     g = q.shape[1] // k.shape[1]
     kx, vx = (x.repeat_interleave(g, dim=1) for x in (k, v))
-    keep = window_mask(q.shape[2], (-1, -1), causal, bounds)
+    keep = window_mask(q.shape[2], window, causal, bounds)
     scores = (q @ kx.transpose(-1, -2)) * q.shape[-1] ** -0.5
-    out = scores.masked_fill(~keep, float("-inf")).softmax(-1) @ vx
+    out = scores.masked_fill(~keep, float("-inf")).softmax(-1).nan_to_num(0.0) @ vx
     out.backward(xs[3])
     return out.detach(), q.grad, k.grad, v.grad
 
 
-def _planned(case, n, rank, bounds, q_lens):
-    """Kernels the packed plan runs per pass on this rank (the table's 2N-1 when not packed)."""
-    if bounds is None:
-        return 2 * n - 1
+def _plan(case, q_lens):
+    """The case's plan (packed documents, a window), or None: the whole table."""
     from tokenring_xdit.ring.packed import Documents
     from tokenring_xdit.ring.packed.kv_plan import kv_plan
     from tokenring_xdit.ring.schedules.kv_both_ways import split_by_heads
+    from tokenring_xdit.ring.schedules.window import Window
 
-    plan = kv_plan(Documents.of(bounds), q_lens, case["causal"], split_by_heads(case["h_kv"]))
-    return plan.kernel_calls(rank)
+    window = Window.of(case.get("window"), case["causal"])
+    if "docs" not in case and window is None:
+        return None
+    docs = Documents.of(_bounds(case, sum(q_lens))) if "docs" in case else None
+    return kv_plan(docs, tuple(q_lens), case["causal"], split_by_heads(case["h_kv"]), window)
+
+
+def _planned(case, n, rank, bounds, q_lens):
+    """Kernels the plan runs per pass on this rank (the table's 2N-1 without one)."""
+    plan = _plan(case, q_lens)
+    return 2 * n - 1 if plan is None else plan.kernel_calls(rank)
 
 
 class _RecordingLane:
@@ -281,11 +316,9 @@ def _traffic(case, rank, n, torch):
 
     from tokenring_xdit.ring.agreed_ring import Ring
     from tokenring_xdit.ring.comm import RingPosition, comms_of
-    from tokenring_xdit.ring.kernels import MATH
+    from tokenring_xdit.ring.kernels import MATH, window_pair
     from tokenring_xdit.ring.kernels.registry import DOC_REGISTRY
     from tokenring_xdit.ring.kernels.wrappers import expanded
-    from tokenring_xdit.ring.packed import Documents
-    from tokenring_xdit.ring.packed.kv_plan import kv_plan
     from tokenring_xdit.ring.schedules.kv_both_ways import split_by_heads
     from tokenring_xdit.ring.tensor_layout import get_layout
     from tokenring_xdit.ring.training.kv_backward import kv_backward
@@ -300,10 +333,9 @@ def _traffic(case, rank, n, torch):
     ring = Ring(pos=pos, comms=comms_of(pos.group), q_lens=tuple(map(len, q_pos)), settings=())
     kv_lens = tuple(map(len, kv_pos))
     by_heads = split_by_heads(case["h_kv"])
-    plan, pair = None, MATH
-    if "docs" in case:  # packed: the halves still travel whole, the table's transfers
-        plan = kv_plan(Documents.of(_bounds(case, sum(kv_lens))), kv_lens, case["causal"], by_heads)
-        pair = DOC_REGISTRY["masked"]
+    plan, pair = _plan(case, kv_lens), MATH
+    if plan is not None:  # packed, windowed: the masked kernel takes segments and bands
+        pair = window_pair(DOC_REGISTRY["masked"], q.device, q.dtype, case["d"], case["d"])
     call = KvCall(expanded(pair), layout, case["d"] ** -0.5, case["causal"], by_heads, plan=plan)
     fwd, bwd = [], []
     out, lse = kv_forward(call, _RecordingRing(ring, fwd), kv_lens, q, k, v)
@@ -324,12 +356,14 @@ def _worker(rank, n, cases):
     if n == 2:
         result["rejections"] = _rejections(rank, torch)
         result["compiled"] = _compiled(rank, n, torch)
+        result["compiled_window"] = _compiled(rank, n, torch, COMPILED_WINDOW)
     return result
 
 
-def _compiled(rank, n, torch):
-    """One causal GQA call with travel="kv" under torch.compile (fullgraph, aot_eager) against
-    the same call eager: out and gradients, and the K/V family's kernel count in each pass."""
+def _compiled(rank, n, torch, window=(-1, -1)):
+    """One causal GQA call with travel="kv" (and `window`) under torch.compile (fullgraph,
+    aot_eager) against the same call eager: out and gradients, and the K/V family's kernel
+    count in each pass."""
     from tokenring_xdit import token_ring_attn
     from tokenring_xdit.ring.comm import COUNTERS
 
@@ -339,7 +373,7 @@ def _compiled(rank, n, torch):
 
     def fn(q, k, v):
         out, _ = token_ring_attn(q, k, v, causal=True, layout="bhsd", positions=positions,
-                                 travel="kv")  # fmt: skip
+                                 travel="kv", window_size=window)  # fmt: skip
         return out * 1.5
 
     got = {}
@@ -382,6 +416,7 @@ def _rejections(rank, torch):
         "packed-contiguous": dict(args=qkv(), causal=True, split=cut["contiguous"]),
         "packed-documents": dict(args=qkv(), causal=True, split=cut["documents"]),
         "bogus": dict(args=qkv(), travel="k"),
+        "window-kv-length": dict(args=[qkv()[0], *qkv(s=6)[1:]], window_size=(2, 2)),
     }
     found = {}
     for name, call in calls.items():
@@ -396,7 +431,7 @@ def _rejections(rank, torch):
 
 @functools.cache
 def _launch(n):
-    return values(run_ranks(_worker, n, CASES + PACKED, timeout=300))
+    return values(run_ranks(_worker, n, CASES + PACKED + WINDOWED, timeout=300))
 
 
 @pytest.mark.parametrize("n", WORLD_SIZES)
@@ -421,6 +456,49 @@ def test_packed_documents_match_exact_masked_attention(n):
             assert got["kernels"] == (got["planned"],) * 2, (n, rank, case["name"], got)
 
 
+@pytest.mark.parametrize("n", WORLD_SIZES)
+def test_sliding_windows_match_exact_windowed_attention(n):
+    """Windows (dense and packed, causal zigzag and not, head and token halves) against exact
+    float64 attention under the window's mask; each pass runs the plan's blocks, no more."""
+    failures = case_failures(n, _launch(n), WINDOWED, FP32_TOL, BF16_TOL)
+    assert not failures, "\n".join(failures)
+    worst = max(e for res in _launch(n) for c in WINDOWED
+                for e in res["cases"][c["name"]]["errs"].values())  # fmt: skip
+    print(f"ring {n}: windowed K/V family, max error {worst:.2e}")
+    for rank, res in enumerate(_launch(n)):
+        for case in WINDOWED:
+            got = res["cases"][case["name"]]
+            assert got["kernels"] == (got["planned"],) * 2, (n, rank, case["name"], got)
+
+
+def _sent(posts) -> tuple[int, int]:
+    """(messages, elements) a rank's posts send."""
+    return sum(len(p[2]) for p in posts), sum(e for p in posts for _, e, _ in p[2])
+
+
+def _total(per_rank) -> tuple[int, int]:
+    return tuple(map(sum, zip(*per_rank, strict=True)))
+
+
+def test_a_narrow_window_runs_and_sends_less_at_ring_4():
+    """Ring 4, causal zigzag, W = 3 (inside a chunk): kernels and messages of both passes
+    against the whole table (2N-1 kernels a pass a rank; every transfer)."""
+    case = next(c for c in WINDOWED if c["name"] == NARROW_W3)
+    whole = {**case, "window": (-1, -1)}
+    kernels = sum(res["cases"][NARROW_W3]["kernels"][0] for res in _launch(4))
+    got, full = {}, {}
+    for pass_, backward in (("fwd", False), ("bwd", True)):
+        got[pass_] = _total([_sent(res["traffic"][NARROW_W3][pass_]) for res in _launch(4)])
+        full[pass_] = _total([_sent(_expected(whole, 4, r, backward)) for r in range(4)])
+    print(
+        f"ring 4, W=3: kernels {kernels} of {4 * 7} a pass; (messages, elements) sent: "
+        f"forward {got['fwd']} of {full['fwd']}, backward {got['bwd']} of {full['bwd']}"
+    )
+    assert kernels < 4 * 7
+    for pass_ in ("fwd", "bwd"):
+        assert got[pass_][0] < full[pass_][0], (pass_, got, full)
+
+
 def test_bad_input_is_one_error_on_every_rank():
     for rank, res in enumerate(_launch(2)):
         for name, needle in (("gqa", "divides q's"), ("heads", "head count differs"),
@@ -431,17 +509,26 @@ def test_bad_input_is_one_error_on_every_rank():
                                                    "'contiguous' layout"),
                              ("packed-documents", "does not run packed documents in the "
                                                   "'documents' layout"),
-                             ("bogus", "travel must be one of")):  # fmt: skip
+                             ("bogus", "travel must be one of"),
+                             ("window-kv-length", "a sliding window only over K/V of the "
+                                                  "queries' length")):  # fmt: skip
             got = res["rejections"][name]
             assert got is not None and needle in got, (rank, name, got)
 
 
 def test_compiled_calls_equal_eager_ones():
-    """travel="kv" under torch.compile (one ring operator) runs the K/V family like eager."""
+    """travel="kv" under torch.compile (one ring operator) runs the K/V family like eager, with
+    a window too (the plan's kernels in both)."""
+    case = next(c for c in CASES if c["name"] == "causal-gqa42-heads-bhsd-b2-odd")
+    windowed = {**case, "window": COMPILED_WINDOW}
     for rank, res in enumerate(_launch(2)):
         got = res["compiled"]
         assert got["diff"] <= 1e-6, (rank, got)
         assert got["kernels"] == {"eager": (3, 3), "compiled": (3, 3)}, (rank, got)
+        got = res["compiled_window"]
+        planned = (_plan(windowed, (2 * case["lens"],) * 2).kernel_calls(rank),) * 2
+        assert got["diff"] <= 1e-6, (rank, got)
+        assert got["kernels"] == {"eager": planned, "compiled": planned}, (rank, got, planned)
 
 
 def _half_elements(case, length: int, half: int) -> int:
@@ -454,30 +541,47 @@ def _half_elements(case, length: int, half: int) -> int:
     return case["b"] * tokens * heads * case["d"]
 
 
-def _expected(case, n, rank, backward: bool):
-    """The posts the table says this rank makes: (lane, step, sends, receives)."""
-    from tokenring_xdit.ring.schedules.kv_both_ways import kv_steps
+def _moves(case, n):
+    """Every message of the table as the rule says (independent of `kept_steps`): (row, lane,
+    kind, sender, receiver, owner). A half travels from holder to holder while a later holder
+    runs a block with it (the plan's; every block without one); its dK/dV sum goes holder to
+    holder within each run of steps with a block, one row behind, and home from the run's last
+    holder."""
+    plan = _plan(case, [len(p) for p in _positions(case, n)[1]])
+    moves = []
+    for owner, (h, ahead) in itertools.product(range(n), ((0, 1), (1, -1))):
+        holder = [(owner + ahead * s) % n for s in range(n + 1)]
+        used = [s for s in range(1, n) if plan is None or plan.block(holder[s], s, h) != ()]
+        last = max(used, default=0)
+        moves += [(s, h, "kv", holder[s], holder[s + 1], owner) for s in range(last)]
+        for s in used:
+            later = s + 1 in used
+            moves.append((s + 1, h, "sum" if later else "home", holder[s],
+                          holder[s + 1] if later else owner, owner))  # fmt: skip
+    return moves
 
+
+def _expected(case, n, rank, backward: bool):
+    """The posts this rank makes by `_moves`: (lane, step, sends, receives), K/V first, then
+    the sum passed on (or home), receives in the same order (row N's home: as a sum)."""
     kv_lens = [len(p) for p in _positions(case, n)[1]]
     kv_dtype = f"torch.{case['dtype']}"
     travel = kv_dtype if n == 2 else "torch.float32"
-    rows = kv_steps(rank, n, case["causal"])
+    moves = _moves(case, n)
     posts = []
-    for st in rows:
-        if not st.kernel and not backward:
-            break
-        for h, row in enumerate(st.halves):
+    for step in range(n + (backward and n > 1)):
+        for h in (0, 1):
+            here = [m for m in moves if m[:2] == (step, h) and (backward or m[2] == "kv")]
+            order = {"kv": 0, "sum": 1, "home": 1 if step == n else 2}
+            here.sort(key=lambda m: order[m[2]])
             sends, recvs = [], []
-            if row.send_to is not None:
-                sends += [(row.send_to, _half_elements(case, kv_lens[row.owner], h), kv_dtype)] * 2
-                recvs += [(row.recv_from, _half_elements(case, kv_lens[row.recv_owner], h),
-                           kv_dtype)] * 2  # fmt: skip
-            if backward and row.grad_send_to is not None:
-                sent = rows[st.step - 1].halves[h].owner
-                sends += [(row.grad_send_to, _half_elements(case, kv_lens[sent], h), travel)] * 2
-                recvs += [(row.grad_recv_from, _half_elements(case, kv_lens[row.grad_owner], h),
-                           travel)] * 2  # fmt: skip
-            posts.append((h, st.step, [s for s in sends if s[1]], [r for r in recvs if r[1]]))
+            for _, _, kind, src, dst, owner in here:
+                msg = _half_elements(case, kv_lens[owner], h), kv_dtype if kind == "kv" else travel
+                if src == rank:
+                    sends += [(dst, *msg)] * 2
+                if dst == rank:
+                    recvs += [(src, *msg)] * 2
+            posts.append((h, step, [x for x in sends if x[1]], [x for x in recvs if x[1]]))
     return posts
 
 
@@ -491,7 +595,7 @@ def test_every_transfer_is_the_tables(n):
     """Per step and lane (= direction): peers, sizes and dtypes of every message, forward and
     backward, as the table says (packed rows too: their halves travel whole); no self-sends."""
     for rank, res in enumerate(_launch(n)):
-        for case in CASES + PACKED:
+        for case in CASES + PACKED + WINDOWED:
             got = res["traffic"][case["name"]]
             for pass_, backward in (("fwd", False), ("bwd", True)):
                 have = _normal(got[pass_])

@@ -167,11 +167,12 @@ def _compiled(rank, n, torch):
 def _rejections(rank, torch):
     """Calls refused on every rank: window_size that differs between ranks, a bad window on one
     rank (negative, floats), softcap or dropout with a window (token_ring_attn_func) and K/V
-    travel with a window."""
+    travel with a window over K/V of another length than the queries'."""
     import tokenring_xdit as tr
 
     split = tr.make_split(16, 2, causal=True)
     qkv = [torch.randn(1, 8, 2, 8, requires_grad=True) for _ in range(3)]
+    short = [torch.randn(1, 6, 2, 8, requires_grad=True) for _ in range(2)]  # K/V of 6 tokens
     first = rank == 0  # rank 0 asks a good window, rank 1 another or a bad one
     mine = {"differs": (3, 0) if first else (4, 0), "negative": (2, 0) if first else (-2, 0),
             "floats": (2, 0) if first else (2.0, 0)}  # fmt: skip
@@ -180,8 +181,8 @@ def _rejections(rank, torch):
            for name, w in mine.items()},
         "softcap": lambda: tr.token_ring_attn_func(*qkv, window_size=(2, 2), softcap=5.0),
         "dropout": lambda: tr.token_ring_attn_func(*qkv, window_size=(2, 2), dropout_p=0.1),
-        "travel-kv": lambda: tr.token_ring_attn(*qkv, causal=True, split=split,
-                                                window_size=(2, 0), travel="kv"),
+        "travel-kv": lambda: tr.token_ring_attn(qkv[0], *short, window_size=(2, 2),
+                                                travel="kv"),
     }  # fmt: skip
     found = {}
     for name, call in calls.items():
@@ -268,7 +269,7 @@ def test_bad_window_is_one_error_on_every_rank():
         "floats": "window_size must be a pair of ints",
         "softcap": "softcap=5.0",
         "dropout": "dropout_p=0.1",
-        "travel-kv": "window",
+        "travel-kv": "a sliding window only over K/V of the queries' length",
     }
     for rank, res in enumerate(_launch(2)):
         for name, needle in needles.items():

@@ -7,7 +7,8 @@ lanes), bf16 and fp16, cuDNN and torch flash pairs, causal zigzag and non-causal
 (halves by heads), MQA (halves by tokens) and MHA: forward and dq/dk/dv against fp64 autograd of
 the whole sequence, within 1.15x of the error the same pair makes on the whole sequence in one
 call (ring 1: the block kernel's own error), plus a small absolute floor; packed documents with
-the packed kernels against fp64 attention within documents.
+the packed kernels against fp64 attention within documents; sliding windows (dense and packed)
+against fp64 attention under the window's mask.
 """
 
 from __future__ import annotations
@@ -32,14 +33,18 @@ def _positions(n: int, causal: bool, lens: list[int]) -> list[list[int]]:
     return [list(range(starts[r], starts[r] + lens[r])) for r in range(n)]
 
 
-def _errors(n, causal, lens, h, h_kv, dtype, pair_name, seed=0, acc=torch.float32, docs=None):
+def _errors(n, causal, lens, h, h_kv, dtype, pair_name, seed=0, acc=torch.float32, docs=None,
+            window=None):  # fmt: skip
     """Max |err| (relative to the largest reference value) of out, dq, dk, dv of a ring of n;
     `acc`: what the ring sums partials and gradients in (fp64: the block kernels' own error);
-    `docs`: packed documents' lengths, repeated over the row (the packed kernel `pair_name`)."""
-    from tokenring_xdit.ring.kernels import doc_pair, gqa_pair, select_pair
+    `docs`: packed documents' lengths, repeated over the row (the packed kernel `pair_name`);
+    `window`: a sliding window_size (the windowed record of `pair_name`)."""
+    from tests.window_ring import window_mask
+    from tokenring_xdit.ring.kernels import doc_pair, gqa_pair, select_pair, window_pair
     from tokenring_xdit.ring.packed import Documents
     from tokenring_xdit.ring.packed.kv_plan import kv_plan
     from tokenring_xdit.ring.schedules.kv_both_ways import split_by_heads
+    from tokenring_xdit.ring.schedules.window import Window
     from tokenring_xdit.ring.tensor_layout import BSHD
     from tokenring_xdit.ring.training.kv_backward import kv_backward
     from tokenring_xdit.ring.training.kv_forward import kv_forward
@@ -54,6 +59,8 @@ def _errors(n, causal, lens, h, h_kv, dtype, pair_name, seed=0, acc=torch.float3
     bounds = _bounds(docs, total) if docs else None
     ref_in = [x.double().requires_grad_() for x in (q, k, v)]
     mask = None if bounds is None else _doc_mask(bounds, total, causal).cuda()
+    if window is not None:
+        mask = window_mask(total, window, causal, bounds).cuda()
     ref = torch.nn.functional.scaled_dot_product_attention(
         *ref_in, attn_mask=mask, is_causal=causal and mask is None, enable_gqa=True
     )
@@ -66,10 +73,15 @@ def _errors(n, causal, lens, h, h_kv, dtype, pair_name, seed=0, acc=torch.float3
         pair = doc_pair(
             pair_name, dev, dtype, d, d, lambda x: select_pair(x, dev, dtype, d, d, False)
         )
+    if window is not None:
+        pair = window_pair(pair, dev, dtype, d, d)
     pair = gqa_pair(pair, dev, dtype, d, d) if h_kv < h else pair
     kv_lens = tuple(map(len, pos))
     by_heads = split_by_heads(h_kv)
-    plan = None if bounds is None else kv_plan(Documents(tuple(bounds)), kv_lens, causal, by_heads)
+    docs_, window_ = Documents(tuple(bounds)) if bounds else None, Window.of(window, causal)
+    plan = None
+    if docs_ is not None or window_ is not None:
+        plan = kv_plan(docs_, kv_lens, causal, by_heads, window_)
     call = KvCall(pair, BSHD, d**-0.5, causal, by_heads, acc, plan)
 
     def local(x, r):
@@ -154,4 +166,27 @@ def test_ring_errors_stay_at_the_kernels_own(dtype, pair_name, causal, heads):
                 failures.append(f"N={n} {what}: {err:.3g} > {bound:.3g} (own {own[what]:.3g})")
             if not err <= 2.5 * whole[what] + FLOOR[dtype]:
                 failures.append(f"N={n} {what}: {err:.3g} vs whole sequence {whole[what]:.3g}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("heads", SHAPES)
+def test_windowed_ring_errors_stay_at_the_kernels_own(causal, heads):
+    """Sliding windows (inside a shard, over several; dense and packed), bf16, torch flash
+    (packed: flash_varlen) blocks with their band kernel: within 1.15x of the same ring with
+    fp64 sums, against fp64 attention under the window's mask."""
+    h, h_kv = heads
+    failures = []
+    for n, window, docs in ((2, 100, None), (4, 33, None), (4, 700, None), (3, 200, [700, 37])):
+        lens = [256] * n
+        size = (window - 1, 0) if causal else (window, window // 2)
+        pair = "flash_varlen" if docs else "torch_flash"  # (packed: a packed kernel)
+        args = (n, causal, lens, h, h_kv, torch.bfloat16, pair)
+        own = _errors(*args, acc=torch.float64, docs=docs, window=size)
+        got = _errors(*args, docs=docs, window=size)
+        for what, err in got.items():
+            bound = max(RATIO * own[what], FLOOR[torch.bfloat16])
+            print(f"window {size} N={n} {what}: ring {err:.2e}, its blocks' own {own[what]:.2e}")
+            if not err <= bound:
+                failures.append(f"N={n} {size} {what}: {err:.3g} > {bound:.3g}")
     assert not failures, "\n".join(failures)

@@ -3,6 +3,8 @@ step-by-step model of both ring families (planner/kv_both_ways.py)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from tokenring_xdit.planner.kv_both_ways import TRAVEL_MARGIN, TrainShape, choose_travel, train_ms
@@ -36,3 +38,38 @@ def test_rule_is_the_planners_pick_or_within_its_margin(ring):
                 if abs(kv / tr - 1) > TRAVEL_MARGIN:
                     off.append((heads, kv_heads, tokens, causal, round(kv / tr, 3)))
     assert not off, off
+
+
+def _ring(kv_lens=(8, 8, 8, 8)):
+    from tokenring_xdit.ring.agreed_ring import Ring
+    from tokenring_xdit.ring.comm import RingPosition
+
+    return Ring(pos=RingPosition(None, 0, 4), comms=None, q_lens=(8,) * 4, settings=(),
+                kv_lens=kv_lens)  # fmt: skip
+
+
+def _spec(device: str, heads: int, kv_heads: int):
+    """What resolve_travel reads of an agreed CallSpec: q's and k's shapes, device, layout."""
+    import torch
+
+    from tokenring_xdit.ring.tensor_layout import BSHD
+
+    def x(h):
+        return SimpleNamespace(shape=(1, 8, h, 16), device=torch.device(device))
+
+    return SimpleNamespace(q=x(heads), k=x(kv_heads), layout=BSHD)
+
+
+def test_windowed_calls_take_the_rule_and_run_kv_when_forced():
+    """A sliding window no longer keeps TokenRing: `auto` picks by the rule, "kv" runs, except
+    over K/V of another length than the queries' (refused)."""
+    from tokenring_xdit.ring.seam.travel import resolve_travel
+
+    assert resolve_travel("auto", _ring(), _spec("cuda", 32, 8), windowed=True) == "kv"
+    assert resolve_travel("auto", _ring(), _spec("cuda", 32, 32), windowed=True) == "q"
+    assert resolve_travel("auto", _ring(), _spec("cpu", 32, 8), windowed=True) == "q"
+    assert resolve_travel("kv", _ring(), _spec("cpu", 32, 32), windowed=True) == "kv"
+    uneven = _ring((8, 6, 8, 8))
+    assert resolve_travel("auto", uneven, _spec("cuda", 32, 8), windowed=True) == "q"
+    with pytest.raises(NotImplementedError, match="queries' length"):
+        resolve_travel("kv", uneven, _spec("cuda", 32, 8), windowed=True)

@@ -33,7 +33,7 @@ from ..segments import Segment
 from .doc_split import CONTIGUOUS, DOCUMENTS, ROW, local_pieces
 from .documents import DocPlan, Documents, _local_ranges, _part_ranges, _trimmed, doc_plan
 
-__all__ = ["WindowPlan", "window_plan"]
+__all__ = ["WindowPlan", "narrowed", "window_plan"]
 
 Mask = bool | tuple[Segment, ...]
 
@@ -100,14 +100,14 @@ def _halves(rank: int, q_lens, causal: bool, split: str, docs: Documents | None)
 Runs = tuple[list[tuple[int, int, int]], list[int], list[int]]
 
 
-def _tile_runs(halves, part: str) -> Runs:
-    """The `part` tile's runs (t0, t1, g0): rows [t0, t1) hold global positions g0, g0 + 1, ...;
-    with the runs' starts and ends (to find a segment's runs by bisection)."""
+def _tile_runs(ranges: list[tuple[int, int]]) -> Runs:
+    """The runs (t0, t1, g0) of a tile whose global `ranges` come in tile order: rows [t0, t1)
+    hold global positions g0, g0 + 1, ...; with the runs' starts and ends (to find a segment's
+    runs by bisection)."""
     runs, t = [], 0
-    for half in _part_ranges(halves, part):
-        for g0, g1 in half:
-            runs.append((t, t + g1 - g0, g0))
-            t += g1 - g0
+    for g0, g1 in ranges:
+        runs.append((t, t + g1 - g0, g0))
+        t += g1 - g0
     return runs, [run[0] for run in runs], [run[1] for run in runs]
 
 
@@ -118,18 +118,32 @@ def _meeting(tile: Runs, t0: int, t1: int) -> list[tuple[int, int, int]]:
     return runs[bisect.bisect_right(ends, t0) : bisect.bisect_left(starts, t1)]
 
 
+def _part(halves, part: str) -> list[tuple[int, int]]:
+    """A shard's `part` tile as global ranges in tile order (`halves`: `_halves`)."""
+    return [g for half in _part_ranges(halves, part) for g in half]
+
+
 def _block(window: Window, st: BlockStep, rank: int, halves, inner: DocPlan | None) -> Mask:
     """The block of `rank` at `st`: its mask without the window, narrowed by it."""
     if not st.kernel:
         return ()
-    q_runs = _tile_runs(halves[st.q_owner], st.q_part)
-    k_runs = _tile_runs(halves[rank], st.kv_part)
-    if inner is None:
-        n_q, n_k = q_runs[2][-1], k_runs[2][-1]
-        base: Mask = st.causal
-        segs = (Segment(0, n_q, 0, n_k, st.causal),)
+    base = st.causal if inner is None else inner.block(rank, st.step)
+    return narrowed(window, base, _part(halves[st.q_owner], st.q_part),
+                    _part(halves[rank], st.kv_part))  # fmt: skip
+
+
+def narrowed(window: Window, base: Mask, q_ranges, k_ranges) -> Mask:
+    """A block's mask under `window`: `base` is its mask without it (the causal flag of the
+    whole tile, or segments), `q_ranges` / `k_ranges` the global token ranges of its query and
+    key tiles in tile order. `base` itself where the window hides none of its pairs, else its
+    pieces (() : nothing visible, or an empty tile)."""
+    q_runs, k_runs = _tile_runs(q_ranges), _tile_runs(k_ranges)
+    if not (q_runs[0] and k_runs[0] and q_runs[2][-1] and k_runs[2][-1]):
+        return ()
+    if isinstance(base, bool):
+        segs = (Segment(0, q_runs[2][-1], 0, k_runs[2][-1], base),)
     else:
-        base = segs = inner.block(rank, st.step)
+        segs = base
     out, changed = [], False
     for s in segs:
         for q_run in _meeting(q_runs, s.q0, s.q1):

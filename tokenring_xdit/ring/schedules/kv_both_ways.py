@@ -47,16 +47,37 @@ block is masked but the diagonal.
 Totals per pass and direction: N-1 K/V half transfers (the backward: and N-1 dK/dV accumulator
 transfers, the last one home); 2N-1 kernel calls (the diagonal, then two half blocks a step);
 no self-sends.
+
+Windows' note (a sliding window or packed documents: ring/packed/kv_plan.py says which blocks
+have a visible pair; `kept_steps` keeps the rows' transfers they need). For KV_j's half, let
+U be the steps 1..N-1 whose holder runs a block with it, and m = max U (0: none):
+  - K/V: the hops of steps 0..m-1 only (holder s -> holder s+1); later holders get nothing.
+  - dK/dV: for each run [a, b] of consecutive steps in U, holder a starts the sum, rows a+1..b
+    carry it holder to holder (one hop, as above), and at row b+1 holder b sends it home to j:
+    the neighbour at b = N-1 (row N, as above), else straight to j (`home_from`), which adds it
+    to its own. Holders with no block neither receive nor send a sum.
+Ring 4, causal zigzag, a window inside a chunk (W <= L/2, L local tokens): a head half of
+KV_j is seen at step 1 (chunk j+1 sees the end of chunk j) and, after the wrap, at step 3
+(chunk 2N-1-r sees the end of chunk 2N-1-j), not at step 2: it travels the whole way and its
+sum makes two runs (home from step 1's holder at row 2, from step 3's at row 4); 16 of 28
+kernels a pass (W = 3). Token halves with W - 1 <= L/4: those ends lie in B, so A never
+leaves home (10 kernels). Non-causal contiguous shards, a left window inside a shard: A is
+seen by r+1 at step 1 only (one hop); B by r+1 too, at step N-1, the long way round (a half's
+direction is the table's).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
 from .blocks import ALL, BACK, FRONT
 
-__all__ = ["A", "B", "HalfRow", "KvStep", "kv_steps", "half_ranges", "front_len", "split_by_heads"]
+__all__ = [
+    "A", "B", "HalfRow", "KvStep", "Used", "kv_steps", "kept_steps", "half_ranges", "front_len",
+    "split_by_heads",
+]  # fmt: skip
 
 A, B = 0, 1  # the half that travels forward (to r+1) and the one that travels backward (to r-1)
 
@@ -66,7 +87,10 @@ class HalfRow:
     """What one half does at one row on one rank. `owner`: whose half is held (its kernel runs
     on it: our queries `q_part` against the half's `kv_part`); `send_to`/`recv_from`: its K/V
     move for the next step (`recv_owner`: whose half arrives, which sizes the buffers);
-    `grad_*`: the backward's dK/dV accumulator (`grad_owner`: whose half it belongs to)."""
+    `grad_send_to`: where the accumulator made at the previous row goes (the next holder, or
+    its owner: home); `grad_recv_from`: an accumulator arrives, to which this row's block adds
+    (`grad_owner`: whose half it belongs to; ourselves at row N: home); `home_from`: our own
+    half's accumulator comes home before row N, from the last holder of a run (`kept_steps`)."""
 
     owner: int | None
     q_part: str = ALL
@@ -77,6 +101,7 @@ class HalfRow:
     grad_send_to: int | None = None
     grad_recv_from: int | None = None
     grad_owner: int | None = None
+    home_from: int | None = None
 
 
 @dataclass(frozen=True)
@@ -158,3 +183,45 @@ def kv_steps(rank: int, world_size: int, causal: bool) -> tuple[KvStep, ...]:
         KvStep(s, s < n, s == 0, (_half(A, rank, n, s, causal), _half(B, rank, n, s, causal)))
         for s in range(rows)
     )
+
+
+# [owner][half][step - 1]: whether the holder of owner's half at that step runs a block with it
+Used = tuple[tuple[tuple[bool, ...], tuple[bool, ...]], ...]
+
+
+@functools.lru_cache(maxsize=256)
+def kept_steps(rank: int, world_size: int, causal: bool, used: Used) -> tuple[KvStep, ...]:
+    """`rank`'s table with only the transfers some block needs (the windows' Note): a half
+    travels while a later holder runs a block with it; its dK/dV sum goes from holder to holder
+    within each run of holders with a block and home from the run's last holder."""
+    return tuple(
+        dataclasses.replace(st, halves=tuple(
+            _kept(h, st.halves[h], rank, world_size, st.step, used) for h in (A, B)))
+        for st in kv_steps(rank, world_size, causal)
+    )  # fmt: skip
+
+
+def _kept(half: int, row: HalfRow, rank: int, n: int, s: int, used: Used) -> HalfRow:
+    ahead = 1 if half == A else -1
+
+    def runs(owner: int, t: int) -> bool:  # the holder of owner's half at step t has a block
+        return 1 <= t < n and used[owner % n][half][t - 1]
+
+    def goes_on(owner: int) -> bool:  # a holder after step s needs owner's half
+        return any(runs(owner, t) for t in range(s + 1, n))
+
+    prev = (rank - ahead * (s - 1)) % n  # whose sum we made at the previous row
+    send = None
+    if runs(prev, s - 1):
+        send = (rank + ahead) % n if runs(prev, s) else prev
+    passed = runs(row.owner, s) and runs(row.owner, s - 1) if s < n else runs(rank, n - 1)
+    home = s < n and runs(rank, s - 1) and not runs(rank, s)
+    return dataclasses.replace(
+        row,
+        send_to=row.send_to if row.send_to is not None and goes_on(row.owner) else None,
+        recv_from=row.recv_from if row.recv_from is not None and goes_on(row.recv_owner)
+        else None,
+        grad_send_to=send,
+        grad_recv_from=row.grad_recv_from if passed else None,
+        home_from=(rank + ahead * (s - 1)) % n if home else None,
+    )  # fmt: skip

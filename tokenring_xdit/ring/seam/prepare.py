@@ -291,7 +291,9 @@ def prepare(
     if train and resolve_travel(options.travel, ring, spec, window is not None) == "kv":
         by_heads = split_by_heads(k.shape[layout.head_dim])
         docs = ring.plan.docs if ring.plan is not None else None  # (the row's split: travel.py)
-        plan = kv_plan(docs, ring.q_lens, options.causal, by_heads) if docs is not None else None
+        plan = None  # dense, no window: the whole table
+        if docs is not None or window is not None:
+            plan = kv_plan(docs, ring.q_lens, options.causal, by_heads, window)
         call = KvCall(kernel.fn, layout, spec.scale, options.causal, by_heads, plan=plan)
     elif train:
         plan = ring.plan

@@ -9,10 +9,13 @@ same pick on its whole grid (ring 2-8, 4k-64k tokens per GPU, GQA 32/8 and 64/8,
 two rows it calls the other way are within its 2 % margin: tests/unit/test_seam_travel.py), and
 `tokenring-xdit plan` prints its times. CPU rings keep TokenRing by rule (no calibration; what
 CPU runs exist to test), as `--ring_impl_type auto` does. What the K/V family does not run yet
-(packed documents in the documents layout or contiguous causal shards, a sliding window) keeps
-TokenRing under "auto" and is refused, on every rank, when forced. Packed documents in the row's
-split run when forced (ring/packed/kv_plan.py); "auto" keeps TokenRing for them, whose plan also
-trims what travels and whose times the planner models.
+(packed documents in the documents layout or contiguous causal shards; a window over K/V of
+another length than the queries') keeps TokenRing under "auto" and is refused, on every rank,
+when forced. Packed documents in the row's split run when forced (ring/packed/kv_plan.py);
+"auto" keeps TokenRing for them, whose plan also trims what travels and whose times the planner
+models. A sliding window runs on both (dense, and packed in the row's split): both plans skip
+the blocks it hides and the transfers no later block needs, so "auto" picks by the same rule
+for windowed calls (packed ones stay TokenRing).
 """
 
 from __future__ import annotations
@@ -47,8 +50,11 @@ def resolve_travel(asked: str, ring: Ring, spec: CallSpec, windowed: bool) -> st
     settings are agreed by now; `windowed`: a sliding window, agreed). Raises the same error on
     every rank where "kv" is forced and cannot run."""
     split = ring.plan.split if ring.plan is not None else ROW
-    blocker = (f"does not run packed documents in the {split!r} layout yet" if split != ROW else
-               "does not run a sliding window yet" if windowed else "")  # fmt: skip
+    blocker = ""
+    if split != ROW:
+        blocker = f"does not run packed documents in the {split!r} layout yet"
+    elif windowed and ring.kv_lens != ring.q_lens:
+        blocker = "runs a sliding window only over K/V of the queries' length on every rank"
     if asked == "kv" and blocker:
         raise NotImplementedError(f"TokenRing: travel='kv' (K/V both ways) {blocker}; use "
                                   "travel='q' or 'auto'")  # fmt: skip

@@ -8,8 +8,10 @@ block to the sum that arrives from the previous one and posts it on one step lat
 holder's sum reaches the owner on the table's last row, where it joins the owner's own dK/dV
 (schedules/kv_both_ways.py). A sum that makes more than one hop travels in fp32 (N >= 3): it is
 rounded once, at home, like every other sum here; at N = 2 it is one block, sent in K's dtype.
-Packed documents: kernels take their block's segments; a block without any is not run, and the
-half's sum passes on unchanged (zeros where it starts).
+Packed documents, a window: kernels take their block's mask (the plan's); a block with nothing
+visible is not run, and no sum passes it: a half's sum runs along each run of holders with a
+block and goes home from the run's last holder (straight to its owner where that is not the
+neighbour; `kv_both_ways.kept_steps`).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ def kv_backward(
     delta = row_delta(dout, out, call.layout)
     own = call.pair.run_backward(dout, q, k, v, out, lse, delta, *args)
     pay = _Backward(call, ring.rank, kv_lens, ring.size, (dout, q, k, v, out, lse, delta), own)
-    return run_kv(call.causal, ring, kv_lens, pay)
+    return run_kv(call.steps(ring.rank, ring.size), ring, kv_lens, pay)
 
 
 class _Backward(TravellingKv):
@@ -69,8 +71,8 @@ class _Backward(TravellingKv):
         call = self.call
         for half in (A, B):
             row, mask = st.halves[half], call.mask(self.rank, st.step, half)
-            if mask == ():  # packed, no shared document: no dQ, a zero dK/dV share
-                self.made[half] = (None, None, row)
+            if mask == ():  # nothing visible: no dQ, no dK/dV (no sum passes here)
+                self.made[half] = None
                 continue
             q_rows = [call.rows(call.heads(x, half), row.q_part) for x in
                       (self.dout, self.q, self.out)]  # fmt: skip
@@ -83,25 +85,26 @@ class _Backward(TravellingKv):
             call.rows(call.heads(self.dq, half), row.q_part).add_(dq)
             self.made[half] = (dk, dv, row)
 
-    def settle(self, st: KvStep, arrived) -> None:
+    def settle(self, st: KvStep, arrived, home) -> None:
         for half in (A, B):
-            if not st.kernel:  # the last row: our own halves' sums came home
-                for full, got in zip((self.dk, self.dv), arrived[half] or (), strict=False):
-                    self.call.add_home(full, got, half)
-            elif not st.diagonal:
+            came = arrived[half] if not st.kernel else home[half]  # our own half's sum
+            for full, got in zip((self.dk, self.dv), came or (), strict=False):
+                self.call.add_home(full, got, half)
+            if st.kernel and not st.diagonal:
                 self.sums[half] = self._summed(half, arrived[half])
 
     def _summed(self, half: int, arrived) -> list[torch.Tensor]:
-        """This row's block added to the half's sum that arrived (the first holder starts it)."""
+        """This row's block added to the half's sum that arrived (a run's first holder starts
+        it); nothing where the block was not run."""
+        if self.made[half] is None:
+            return []
         dk, dv, row = self.made[half]
         length = self.kv_lens[row.owner]
         if arrived is None:  # dense buffers: the kernel's grads may be views (P2P needs dense)
             arrived = self.grad_buffers(half, length)
-            if row.kv_part == ALL and dk is not None:
+            if row.kv_part == ALL:
                 return [total.copy_(g) for total, g in zip(arrived, (dk, dv), strict=True)]
             arrived = [total.zero_() for total in arrived]
-        if dk is None:  # a block not run: the sum goes on as it came
-            return arrived
         for total, g in zip(arrived, (dk, dv), strict=True):
             self.call.kv_rows(total, half, row.kv_part, length).add_(g)
         return arrived

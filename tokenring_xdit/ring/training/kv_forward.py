@@ -3,8 +3,9 @@
 Step 0 runs our own queries against our own K/V (the causal diagonal where causal); each later
 step runs them against the two halves held (schedules/kv_both_ways.py), and every partial is
 merged at once into our running (out, lse) in fp32 by log-sum-exp (the fused Triton pass on CUDA
-where it serves, else torch ops). Nothing goes home: Q, out and lse never move. Packed documents:
-each kernel takes its block's segments, and a block without any adds nothing (not run).
+where it serves, else torch ops). Nothing goes home: Q, out and lse never move. Packed documents,
+a window: each kernel takes its block's mask (the plan's), and a block with nothing visible
+adds nothing (not run).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def kv_forward(
     if ring.size == 1:
         return out.to(q.dtype), lse.float()
     pay = _Forward(call, ring.rank, kv_lens, q, k, v, out, lse)
-    return run_kv(call.causal, ring, kv_lens, pay)
+    return run_kv(call.steps(ring.rank, ring.size), ring, kv_lens, pay)
 
 
 class _Forward(TravellingKv):
@@ -53,7 +54,7 @@ class _Forward(TravellingKv):
         for half in (A, B):
             row, mask = st.halves[half], call.mask(self.rank, st.step, half)
             if mask == ():
-                continue  # packed: no query here shares a document with the half's keys
+                continue  # no pair visible here (other documents, outside the window)
             q = call.rows(call.heads(self.q, half), row.q_part)
             length = self.kv_lens[row.owner]
             kv = [call.kv_rows(x, half, row.kv_part, length) for x in held[half]]
@@ -71,7 +72,7 @@ class _Forward(TravellingKv):
             lse_merge(dst, dst_lse, dst, dst_lse, o, lse, self.call.layout.lse_to_out, True,
                       self.out.dtype)  # fmt: skip
 
-    def settle(self, st, arrived) -> None:
+    def settle(self, st, arrived, home) -> None:
         pass
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor]:

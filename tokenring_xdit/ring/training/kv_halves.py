@@ -4,8 +4,9 @@
 rank. A half is either K/V heads [0, Hkv/2) or [Hkv/2, Hkv), serving query heads [0, H/2) or
 [H/2, H) (query head i uses K/V head i // g), or a set of token ranges with every head
 (`half_ranges`). A travelling half is a dense (K, V) pair (P2P needs dense buffers); its FRONT
-is its part in the owner's chunk j (causal blocks, the schedule's Note). Packed documents: the
-call's `plan` gives every block's segments (ring/packed/kv_plan.py).
+is its part in the owner's chunk j (causal blocks, the schedule's Note). Packed documents or a
+sliding window: the call's `plan` gives every block's mask and the rows with the transfers they
+need (ring/packed/kv_plan.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 
 from ..kernels import KernelPair
 from ..schedules.blocks import FRONT, part_slice
-from ..schedules.kv_both_ways import front_len, half_ranges
+from ..schedules.kv_both_ways import KvStep, front_len, half_ranges, kv_steps
 from ..tensor_layout import Layout
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ class KvCall:
     # what partials and gradients are summed (and multi-hop sums travel) in: fp32; fp64 sums
     # measure what the block kernels' own rounding alone makes of a ring (the GPU tests)
     acc: torch.dtype = torch.float32
-    plan: KvPlan | None = None  # packed documents: every block's segments (packed/kv_plan.py)
+    plan: KvPlan | None = None  # packed documents, a window: every block's mask (packed/kv_plan.py)
 
     @property
     def packing(self) -> Hashable:
@@ -59,11 +60,17 @@ class KvCall:
 
     def mask(self, rank: int, step: int, half: int):
         """The kernel's mask argument for `rank`'s block of `half` at `step` (0: the diagonal):
-        the causal flag (only the diagonal is masked), or the block's segments when packed
-        (() : the block is not run)."""
+        the causal flag (only the diagonal is masked), or the plan's (segments; () : the block
+        is not run)."""
         if self.plan is None:
             return self.causal and step == 0
         return self.plan.block(rank, step, half)
+
+    def steps(self, rank: int, size: int) -> tuple[KvStep, ...]:
+        """`rank`'s rows: the table's, or the plan's (only the transfers its blocks need)."""
+        if self.plan is None:
+            return kv_steps(rank, size, self.causal)
+        return self.plan.steps(rank)
 
     def heads(self, x: torch.Tensor, half: int) -> torch.Tensor:
         """x's heads that go with a half (all of them for token halves): q, out, dO or K/V."""
