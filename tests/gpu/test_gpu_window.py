@@ -129,7 +129,8 @@ def _attend(loc, split, window, acc):
     from tokenring_xdit.ring.seam.prepare import CallOptions, prepare
     from tokenring_xdit.ring.seam.run import train_attn
 
-    options = dict(causal=True, split=split, window_size=window, cuda_graph=False)
+    # TokenRing's plan (auto would move K/V under GQA on CUDA: tests/gpu/test_gpu_kv_both_ways.py)
+    options = dict(causal=True, split=split, window_size=window, cuda_graph=False, travel="q")
     if acc is None:  # (eager: a capture would count its posts again)
         return token_ring_attn(*loc, **options)
     prepared = prepare(*loc, CallOptions(**options))

@@ -12,7 +12,8 @@ from tokenring_xdit.ring.kernels import MASKED, PAIRS, segments_mask, segments_p
 from tokenring_xdit.ring.kernels.base import row_delta
 from tokenring_xdit.ring.kernels.probe import works
 from tokenring_xdit.ring.kernels.varlen import _window
-from tokenring_xdit.ring.kernels.window import banded
+from tokenring_xdit.ring.kernels.registry import DOC_REGISTRY
+from tokenring_xdit.ring.kernels.window import banded, runs_block
 from tokenring_xdit.ring.kernels.wrappers import expanded
 from tokenring_xdit.ring.packed.window_plan import _trim
 from tokenring_xdit.ring.segments import Segment
@@ -96,6 +97,17 @@ def test_band_kernel_reads_grouped_kv_where_the_probe_says_it_takes_them():
     assert works(grouped, "gqa-bands", CPU, torch.float64, 8, 8)
     assert banded(PAIRS["cpu_flash"], grouped, True).forward.band is grouped
     assert banded(PAIRS["cpu_flash"], MASKED).forward.band == expanded(MASKED)
+
+
+def test_flash_varlen_keeps_its_tall_bands_off_flash():
+    """flash_varlen takes bands itself, but a banded segment taller than wide goes to the exact
+    masked kernel (flash's window got those wrong on H200): its windowed record routes them."""
+    flash = DOC_REGISTRY["flash_varlen"]
+    pair = window_pair(flash, CPU, torch.bfloat16, 64, 64)
+    tall, wide = Segment(0, 40, 0, 20, False, (0, 7)), Segment(0, 20, 0, 40, False, (-9, 0))
+    assert runs_block(pair, (tall,)).name == "masked"
+    assert runs_block(pair, (wide,)).name == "flash_varlen"
+    assert runs_block(pair, True) is flash and runs_block(pair, (Segment(0, 8, 0, 8, True),)) is flash
 
 
 def test_dense_kernel_per_segment_refuses_a_band():

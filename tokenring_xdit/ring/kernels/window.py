@@ -92,12 +92,13 @@ def window_pair(
     record: Kernel, device: torch.device, dtype, d_qk: int, d_v: int, deterministic: bool = False
 ) -> Kernel:
     """The record of a windowed call whose own kernel is `record` (a dense or a packed one):
-    itself where it takes bands, else `banded` with the first of names.WINDOWED that runs on
-    this device and dtype (deterministic where asked) and passes the bands probe, on grouped
-    K/V where it passes that probe with them too."""
-    if record.bands:
+    itself where it takes bands (flash_varlen too, through `banded` for its tall bands), else
+    `banded` with the first of names.WINDOWED that runs on this device and dtype (deterministic
+    where asked) and passes the bands probe, on grouped K/V where it passes that probe with them
+    too."""
+    if record.bands and record.name != FLASH_VARLEN:
         return record
-    band = next(
+    band = record if record.bands else next(
         r for r in map(_band_record, WINDOWED)
         if device.type in KernelName(r.name).devices and (dtype in HALF or not r.half_only)
         and (r.deterministic or not deterministic) and _bands_work(r.name, device.type, dtype,
