@@ -1,5 +1,6 @@
 """`travel="auto"`: the rule the call seam applies (ring/seam/travel.py) against the planner's
-step-by-step model of both ring families (planner/kv_both_ways.py)."""
+step-by-step model of both ring families (planner/kv_both_ways.py; with a window:
+planner/window.py and planner/kv_window.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from types import SimpleNamespace
 import pytest
 
 from tokenring_xdit.planner.kv_both_ways import TRAVEL_MARGIN, TrainShape, choose_travel, train_ms
+from tokenring_xdit.planner.kv_window import kv_window_train_ms
 from tokenring_xdit.planner.machine import make_machine
+from tokenring_xdit.planner.window import window_train_ms
 from tokenring_xdit.ring.seam.travel import travel_rule
 
 
@@ -37,6 +40,26 @@ def test_rule_is_the_planners_pick_or_within_its_margin(ring):
                           ("token_ring", "kv_both_ways"))  # fmt: skip
                 if abs(kv / tr - 1) > TRAVEL_MARGIN:
                     off.append((heads, kv_heads, tokens, causal, round(kv / tr, 3)))
+    assert not off, off
+
+
+@pytest.mark.parametrize("ring", [2, 4, 8])
+def test_windowed_rule_is_the_planners_pick_or_within_its_margin(ring):
+    """A dense windowed call runs on zigzag shards in either family (a causal contiguous cut is
+    packed: TokenRing keeps it), so the model prices both plans on those shards; the rule's pick
+    is the faster, or the two are within the margin."""
+    m, ranks = make_machine(ring), list(range(ring))
+    off = []
+    for heads, kv_heads in ((32, 8), (64, 8), (32, 32)):
+        for tokens in (4096, 16384):
+            for window in (128, 1024, 4096):
+                s = TrainShape(heads, kv_heads, 128, tokens, causal=True)
+                tr = window_train_ms(m, s, ranks, window, "zigzag")["ms"]
+                kv = kv_window_train_ms(m, s, ranks, window)["ms"]
+                model = "kv" if kv < tr * (1 - TRAVEL_MARGIN) else "q"
+                if model != travel_rule("cuda", heads, kv_heads, ring)[0]:
+                    if abs(kv / tr - 1) > TRAVEL_MARGIN:
+                        off.append((heads, kv_heads, tokens, window, round(kv / tr, 3)))
     assert not off, off
 
 

@@ -42,8 +42,8 @@ from .machine import Machine
 from .schedules import LSE_BYTES
 from .workload import Workload, split_prediction
 
-__all__ = ["TILE", "SPLITS", "tile_share", "plan_for", "window_train_ms", "ulysses_window_ms",
-           "pick_split", "q_rows"]  # fmt: skip
+__all__ = ["TILE", "SPLITS", "tile_share", "plan_for", "window_train_ms", "simulated",
+           "ulysses_window_ms", "pick_split", "q_rows"]  # fmt: skip
 
 TILE = 128  # the band kernel's tile edge (flash on Hopper, head dim 128)
 SPLITS = (ROW, CONTIGUOUS)  # the zigzag and contiguous causal shards
@@ -131,16 +131,26 @@ def window_train_ms(
 ) -> dict:  # fmt: skip
     """Predicted GPU ms of one causal forward + backward TokenRing call with a window of
     `window` tokens (None: none) on the ring `ranks` (global ranks on `m`, two or more), and
-    what it runs: {"ms", "fwd_ms", "bwd_ms", "kernels_ms" (busiest rank), "comm_ms",
-    "sent_mb" (the most one rank sends, both passes), "q_rows" (the most query rows a Q-lane
-    message carries), "steps_run" (steps with a kernel), "kernels" (block calls, one pass)}."""
+    what it runs: `simulated`'s keys and "q_rows" (the most query rows a Q-lane message
+    carries)."""
     n = len(ranks)
     if n < 2 or not s.causal:
         raise ValueError(f"a windowed ring call is causal over two or more ranks, got {n}")
     plan = plan_for(n, s.tokens, window, split)
+    out = simulated(m, s, ranks, lambda backward: _rows(m, s, plan, backward, band_kernel))
+    out["q_rows"] = q_rows(plan, s.tokens)
+    return out
+
+
+def simulated(m: Machine, s: TrainShape, ranks: list[int], rows_of) -> dict:
+    """Both passes of a call whose rows `rows_of(backward)` gives, simulated on `ranks`:
+    {"ms", "fwd_ms", "bwd_ms", "kernels_ms" (busiest rank), "comm_ms", "sent_mb" (the most one
+    rank sends, both passes), "steps_run" (steps with a kernel), "kernels" (ranks' rows with a
+    kernel, one pass)}."""
+    n = len(ranks)
     out = {"kernels_ms": 0.0, "comm_ms": 0.0, "sent_mb": 0.0}
     for name, backward in (("fwd", False), ("bwd", True)):
-        rows = _rows(m, s, plan, backward, band_kernel)
+        rows = rows_of(backward)
         ms, parts = _simulate(m, ranks, rows)
         out[f"{name}_ms"] = ms + _copies_ms(m, s, backward)
         out["kernels_ms"] += max(sum(row[i][0] for row in rows) for i in range(n))
@@ -150,7 +160,6 @@ def window_train_ms(
             kernels = [sum(1 for r in range(n) if row[r][0] > 0) for row in rows]
             out["steps_run"], out["kernels"] = sum(1 for c in kernels if c), sum(kernels)
     out["ms"] = out["fwd_ms"] + out["bwd_ms"]
-    out["q_rows"] = q_rows(plan, s.tokens)
     return out
 
 
