@@ -18,7 +18,7 @@ VENV="${DEV_VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 # The suite's multi-rank tests wait on deadlines and peers as much as they compute, so two
-# workers on 2 cores beat one (1,670 tests: 17.8 minutes with two, measured 2026-11-29).
+# workers on 2 cores beat one (1,754 tests: 17.6 minutes with two, measured 2026-11-29).
 TEST_WORKERS="${TEST_WORKERS:-2}"
 STAMP="$VENV/.tokenring-xdit-install-stamp"
 
