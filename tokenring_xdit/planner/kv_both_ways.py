@@ -21,12 +21,18 @@ time, docs/training.md). GQA's per-block K/V expansion is the same in both and l
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from ..ring.schedules import CAUSAL_ZIGZAG, NON_CAUSAL_BLOCKS
 from ..ring.schedules.blocks import FRONT, part_len
-from ..ring.schedules.kv_both_ways import front_len, half_ranges, kv_steps, split_by_heads
+from ..ring.schedules.kv_both_ways import (
+    KvStep,
+    front_len,
+    half_ranges,
+    kv_steps,
+    split_by_heads,
+)
 from .ceiling import CAUSAL_OVER_FULL, TRAIN_OVER_FORWARD
 from .machine import Machine, make_machine
 from .schedules import LSE_BYTES, _flows_ms
@@ -115,37 +121,57 @@ def _token_ring_rows(m: Machine, s: TrainShape, n: int, backward: bool) -> list[
 
 def _kv_rows(m: Machine, s: TrainShape, n: int, backward: bool) -> list[list[Row]]:
     """Every rank's rows of the K/V family's table (a half each way, sums behind them)."""
+    heads = half_shape(s)[0].heads
+
+    def block_ms(r: int, st: KvStep, x: int, q: int, kv: int) -> float:
+        if st.diagonal:
+            return _fwd_ms(m, s, s.tokens, s.tokens, s.heads, True)
+        return _fwd_ms(m, s, q, kv, heads)
+
+    tables = [kv_steps(r, n, s.causal) for r in range(n)]
+    return [[kv_row(m, s, n, r, st, backward, block_ms) for r, st in enumerate(sts)]
+            for sts in zip(*tables, strict=True) if backward or sts[0].kernel]  # fmt: skip
+
+
+def half_shape(s: TrainShape) -> tuple[TrainShape, list[int]]:
+    """(a half's shape: its query and K/V heads, the tokens of halves A and B) as the family
+    cuts them (`split_by_heads`, `half_ranges`)."""
     by_heads = split_by_heads(s.kv_heads)
+    half = replace(s, heads=s.heads // 2, kv_heads=s.kv_heads // 2) if by_heads else s
+    ranges = half_ranges(s.tokens, s.causal, by_heads)
+    return half, [sum(b - a for a, b in ranges[x]) for x in (0, 1)]
+
+
+def kv_row(m: Machine, s: TrainShape, n: int, r: int, st: KvStep, backward: bool,
+           block_ms) -> Row:  # fmt: skip
+    """Rank `r`'s row `st` of the K/V family (the full table's, or a plan's with only the
+    transfers its blocks need): its kernels (`block_ms(r, st, half, q_rows, kv_rows)`: ms, None
+    where the block is not run; the diagonal's at step 0), the K/V and dK/dV transfers the row
+    posts, and the memory passes of the merges, the sums and the sums that come home."""
+    hs, tokens = half_shape(s)
     e, d, L = s.dtype_bytes, s.head_dim, s.tokens
-    heads, kv_heads = (s.heads // 2, s.kv_heads // 2) if by_heads else (s.heads, s.kv_heads)
-    travel = 4 if n > 2 else e
-    tokens = [sum(b - a for a, b in half_ranges(L, s.causal, by_heads)[x]) for x in (0, 1)]
-    rows = []
-    for st_rows in zip(*(kv_steps(r, n, s.causal) for r in range(n)), strict=True):
-        row = []
-        for st in st_rows:
-            k = mem = 0.0
-            flows = []
-            if st.diagonal:
-                k = _fwd_ms(m, s, L, L, s.heads, True)
-            for x, half in enumerate(st.halves):
-                if st.kernel and not st.diagonal:
-                    q = part_len(half.q_part, L)
-                    kv = front_len(L, x, s.causal, by_heads) if half.kv_part == FRONT else tokens[x]
-                    k += _fwd_ms(m, s, q, kv, heads)
-                    mem += q * heads * (d * (2 * 4 + e) if backward else d * (e + 8) + 3 * 4)
-                    if backward:  # the half's running dK/dV sum
-                        mem += 2 * kv * kv_heads * d * (2 * travel + e)
-                if half.send_to is not None:
-                    flows.append((half.send_to, 2 * tokens[x] * kv_heads * d * e))
-                if backward and half.grad_send_to is not None:
-                    flows.append((half.grad_send_to, 2 * tokens[x] * kv_heads * d * travel))
-                if backward and not st.kernel:  # our own half's sum came home
-                    mem += 2 * tokens[x] * kv_heads * d * (8 + travel)
-            row.append((k * (BWD_OVER_FWD if backward else 1), m.mem_ms(mem), flows))
-        rows.append(row)
-    return rows if backward else [row for row, st in zip(rows, kv_steps(0, n, s.causal),
-                                                            strict=True) if st.kernel]  # fmt: skip
+    travel = 4 if n > 2 else e  # the sums travel in fp32 beyond two ranks
+    k = block_ms(r, st, 0, L, L) if st.diagonal else 0.0
+    mem, flows = 0.0, []
+    for x, half in enumerate(st.halves):
+        if st.kernel and not st.diagonal:
+            q = part_len(half.q_part, L)
+            kv = front_len(L, x, s.causal, split_by_heads(s.kv_heads)) if half.kv_part == FRONT \
+                else tokens[x]  # fmt: skip
+            ms = block_ms(r, st, x, q, kv)
+            if ms is not None:
+                k += ms
+                mem += q * hs.heads * (d * (2 * 4 + e) if backward else d * (e + 8) + 3 * 4)
+                if backward:  # the half's running dK/dV sum
+                    mem += 2 * kv * hs.kv_heads * d * (2 * travel + e)
+        if half.send_to is not None:
+            flows.append((half.send_to, 2 * tokens[x] * hs.kv_heads * d * e))
+        if backward and half.grad_send_to is not None:
+            flows.append((half.grad_send_to, 2 * tokens[x] * hs.kv_heads * d * travel))
+        home = half.home_from is not None or (not st.kernel and half.grad_recv_from is not None)
+        if backward and home:  # our own half's sum came home
+            mem += 2 * tokens[x] * hs.kv_heads * d * (8 + travel)
+    return (k * (BWD_OVER_FWD if backward else 1), m.mem_ms(mem), flows)
 
 
 def _copies_ms(m: Machine, s: TrainShape, backward: bool) -> float:

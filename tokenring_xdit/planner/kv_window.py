@@ -6,8 +6,9 @@ skipped; its rows keep only the transfers later blocks need (`kept_steps`: a hal
 while a later holder runs a block with it, its dK/dV sum goes holder to holder within a run of
 such holders and home from the run's last one). This prices that plan as planner/window.py
 prices TokenRing's (blocks the window left whole on cuDNN, segments on the band kernel by
-tiles: `window._block_ms`, a half's blocks on the half's heads) and simulates its rows as
-kv_both_ways' `_kv_rows` does (same bytes, sums and memory passes), through `window.simulated`.
+tiles: `window._block_ms`, a half's blocks on the half's heads) and simulates its rows with
+kv_both_ways' `kv_row` (the full table's bytes, sums and memory passes), through
+`window.simulated`.
 
 The family runs zigzag shards only: a rank's back chunk meets the end of its neighbour's back
 chunk after the wrap, so with any window a half still crosses the whole ring (the schedule's
@@ -16,13 +17,10 @@ windows' Note), at L·Hkv·d per step and direction whatever W is.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from ..ring.packed.kv_plan import KvPlan, kv_plan
-from ..ring.schedules.blocks import FRONT, part_len
-from ..ring.schedules.kv_both_ways import A, B, KvStep, front_len, half_ranges, split_by_heads
+from ..ring.schedules.kv_both_ways import KvStep, split_by_heads
 from ..ring.schedules.window import Window
-from .kv_both_ways import BWD_OVER_FWD, Row, TrainShape
+from .kv_both_ways import TrainShape, half_shape, kv_row
 from .machine import Machine
 from .window import BAND_KERNEL, _block_ms, simulated
 
@@ -38,47 +36,19 @@ def kv_plan_for(n: int, local: int, window: int | None, kv_heads: int) -> KvPlan
     return kv_plan(None, (local,) * n, True, split_by_heads(kv_heads), w)
 
 
-def _half_shape(s: TrainShape) -> tuple[TrainShape, list[int]]:
-    """(a half's shape: its query and K/V heads, its tokens of A and B) as `_kv_rows` cuts."""
-    by_heads = split_by_heads(s.kv_heads)
-    half = replace(s, heads=s.heads // 2, kv_heads=s.kv_heads // 2) if by_heads else s
-    return half, [sum(b - a for a, b in half_ranges(s.tokens, True, by_heads)[x]) for x in (A, B)]
-
-
-def _rank_row(
-    m: Machine, s: TrainShape, plan: KvPlan, r: int, st: KvStep, backward: bool, kernel: str
-) -> Row:  # fmt: skip
-    """One rank's row at one step: its blocks (the diagonal, or a half's each), the kept K/V and
-    dK/dV transfers, and the memory passes `_kv_rows` counts for them."""
-    hs, tokens = _half_shape(s)
-    e, d, L, n = s.dtype_bytes, s.head_dim, s.tokens, len(plan.q_lens)
-    travel = 4 if n > 2 else e  # the sums travel in fp32 beyond two ranks
-    k = _block_ms(m, s, plan.diagonal(r), L, L, kernel) if st.diagonal else 0.0
-    mem = 0.0
-    flows = []
-    for x, half in enumerate(st.halves):
-        mask = plan.block(r, st.step, x) if st.kernel and not st.diagonal else ()
-        if mask != ():
-            q = part_len(half.q_part, L)
-            kv = front_len(L, x, True, plan.by_heads) if half.kv_part == FRONT else tokens[x]
-            k += _block_ms(m, hs, mask, q, kv, kernel)
-            mem += q * hs.heads * (d * (2 * 4 + e) if backward else d * (e + 8) + 3 * 4)
-            if backward:  # the half's running dK/dV sum
-                mem += 2 * kv * hs.kv_heads * d * (2 * travel + e)
-        if half.send_to is not None:
-            flows.append((half.send_to, 2 * tokens[x] * hs.kv_heads * d * e))
-        if backward and half.grad_send_to is not None:
-            flows.append((half.grad_send_to, 2 * tokens[x] * hs.kv_heads * d * travel))
-        home = half.home_from is not None or (not st.kernel and half.grad_recv_from is not None)
-        if backward and home:  # our own half's sum came home
-            mem += 2 * tokens[x] * hs.kv_heads * d * (8 + travel)
-    return (k * (BWD_OVER_FWD if backward else 1), m.mem_ms(mem), flows)
-
-
 def _rows(m: Machine, s: TrainShape, plan: KvPlan, backward: bool, kernel: str) -> list:
-    n = len(plan.q_lens)
-    table = list(zip(*(plan.steps(r) for r in range(n)), strict=True))
-    return [[_rank_row(m, s, plan, r, st, backward, kernel) for r, st in enumerate(sts)]
+    """Every rank's rows of the plan: its blocks priced as planner/window.py prices TokenRing's
+    (a half's on the half's heads), its kept transfers."""
+    n, hs = len(plan.q_lens), half_shape(s)[0]
+
+    def block_ms(r: int, st: KvStep, x: int, q: int, kv: int) -> float | None:
+        if st.diagonal:
+            return _block_ms(m, s, plan.diagonal(r), q, kv, kernel)
+        mask = plan.block(r, st.step, x)
+        return None if mask == () else _block_ms(m, hs, mask, q, kv, kernel)
+
+    table = zip(*(plan.steps(r) for r in range(n)), strict=True)
+    return [[kv_row(m, s, n, r, st, backward, block_ms) for r, st in enumerate(sts)]
             for sts in table if backward or sts[0].kernel]  # fmt: skip
 
 
