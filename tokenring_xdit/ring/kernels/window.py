@@ -78,7 +78,7 @@ def banded(dense: Kernel, band: Kernel, grouped: bool = False) -> Kernel:
     window on a banded segment taller than wide (more queries than keys) came out wrong on
     H200, torch 2.11 (a run of packed documents; square and wide ones matched the masked
     kernel): those blocks run the exact masked kernel instead, chosen here once."""
-    tall = expanded(DOC_REGISTRY[MASKED]) if band.name == FLASH_VARLEN else None
+    tall = _tall_fallback(band)
     band = band if grouped else expanded(band)
     return dataclasses.replace(
         dense, name=f"{dense.name}+window:{band.name}", forward=_Forward(dense, band, tall),
@@ -96,7 +96,7 @@ def window_pair(
     `banded` with the first of names.WINDOWED that runs on this device and dtype (deterministic
     where asked) and passes the bands probe, on grouped K/V where it passes that probe with them
     too."""
-    if record.bands and record.name != FLASH_VARLEN:
+    if record.bands and _tall_fallback(record) is None:
         return record
     band = record if record.bands else next(
         r for r in map(_band_record, WINDOWED)
@@ -106,6 +106,12 @@ def window_pair(
     )  # fmt: skip
     grouped = works(band, "gqa-bands", device, dtype, d_qk, d_v)
     return banded(record, band, grouped)
+
+
+def _tall_fallback(band: Kernel) -> Kernel | None:
+    """What runs a block with a banded segment taller than wide instead of `band` (None: `band`
+    itself): flash's window got those wrong on H200 (`banded`), so the exact masked kernel."""
+    return expanded(DOC_REGISTRY[MASKED]) if band.name == FLASH_VARLEN else None
 
 
 def _band_record(name: str) -> Kernel:
